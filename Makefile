@@ -1,0 +1,49 @@
+# capi-libvirt: `make run` to see the provider work, `make test` to prove it. Both install what they need.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
+
+.PHONY: help system-deps venv upstream guest-image prerequisites manifests test test-fast run clean
+
+help:
+	@echo "make run        run the operator (against your cluster, or a local API server + libvirt host)"
+	@echo "make test       install everything needed, then run every test tier (unit, integration, e2e)"
+	@echo "make test-fast  the unit tier only"
+	@echo "make manifests  regenerate config/crd from the API models"
+
+system-deps:
+	@hack/install-system-deps.sh
+
+venv: system-deps $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+upstream: system-deps
+	@hack/build-upstream.sh
+
+guest-image: system-deps
+	@hack/build-guest-image.sh >/dev/null
+
+prerequisites: venv upstream guest-image
+
+manifests: venv
+	$(BIN)/capi-libvirt manifests --dir config/crd
+
+test: prerequisites
+	$(BIN)/pytest tests
+
+test-fast: venv
+	$(BIN)/pytest -m unit tests
+
+run: venv upstream
+	$(BIN)/capi-libvirt dev
+
+clean:
+	rm -rf $(VENV) .pytest_cache

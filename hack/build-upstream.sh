@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Build the upstream Go programs the test bed runs (etcd, kube-apiserver) from the Go module proxy and fetch the
+# Cluster API module whose CRDs the test API server installs. Everything is cached by version under
+# $CAPI_LIBVIRT_CACHE (default ~/.cache/capi-libvirt), outside the work tree; a second run only checks the cache.
+set -euo pipefail
+
+: "${KUBERNETES_VERSION:=v1.35.4}"
+: "${ETCD_VERSION:=v3.6.16}"
+: "${CLUSTER_API_VERSION:=v1.12.8}"
+: "${CAPI_LIBVIRT_CACHE:=$HOME/.cache/capi-libvirt}"
+
+bin="$CAPI_LIBVIRT_CACHE/bin"
+mkdir -p "$bin"
+export GOFLAGS="${GOFLAGS:-} -buildvcs=false" CGO_ENABLED=0
+
+log() { printf '[build-upstream] %s\n' "$*" >&2; }
+
+# go_build_in_scratch MODULE VERSION PACKAGE OUTPUT [REPLACES...]: a throw-away module requiring MODULE@VERSION builds
+# PACKAGE; this is how modules whose own go.mod has replace directives (etcd, kubernetes) are built.
+go_build_in_scratch() {
+  local module=$1 version=$2 package=$3 output=$4; shift 4
+  local scratch; scratch=$(mktemp -d)
+  (
+    cd "$scratch"
+    go mod init capi-libvirt.local/build >/dev/null 2>&1
+    for r in "$@"; do echo "replace $r" >> go.mod; done
+    go mod edit -require="$module@$version"
+    go mod tidy >/dev/null 2>&1 || true
+    go get "$package@$version" >/dev/null
+    go build -trimpath -ldflags '-s -w' -o "$output.tmp" "$package"
+    mv "$output.tmp" "$output"
+  )
+  rm -rf "$scratch"
+}
+
+etcd="$bin/etcd-$ETCD_VERSION"
+if [ ! -x "$etcd" ]; then
+  log "building etcd $ETCD_VERSION (a few minutes on 2 cores, once)"
+  go_build_in_scratch go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3 "$etcd"
+fi
+
+apiserver="$bin/kube-apiserver-$KUBERNETES_VERSION"
+if [ ! -x "$apiserver" ]; then
+  log "building kube-apiserver $KUBERNETES_VERSION (10-20 minutes on 2 cores, once)"
+  gomod=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  staging_version="v0.${KUBERNETES_VERSION#v1.}"
+  mapfile -t replaces < <(awk '$2=="=>" && $3 ~ /^\.\/staging\// {print $1" => "$1" '"$staging_version"'"}' "$gomod")
+  [ "${#replaces[@]}" -gt 0 ] || { log "no staging replaces found in $gomod"; exit 1; }
+  go_build_in_scratch k8s.io/kubernetes "$KUBERNETES_VERSION" k8s.io/kubernetes/cmd/kube-apiserver "$apiserver" "${replaces[@]}"
+fi
+
+capi_dir=$(go mod download -json "sigs.k8s.io/cluster-api@$CLUSTER_API_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+ln -sfn "$capi_dir" "$CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"
+ln -sfn "$etcd" "$bin/etcd"
+ln -sfn "$apiserver" "$bin/kube-apiserver"
+log "ready: $etcd $apiserver $CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"

@@ -1,0 +1,142 @@
+"""Generate CustomResourceDefinitions from the API models: pydantic JSON Schema in, structural OpenAPI v3 out.
+
+Kubernetes wants a structural schema: every node typed, no $ref, no anyOf around nullable types, no
+`additionalProperties` beside `properties`. Pydantic's JSON Schema is close; `structural` closes the gap.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from capi_libvirt.api import kinds, meta
+
+CONTRACT_LABELS = {"cluster.x-k8s.io/v1beta1": meta.VERSION, "cluster.x-k8s.io/v1beta2": meta.VERSION}
+# Keywords a CRD schema node may carry; anything else pydantic emits (title, ...) is dropped.
+KEPT_KEYWORDS = {
+    "type", "description", "properties", "required", "items", "additionalProperties", "enum", "default", "format",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems",
+    "maxItems", "uniqueItems", "x-kubernetes-validations", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+    "x-kubernetes-map-type", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
+}
+
+# Keywords whose values are data, not sub-schemas: copied as they are.
+VERBATIM_KEYWORDS = {"default", "enum", "required", "x-kubernetes-validations", "x-kubernetes-list-map-keys"}
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    """Inline every $ref and fold `anyOf: [X, null]` (pydantic's Optional) into X."""
+    if isinstance(node, list):
+        return [_resolve(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]])
+        extra = {k: v for k, v in node.items() if k != "$ref"}
+        return _resolve({**target, **extra}, defs)
+    if "anyOf" in node:
+        variants = [v for v in node["anyOf"] if v.get("type") != "null"]
+        if len(variants) != 1:
+            raise ValueError(f"unions other than Optional[X] have no structural schema: {node}")
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        if rest.get("default", ...) is None:
+            del rest["default"]  # an Optional's None default means "absent", not a value to store
+        return _resolve({**variants[0], **rest}, defs)
+    return {key: _resolve(value, defs) for key, value in node.items()}
+
+
+def _without_nulls(value: Any) -> Any:
+    """A default without its None members: a stored null is not "unset" to the API server."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def _prune(node: Any) -> Any:
+    """Keep only CRD keywords; drop `additionalProperties: false` (pruning already removes unknown fields)."""
+    if isinstance(node, list):
+        return [_prune(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key not in KEPT_KEYWORDS:
+            continue
+        if key == "properties":
+            out[key] = {name: _prune(sub) for name, sub in value.items()}
+        elif key in VERBATIM_KEYWORDS:
+            out[key] = _without_nulls(value)
+        elif key == "additionalProperties":
+            if isinstance(value, dict):
+                out[key] = _prune(value)
+        else:
+            out[key] = _prune(value)
+    if "properties" in out:
+        out.setdefault("type", "object")
+    return out
+
+
+def structural(model: type) -> dict[str, Any]:
+    """The structural OpenAPI v3 schema of a pydantic model, as the Kubernetes API accepts it."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")  # type: ignore[attr-defined]
+    defs = raw.pop("$defs", {})
+    return _prune(_resolve(raw, defs))
+
+
+def _object_schema(kind: kinds.Kind) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "apiVersion": {"type": "string", "description": "Versioned schema of this representation of an object."},
+        "kind": {"type": "string", "description": "REST resource this object represents."},
+        "metadata": {"type": "object"},
+        "spec": structural(kind.spec),
+    }
+    if kind.status is not None:
+        properties["status"] = structural(kind.status)
+    return {"type": "object", "description": kind.description, "properties": properties, "required": ["spec"]}
+
+
+def custom_resource_definition(kind: kinds.Kind) -> dict[str, Any]:
+    """The CRD of one kind, with status subresource, printer columns, short names and the contract labels."""
+    version: dict[str, Any] = {
+        "name": meta.VERSION,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": _object_schema(kind)},
+    }
+    if kind.status is not None:
+        version["subresources"] = {"status": {}}
+    if kind.columns:
+        version["additionalPrinterColumns"] = [
+            {
+                "name": column.name,
+                "type": column.type,
+                "jsonPath": column.json_path,
+                "description": column.description,
+                **({"priority": column.priority} if column.priority else {}),
+            }
+            for column in kind.columns
+        ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{kind.plural}.{meta.GROUP}", "labels": dict(CONTRACT_LABELS)},
+        "spec": {
+            "group": meta.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind.kind,
+                "listKind": kind.list_kind,
+                "plural": kind.plural,
+                "singular": kind.singular,
+                "shortNames": list(kind.short_names),
+                "categories": list(kind.categories),
+            },
+            "versions": [version],
+        },
+    }
+
+
+def all_definitions() -> list[dict[str, Any]]:
+    return [custom_resource_definition(kind) for kind in kinds.ALL]

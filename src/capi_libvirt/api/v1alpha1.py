@@ -1,0 +1,217 @@
+"""The v1alpha1 kinds: LibvirtCluster, LibvirtClusterTemplate, LibvirtMachine and LibvirtMachineTemplate.
+
+Field docstrings become the CRD's descriptions (what `kubectl explain` shows); bounds, patterns, enums and defaults
+become its validation, so the API server refuses a bad object before the operator ever sees it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import pydantic
+
+from capi_libvirt.api import meta
+
+# Names that end up inside libvirt object names and XML: conservative characters only.
+LIBVIRT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
+CIDR = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
+IP = r"^[0-9a-fA-F:.]+$"
+MAC = r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$"
+ABSOLUTE_PATH = r"^/.*$"
+
+Cidr = Annotated[str, pydantic.Field(pattern=CIDR, max_length=64)]
+IPAddress = Annotated[str, pydantic.Field(pattern=IP, max_length=64)]
+
+
+class ImageSource(meta.Model):
+    """The base image every machine's disk is a copy-on-write overlay of."""
+
+    volume: str = pydantic.Field(min_length=1, max_length=255, pattern=LIBVIRT_NAME)
+    """Name of the base image volume in the storage pool (a qcow2 or raw image with cloud-init)."""
+    pool: str | None = pydantic.Field(default=None, min_length=1, max_length=255, pattern=LIBVIRT_NAME)
+    """Storage pool holding the base image; defaults to the machine's storage pool."""
+
+
+class StaticAddressing(meta.Model):
+    """Fixed addresses for one interface, written into the NoCloud network-config."""
+
+    addresses: list[Cidr] = pydantic.Field(min_length=1, max_length=8)
+    """Addresses in CIDR form (192.0.2.10/24, 2001:db8::10/64)."""
+    gateway: IPAddress | None = None
+    """Default gateway."""
+    nameservers: list[IPAddress] | None = pydantic.Field(default=None, max_length=3)
+    """DNS servers."""
+
+
+class NetworkInterface(meta.Model):
+    """One network interface of the machine: on a libvirt network or on a host bridge, never both."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "has(self.network) != has(self.bridge)", "message": "set exactly one of network or bridge"}
+            ]
+        }
+    )
+
+    network: str | None = pydantic.Field(default=None, min_length=1, max_length=255, pattern=LIBVIRT_NAME)
+    """A libvirt network on the host (for example `default`)."""
+    bridge: str | None = pydantic.Field(default=None, min_length=1, max_length=15, pattern=LIBVIRT_NAME)
+    """A Linux bridge on the host (for example `br0`)."""
+    model: Literal["virtio", "e1000", "rtl8139"] = "virtio"
+    """Emulated NIC model."""
+    mac_address: str | None = pydantic.Field(default=None, pattern=MAC)
+    """Fixed MAC address; derived from the machine's identity when unset."""
+    static: StaticAddressing | None = None
+    """Static addressing; DHCP when unset."""
+
+    @pydantic.model_validator(mode="after")
+    def _exactly_one_attachment(self) -> NetworkInterface:
+        if (self.network is None) == (self.bridge is None):
+            raise ValueError("set exactly one of network or bridge")
+        return self
+
+
+class KernelBoot(meta.Model):
+    """Direct kernel boot: the host's kernel and initrd files are booted without a bootloader."""
+
+    kernel: str = pydantic.Field(min_length=2, max_length=4096, pattern=ABSOLUTE_PATH)
+    """Path of the kernel image on the host."""
+    initrd: str | None = pydantic.Field(default=None, min_length=2, max_length=4096, pattern=ABSOLUTE_PATH)
+    """Path of the initrd on the host."""
+    cmdline: str = pydantic.Field(default="root=/dev/vda rw console=ttyS0", max_length=4096)
+    """Kernel command line."""
+
+
+class LibvirtMachineSpec(meta.Model):
+    """The desired VM: its size, image, hardware and network."""
+
+    provider_id: str | None = pydantic.Field(default=None, alias="providerID", min_length=1, max_length=512)
+    """libvirt://<host>/<domain-uuid>, set by the provider once the domain exists."""
+    host: str | None = pydantic.Field(default=None, min_length=1, max_length=63, pattern=meta.DNS_LABEL)
+    """Pin the machine to this host; chosen by placement when unset."""
+    cpus: int = pydantic.Field(default=2, ge=1, le=512)
+    """Number of virtual CPUs."""
+    memory_mib: int = pydantic.Field(default=2048, alias="memoryMiB", ge=128, le=16 * 1024 * 1024)
+    """Memory in MiB."""
+    disk_gib: int = pydantic.Field(default=20, alias="diskGiB", ge=1, le=65536)
+    """Size of the root disk in GiB; the overlay is grown to it."""
+    image: ImageSource
+    """The base image the root disk is an overlay of."""
+    storage_pool: str = pydantic.Field(default="default", min_length=1, max_length=255, pattern=LIBVIRT_NAME)
+    """Storage pool the overlay and the NoCloud ISO are created in."""
+    domain_type: Literal["kvm", "qemu"] = "kvm"
+    """`kvm` on hosts with hardware virtualization; `qemu` (software emulation) elsewhere."""
+    machine_type: str = pydantic.Field(default="q35", min_length=1, max_length=64, pattern=LIBVIRT_NAME)
+    """QEMU machine type (q35, pc, ...)."""
+    cpu_mode: Literal["host-passthrough", "host-model", "maximum"] | None = None
+    """libvirt CPU mode; the hypervisor's default when unset."""
+    disk_bus: Literal["virtio", "scsi", "sata"] = "virtio"
+    """Bus of the root disk."""
+    interfaces: list[NetworkInterface] = pydantic.Field(
+        default=[NetworkInterface(network="default")], min_length=1, max_length=8
+    )
+    """Network interfaces, in order."""
+    guest_agent: bool = True
+    """Add the QEMU guest agent channel (addresses are then also read from the agent)."""
+    serial_log: bool = True
+    """Log the serial console to a file on the host (cloud-init output is there)."""
+    kernel_boot: KernelBoot | None = None
+    """Boot a kernel directly instead of the disk's bootloader."""
+
+
+class LibvirtMachineStatus(meta.Model):
+    """What the provider observed of the machine."""
+
+    ready: bool | None = None
+    """v1beta1 contract: true once the VM is provisioned."""
+    initialization: meta.Initialization | None = None
+    """v1beta2 contract: initialization.provisioned is true once the VM is provisioned."""
+    addresses: list[meta.MachineAddress] | None = None
+    """Addresses of the VM; the last known one is kept while the guest agent or the DHCP lease flaps."""
+    failure_domain: str | None = pydantic.Field(default=None, max_length=256)
+    """Failure domain the machine was placed in."""
+    host: str | None = pydantic.Field(default=None, max_length=63)
+    """Host the domain lives on."""
+    domain_uuid: str | None = pydantic.Field(default=None, alias="domainUUID", max_length=36)
+    """UUID of the libvirt domain, fixed before anything is created."""
+    state: str | None = pydantic.Field(default=None, max_length=64)
+    """Domain state as libvirt reports it (running, shutoff, ...)."""
+    observed_generation: int | None = pydantic.Field(default=None, ge=0)
+    """The .metadata.generation last reconciled."""
+    conditions: list[meta.Condition] | None = pydantic.Field(
+        default=None, max_length=32, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    )
+    """Conditions: Ready, and the provisioning condition whose reason says what the machine waits for."""
+
+
+class LibvirtMachineTemplateResource(meta.Model):
+    """The machine spec stamped out for every machine made from the template."""
+
+    spec: LibvirtMachineSpec
+
+
+class LibvirtMachineTemplateSpec(meta.Model):
+    """A template of LibvirtMachines, as MachineDeployments and control planes refer to it."""
+
+    template: LibvirtMachineTemplateResource
+
+
+class NodeInfo(meta.Model):
+    """What a node made from the template runs, for cluster-autoscaler's scale-from-zero."""
+
+    architecture: Literal["amd64", "arm64", "s390x", "ppc64le"] | None = None
+    """CPU architecture."""
+    operating_system: Literal["linux", "windows"] | None = None
+    """Operating system."""
+
+
+class LibvirtMachineTemplateStatus(meta.Model):
+    """Capacity of a machine made from the template, read by cluster-autoscaler to scale from zero."""
+
+    capacity: dict[str, str] | None = None
+    """Resources of one machine (cpu, memory, ephemeral-disk) as quantity STRINGS, the way cluster-autoscaler reads them."""
+    node_info: NodeInfo | None = None
+    """Architecture and operating system of the nodes."""
+    conditions: list[meta.Condition] | None = pydantic.Field(
+        default=None, max_length=32, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    )
+    """Conditions of the template."""
+
+
+class LibvirtClusterSpec(meta.Model):
+    """The cluster-wide infrastructure: where the control plane is reached and where machines may go."""
+
+    control_plane_endpoint: meta.APIEndpoint | None = None
+    """The workload cluster's API endpoint; taken from Cluster.spec.controlPlaneEndpoint when unset."""
+
+
+class LibvirtClusterStatus(meta.Model):
+    """What the provider observed of the cluster infrastructure."""
+
+    ready: bool | None = None
+    """v1beta1 contract: true once the cluster infrastructure is provisioned."""
+    initialization: meta.Initialization | None = None
+    """v1beta2 contract: initialization.provisioned."""
+    failure_domains: list[meta.FailureDomain] | None = pydantic.Field(
+        default=None, max_length=64, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
+    )
+    """Failure domains machines of this cluster can be spread over."""
+    observed_generation: int | None = pydantic.Field(default=None, ge=0)
+    """The .metadata.generation last reconciled."""
+    conditions: list[meta.Condition] | None = pydantic.Field(
+        default=None, max_length=32, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    )
+    """Conditions: Ready and what the cluster waits for."""
+
+
+class LibvirtClusterTemplateResource(meta.Model):
+    """The cluster spec stamped out by a ClusterClass."""
+
+    spec: LibvirtClusterSpec
+
+
+class LibvirtClusterTemplateSpec(meta.Model):
+    """A template of LibvirtClusters, for ClusterClass."""
+
+    template: LibvirtClusterTemplateResource

@@ -1,0 +1,79 @@
+"""The `capi-libvirt` command: run the operator, generate manifests, or bring up the local development environment."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import pathlib
+import sys
+from typing import Sequence
+
+log = logging.getLogger("capi_libvirt")
+
+
+def _cmd_manifests(args: argparse.Namespace) -> int:
+    from capi_libvirt.api import manifests
+
+    directory = pathlib.Path(args.dir)
+    if args.check:
+        stale = manifests.differences(directory)
+        if stale:
+            print(f"generated manifests are out of date in {directory}: {', '.join(stale)}; run `make manifests`")
+            return 1
+        print(f"{directory}: up to date")
+        return 0
+    for path in manifests.write(directory):
+        print(f"wrote {path}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from capi_libvirt.operator import main
+
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    asyncio.run(main.run_operator(args.namespace))
+    return 0
+
+
+def _cmd_dev(args: argparse.Namespace) -> int:
+    from capi_libvirt.devenv import session
+
+    return session.run_dev(namespaces=args.namespace, force_local=args.local)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="capi-libvirt", description=__doc__)
+    top.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the operator against the cluster of the kubeconfig (or in-cluster)")
+    run.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    run.set_defaults(func=_cmd_run)
+
+    manifests = sub.add_parser("manifests", help="generate the CRDs under config/crd from the API models")
+    manifests.add_argument("--dir", default="config/crd", help="output folder (default: config/crd)")
+    manifests.add_argument("--check", action="store_true", help="only report whether the folder is current")
+    manifests.set_defaults(func=_cmd_manifests)
+
+    dev = sub.add_parser("dev", help="run the operator; without a reachable cluster, on a local control plane + host")
+    dev.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
+    dev.add_argument("--local", action="store_true", help="always start the local control plane and libvirt host")
+    dev.set_defaults(func=_cmd_dev)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

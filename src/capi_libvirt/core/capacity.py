@@ -1,0 +1,20 @@
+"""What one machine made from a LibvirtMachineTemplate offers, in the form cluster-autoscaler reads (all strings)."""
+
+from __future__ import annotations
+
+from capi_libvirt.api import v1alpha1
+
+
+def template_capacity(spec: v1alpha1.LibvirtMachineSpec) -> dict[str, str]:
+    """`status.capacity` of a template: quantities as strings, since one integer makes the whole map unreadable."""
+    return {
+        "cpu": str(spec.cpus),
+        "memory": f"{spec.memory_mib}Mi",
+        "ephemeral-disk": f"{spec.disk_gib}Gi",
+    }
+
+
+def template_node_info(spec: v1alpha1.LibvirtMachineSpec) -> dict[str, str]:
+    """`status.nodeInfo` of a template; the domains this provider defines are x86_64 Linux guests."""
+    del spec  # every domain the provider defines today is an x86_64 machine (q35/pc)
+    return {"architecture": "amd64", "operatingSystem": "linux"}

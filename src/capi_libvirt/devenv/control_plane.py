@@ -1,0 +1,236 @@
+"""A real etcd + kube-apiserver on loopback ports, with the provider's and Cluster API's CRDs installed.
+
+Used by the test bed and by `make run` when no cluster is reachable. The binaries come from hack/build-upstream.sh
+(cached by version); the processes are started here and stopped by PID. Authentication is a static admin token,
+the API server's serving certificate is self-signed and the kubeconfig pins it: TLS is verified as everywhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Iterable
+
+import yaml
+
+from capi_libvirt.devenv import paths
+
+log = logging.getLogger(__name__)
+
+# No traffic ever goes to service IPs here (no kube-proxy); the range is outside the private ranges all the same.
+SERVICE_CLUSTER_IP_RANGE = "100.64.0.0/24"
+
+
+class ControlPlaneError(RuntimeError):
+    """The local control plane could not be started or used; `status` is the HTTP status of a refused request."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalControlPlane:
+    """etcd and kube-apiserver as child processes; `start()` returns when the API serves and the CRDs are established."""
+
+    def __init__(self, workdir: pathlib.Path | None = None, crd_dirs: Iterable[pathlib.Path] = ()) -> None:
+        self.workdir = workdir or pathlib.Path(tempfile.mkdtemp(prefix="capi-libvirt-cp-"))
+        self.crd_dirs = list(crd_dirs)
+        self.token = secrets.token_hex(24)
+        self.etcd_port = free_port()
+        self.secure_port = free_port()
+        self._processes: list[tuple[str, subprocess.Popen]] = []
+        self._ssl: ssl.SSLContext | None = None
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.secure_port}"
+
+    @property
+    def kubeconfig_path(self) -> pathlib.Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def ca_file(self) -> pathlib.Path:
+        return self.workdir / "certs" / "apiserver.crt"
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    def start(self) -> LocalControlPlane:
+        for binary in (paths.etcd_binary(), paths.kube_apiserver_binary()):
+            if not binary.exists():
+                raise ControlPlaneError(f"{binary} is missing: run `make upstream` (hack/build-upstream.sh)")
+        try:
+            self._start_etcd()
+            self._start_apiserver()
+            self._write_kubeconfig()
+            for directory in self.crd_dirs:
+                self.install_crds(sorted(directory.glob("*.yaml")))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for name, process in reversed(self._processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            log.info("stopped %s (pid %d)", name, process.pid)
+        self._processes.clear()
+
+    def __enter__(self) -> LocalControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        logfile = open(self.workdir / f"{name}.log", "wb")
+        process = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
+        logfile.close()
+        self._processes.append((name, process))
+        log.info("started %s (pid %d), log %s", name, process.pid, self.workdir / f"{name}.log")
+        return process
+
+    def _start_etcd(self) -> None:
+        self._spawn("etcd", [
+            str(paths.etcd_binary()),
+            "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{free_port()}",
+            "--unsafe-no-fsync",  # test data: durability is not wanted, speed is
+            "--log-level", "warn",
+        ])
+
+    def _start_apiserver(self) -> None:
+        certs = self.workdir / "certs"
+        certs.mkdir(exist_ok=True)
+        sa_key = certs / "service-account.key"
+        subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)
+        tokens = self.workdir / "tokens.csv"
+        tokens.write_text(f"{self.token},admin,admin,system:masters\n")
+        tokens.chmod(0o600)
+        self._spawn("kube-apiserver", [
+            str(paths.kube_apiserver_binary()),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.secure_port}",
+            f"--cert-dir={certs}",
+            f"--token-auth-file={tokens}",
+            "--authorization-mode=RBAC",
+            f"--service-account-key-file={sa_key}",
+            f"--service-account-signing-key-file={sa_key}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            "--disable-admission-plugins=ServiceAccount",
+            "--allow-privileged=true",
+        ])
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        last_error = "not started"
+        while time.monotonic() < deadline:
+            for name, process in self._processes:
+                if process.poll() is not None:
+                    tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
+                    raise ControlPlaneError(f"{name} exited with {process.returncode}:\n{tail}")
+            if self.ca_file.exists():
+                try:
+                    self.request("GET", "/readyz")
+                    log.info("kube-apiserver ready at %s", self.server)
+                    return
+                except (OSError, ControlPlaneError) as error:
+                    last_error = str(error)
+            time.sleep(0.3)
+        raise ControlPlaneError(f"kube-apiserver not ready after {timeout:.0f}s: {last_error}")
+
+    def _write_kubeconfig(self) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "local", "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)}}],
+            "users": [{"name": "admin", "user": {"token": self.token}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+            "current-context": "local",
+        }
+        self.kubeconfig_path.write_text(yaml.safe_dump(config))
+        self.kubeconfig_path.chmod(0o600)
+
+    # -- a minimal client, enough to install CRDs before any operator runs ------------------------------------
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        if self._ssl is None and self.ca_file.exists():
+            self._ssl = ssl.create_default_context(cafile=str(self.ca_file))
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.token}")
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, context=self._ssl, timeout=10) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as error:
+            detail = error.read().decode(errors="replace")
+            raise ControlPlaneError(f"{method} {path}: {error.code} {detail}", status=error.code) from None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw.decode(errors="replace")
+
+    def install_crds(self, files: Iterable[pathlib.Path]) -> None:
+        """Create (or replace) every CRD in the files and wait until each is established."""
+        names = []
+        for file in files:
+            for document in yaml.safe_load_all(file.read_text()):
+                if not document or document.get("kind") != "CustomResourceDefinition":
+                    continue
+                names.append(document["metadata"]["name"])
+                self._create_or_replace("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", document)
+        for name in names:
+            self._wait_established(name)
+        log.info("installed %d CRDs", len(names))
+
+    def _create_or_replace(self, collection: str, document: dict) -> None:
+        try:
+            self.request("POST", collection, document)
+        except ControlPlaneError as error:
+            if error.status != 409:
+                raise
+            current = self.request("GET", f"{collection}/{document['metadata']['name']}")
+            document = {**document, "metadata": {**document["metadata"],
+                                                 "resourceVersion": current["metadata"]["resourceVersion"]}}
+            self.request("PUT", f"{collection}/{document['metadata']['name']}", document)
+
+    def _wait_established(self, name: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            crd = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conditions = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])}
+            if conditions.get("Established") == "True":
+                return
+            time.sleep(0.1)
+        raise ControlPlaneError(f"CRD {name} not established after {timeout:.0f}s")

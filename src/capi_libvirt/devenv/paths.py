@@ -1,0 +1,42 @@
+"""Where the development environment keeps its caches and run-time state, and which upstream versions it uses."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+# Upstream versions the test bed runs; hack/build-upstream.sh builds the same ones (keep them in step).
+KUBERNETES_VERSION = os.environ.get("KUBERNETES_VERSION", "v1.35.4")
+ETCD_VERSION = os.environ.get("ETCD_VERSION", "v3.6.16")
+CLUSTER_API_VERSION = os.environ.get("CLUSTER_API_VERSION", "v1.12.8")
+
+
+def cache_dir() -> pathlib.Path:
+    """The cache outside the work tree: built binaries, the guest image. Survives between runs."""
+    default = pathlib.Path.home() / ".cache" / "capi-libvirt"
+    return pathlib.Path(os.environ.get("CAPI_LIBVIRT_CACHE", str(default)))
+
+
+def bin_dir() -> pathlib.Path:
+    return cache_dir() / "bin"
+
+
+def etcd_binary() -> pathlib.Path:
+    return bin_dir() / f"etcd-{ETCD_VERSION}"
+
+
+def kube_apiserver_binary() -> pathlib.Path:
+    return bin_dir() / f"kube-apiserver-{KUBERNETES_VERSION}"
+
+
+def cluster_api_crd_dir() -> pathlib.Path:
+    return cache_dir() / f"cluster-api-{CLUSTER_API_VERSION}" / "config" / "crd" / "bases"
+
+
+def guest_image_dir() -> pathlib.Path:
+    return cache_dir() / "images"
+
+
+def run_dir() -> pathlib.Path:
+    """Run-time state of started daemons (sockets, pid files, logs); one sub-folder per daemon."""
+    return pathlib.Path(os.environ.get("CAPI_LIBVIRT_RUN", "/run/capi-libvirt"))

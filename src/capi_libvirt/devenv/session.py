@@ -1,0 +1,62 @@
+"""`make run`: the operator against a reachable cluster, or else against a local control plane and libvirt host.
+
+A newcomer without a cluster gets a real kube-apiserver (with the provider's and Cluster API's CRDs) and a real
+libvirtd in a network namespace, is told where they are, and watches the operator run against them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pathlib
+import sys
+
+from kubernetes_asyncio import client, config
+
+from capi_libvirt.devenv import control_plane, libvirt_host, paths
+from capi_libvirt.operator import main as operator_main
+
+log = logging.getLogger(__name__)
+REPO = pathlib.Path(__file__).resolve().parents[3]
+
+
+async def _cluster_reachable() -> bool:
+    """True when the kubeconfig of $KUBECONFIG or ~/.kube/config answers within a few seconds."""
+    kubeconfig = os.environ.get("KUBECONFIG", str(pathlib.Path.home() / ".kube" / "config"))
+    if not pathlib.Path(kubeconfig.split(os.pathsep)[0]).exists():
+        return False
+    try:
+        configuration = client.Configuration()
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        async with client.ApiClient(configuration) as api:
+            version = await asyncio.wait_for(client.VersionApi(api).get_code(), timeout=5)
+        log.info("using the cluster of %s (Kubernetes %s)", kubeconfig, version.git_version)
+        return True
+    except Exception as error:  # any failure means "not reachable": fall back to the local environment
+        log.info("no reachable cluster in %s (%s); starting a local one", kubeconfig, type(error).__name__)
+        return False
+
+
+def run_dev(namespaces: list[str], force_local: bool = False) -> int:
+    if not force_local and asyncio.run(_cluster_reachable()):
+        asyncio.run(operator_main.run_operator(namespaces))
+        return 0
+    crd_dirs = [REPO / "config" / "crd", paths.cluster_api_crd_dir()]
+    with control_plane.LocalControlPlane(crd_dirs=crd_dirs) as plane, libvirt_host.LibvirtHost("dev") as host:
+        os.environ["KUBECONFIG"] = str(plane.kubeconfig_path)
+        print(
+            "\n=== capi-libvirt local environment ===\n"
+            f"  kube-apiserver : {plane.server}\n"
+            f"  kubeconfig     : {plane.kubeconfig_path}   (export KUBECONFIG={plane.kubeconfig_path})\n"
+            f"  libvirt host   : {host.uri}   (virsh -c '{host.uri}' list --all)\n"
+            f"  storage pool   : {host.pool_name}, network: {host.network_name}, netns: {host.netns}\n"
+            "  Ctrl-C stops the operator, the API server and the libvirt host.\n",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            asyncio.run(operator_main.run_operator(namespaces))
+        except KeyboardInterrupt:
+            pass
+    return 0

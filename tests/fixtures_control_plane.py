@@ -1,0 +1,47 @@
+"""Fixtures of the real Kubernetes API: one etcd + kube-apiserver for the session, and async clients to it."""
+
+from __future__ import annotations
+
+import pathlib
+import uuid
+from typing import AsyncIterator, Iterator
+
+import pytest
+from kubernetes_asyncio import client, config
+
+from capi_libvirt.devenv import control_plane as cp
+from capi_libvirt.devenv import paths
+from prereq import require
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.LocalControlPlane]:
+    require(paths.etcd_binary().exists(), f"etcd binary {paths.etcd_binary()} (make upstream)")
+    require(paths.kube_apiserver_binary().exists(), f"kube-apiserver binary {paths.kube_apiserver_binary()} (make upstream)")
+    require(paths.cluster_api_crd_dir().is_dir(), f"Cluster API CRDs {paths.cluster_api_crd_dir()} (make upstream)")
+    plane = cp.LocalControlPlane(
+        workdir=tmp_path_factory.mktemp("control-plane"),
+        crd_dirs=[REPO / "config" / "crd", paths.cluster_api_crd_dir()],
+    )
+    with plane:
+        yield plane
+
+
+@pytest.fixture(scope="session")
+async def api_client(control_plane: cp.LocalControlPlane) -> AsyncIterator[client.ApiClient]:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(control_plane.kubeconfig_path), client_configuration=configuration)
+    async with client.ApiClient(configuration) as api:
+        yield api
+
+
+@pytest.fixture
+async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
+    """A fresh namespace per test, deleted afterwards."""
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(api_client)
+    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    await core.delete_namespace(name)

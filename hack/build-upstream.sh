@@ -15,10 +15,10 @@ export GOFLAGS="${GOFLAGS:-} -buildvcs=false" CGO_ENABLED=0
 
 log() { printf '[build-upstream] %s\n' "$*" >&2; }
 
-# go_build_in_scratch MODULE VERSION PACKAGE OUTPUT [REPLACES...]: a throw-away module requiring MODULE@VERSION builds
-# PACKAGE; this is how modules whose own go.mod has replace directives (etcd, kubernetes) are built.
+# go_build_in_scratch MODULE VERSION PACKAGE OUTPUT LDFLAGS [REPLACES...]: a throw-away module requiring MODULE@VERSION
+# builds PACKAGE; this is how modules whose own go.mod has replace directives (etcd, kubernetes) are built.
 go_build_in_scratch() {
-  local module=$1 version=$2 package=$3 output=$4; shift 4
+  local module=$1 version=$2 package=$3 output=$4 ldflags=$5; shift 5
   local scratch; scratch=$(mktemp -d)
   (
     cd "$scratch"
@@ -27,7 +27,7 @@ go_build_in_scratch() {
     go mod edit -require="$module@$version"
     go mod tidy >/dev/null 2>&1 || true
     go get "$package@$version" >/dev/null
-    go build -trimpath -ldflags '-s -w' -o "$output.tmp" "$package"
+    go build -trimpath -ldflags "-s -w $ldflags" -o "$output.tmp" "$package"
     mv "$output.tmp" "$output"
   )
   rm -rf "$scratch"
@@ -36,7 +36,7 @@ go_build_in_scratch() {
 etcd="$bin/etcd-$ETCD_VERSION"
 if [ ! -x "$etcd" ]; then
   log "building etcd $ETCD_VERSION (a few minutes on 2 cores, once)"
-  go_build_in_scratch go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3 "$etcd"
+  go_build_in_scratch go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3 "$etcd" ""
 fi
 
 apiserver="$bin/kube-apiserver-$KUBERNETES_VERSION"
@@ -46,7 +46,15 @@ if [ ! -x "$apiserver" ]; then
   staging_version="v0.${KUBERNETES_VERSION#v1.}"
   mapfile -t replaces < <(awk '$2=="=>" && $3 ~ /^\.\/staging\// {print $1" => "$1" '"$staging_version"'"}' "$gomod")
   [ "${#replaces[@]}" -gt 0 ] || { log "no staging replaces found in $gomod"; exit 1; }
-  go_build_in_scratch k8s.io/kubernetes "$KUBERNETES_VERSION" k8s.io/kubernetes/cmd/kube-apiserver "$apiserver" "${replaces[@]}"
+  # The version stamp: clients (clusterctl among them) check the server's version.
+  minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+  version_flags=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    version_flags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    version_flags+=" -X $pkg.gitTreeState=clean"
+  done
+  go_build_in_scratch k8s.io/kubernetes "$KUBERNETES_VERSION" k8s.io/kubernetes/cmd/kube-apiserver "$apiserver" \
+    "$version_flags" "${replaces[@]}"
 fi
 
 capi_dir=$(go mod download -json "sigs.k8s.io/cluster-api@$CLUSTER_API_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')

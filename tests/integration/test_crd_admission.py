@@ -35,6 +35,9 @@ async def refused(api_client: client.ApiClient, namespace: str, body: dict, plur
     return json.loads(caught.value.body)["message"]
 
 
+MERGE = {"_content_type": "application/merge-patch+json"}
+
+
 async def test_every_generated_crd_is_established_with_cluster_api_crds_beside_it(api_client):
     extensions = client.ApiextensionsV1Api(api_client)
     installed = {crd.metadata.name: crd for crd in (await extensions.list_custom_resource_definition()).items}
@@ -87,16 +90,16 @@ async def test_status_is_written_through_its_subresource_only(api_client, namesp
     args = (meta.GROUP, meta.VERSION, namespace, "libvirtmachines", "status")
 
     # A status written through the main resource is dropped: status belongs to the subresource.
-    patched = await objects.patch_namespaced_custom_object(*args, {"status": {"ready": True}})
+    patched = await objects.patch_namespaced_custom_object(*args, {"status": {"ready": True}}, **MERGE)
     assert "ready" not in patched.get("status", {})
 
     status = {"status": {"ready": True, "initialization": {"provisioned": True},
                          "addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]}}
-    patched = await objects.patch_namespaced_custom_object_status(*args, status)
+    patched = await objects.patch_namespaced_custom_object_status(*args, status, **MERGE)
     assert patched["status"]["initialization"] == {"provisioned": True}
 
     # ... and a spec written through the status subresource is dropped.
-    patched = await objects.patch_namespaced_custom_object_status(*args, {"spec": {"cpus": 8}})
+    patched = await objects.patch_namespaced_custom_object_status(*args, {"spec": {"cpus": 8}}, **MERGE)
     assert patched["spec"]["cpus"] == 2 and patched["status"]["ready"] is True
 
 
@@ -106,7 +109,7 @@ async def test_invalid_status_is_refused_too(api_client, namespace):
     with pytest.raises(ApiException) as caught:
         await objects.patch_namespaced_custom_object_status(
             meta.GROUP, meta.VERSION, namespace, "libvirtmachines", "bad-status",
-            {"status": {"addresses": [{"type": "Carrier-Pigeon", "address": "x"}]}},
+            {"status": {"addresses": [{"type": "Carrier-Pigeon", "address": "x"}]}}, **MERGE,
         )
     assert caught.value.status == 422 and "status.addresses[0].type" in json.loads(caught.value.body)["message"]
 
@@ -122,7 +125,7 @@ async def test_template_capacity_accepts_only_strings(api_client, namespace):
     objects = client.CustomObjectsApi(api_client)
     args = (meta.GROUP, meta.VERSION, namespace, "libvirtmachinetemplates", "workers")
     with pytest.raises(ApiException) as caught:
-        await objects.patch_namespaced_custom_object_status(*args, {"status": {"capacity": {"cpu": 2}}})
+        await objects.patch_namespaced_custom_object_status(*args, {"status": {"capacity": {"cpu": 2}}}, **MERGE)
     assert caught.value.status == 422 and "status.capacity.cpu" in json.loads(caught.value.body)["message"]
-    patched = await objects.patch_namespaced_custom_object_status(*args, {"status": {"capacity": {"cpu": "2"}}})
+    patched = await objects.patch_namespaced_custom_object_status(*args, {"status": {"capacity": {"cpu": "2"}}}, **MERGE)
     assert patched["status"]["capacity"] == {"cpu": "2"}

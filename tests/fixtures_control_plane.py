@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import pathlib
 import uuid
 from typing import AsyncIterator, Iterator
@@ -11,6 +14,7 @@ from kubernetes_asyncio import client, config
 
 from capi_libvirt.devenv import control_plane as cp
 from capi_libvirt.devenv import paths
+from capi_libvirt.operator import main
 from prereq import require
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -45,3 +49,16 @@ async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
     await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
     await core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+async def running_operator(control_plane: cp.LocalControlPlane) -> AsyncIterator[None]:
+    """The operator itself, running in the test's event loop against the test API server."""
+    os.environ["KUBECONFIG"] = str(control_plane.kubeconfig_path)
+    stop = asyncio.Event()
+    task = asyncio.create_task(main.run_operator(stop_flag=stop))
+    yield
+    stop.set()
+    with contextlib.suppress(asyncio.CancelledError):  # kopf ends its root task by cancelling it
+        await asyncio.wait_for(task, timeout=30)
+    assert task.done()

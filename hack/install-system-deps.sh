@@ -8,6 +8,7 @@ packages=(
   qemu-system-x86 qemu-utils                                     # the hypervisor (software emulation here) and qemu-img
   dnsmasq-base iptables iproute2                                 # the NAT network inside the test network namespaces
   debootstrap e2fsprogs                                          # the guest image
+  libxml2-utils                                                  # xmllint, behind virt-xml-validate (schema tests)
   openssl ca-certificates                                        # keys for the local kube-apiserver
 )
 

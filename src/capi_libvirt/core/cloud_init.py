@@ -1,0 +1,74 @@
+"""The NoCloud documents besides user-data: meta-data (identity) and network-config (netplan v2).
+
+Both are YAML dumped by pyyaml from plain dicts, never from templates, so no value (a hostname, an address) can add
+keys or lines of its own. The user-data is the bootstrap data from Cluster API and is passed through untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from capi_libvirt.api import v1alpha1
+
+
+def meta_data(instance_id: str, hostname: str, provider_id: str) -> bytes:
+    """meta-data: the instance ID (use the domain UUID: cloud-init runs its once-per-instance steps again when it
+    changes), the hostname, and the provider ID.
+
+    cloud-init exposes meta-data keys to Jinja-templated user-data with '-' turned into '_', so bootstrap data can set
+    the kubelet's `--provider-id` to `{{ ds.meta_data.provider_id }}` and the Node matches its Machine.
+    """
+    document = {
+        "instance-id": instance_id,
+        "local-hostname": hostname,
+        "provider-id": provider_id,
+    }
+    return _yaml(document)
+
+
+def network_config(interfaces: Sequence[v1alpha1.NetworkInterface], macs: Sequence[str]) -> bytes | None:
+    """network-config (netplan v2) for these interfaces, each matched by its MAC (`macs[i]` belongs to `interfaces[i]`).
+
+    An interface without `static` gets DHCPv4; a static one gets its addresses, a default route via its gateway and
+    its nameservers. Every interface is listed, so all of them come up (cloud-init's fallback only configures the
+    first). None when there are no interfaces: cloud-init then applies its fallback.
+    """
+    if len(interfaces) != len(macs):
+        raise ValueError(f"{len(interfaces)} interfaces but {len(macs)} MAC addresses")
+    if not interfaces:
+        return None
+    ethernets = {
+        ethernet_id(index): ethernet(interface, mac)
+        for index, (interface, mac) in enumerate(zip(interfaces, macs, strict=True))
+    }
+    return _yaml({"version": 2, "ethernets": ethernets})
+
+
+def ethernet_id(index: int) -> str:
+    """The netplan ID of the `index`-th interface: a label only; the kernel's interface name is left as it is."""
+    return f"nic{index}"
+
+
+def ethernet(interface: v1alpha1.NetworkInterface, mac: str) -> dict[str, Any]:
+    """One netplan ethernet: matched by MAC, DHCPv4 unless the interface has static addressing."""
+    config: dict[str, Any] = {"match": {"macaddress": mac.lower()}}
+    static = interface.static
+    if static is None:
+        config["dhcp4"] = True
+        return config
+    config["dhcp4"] = False
+    config["addresses"] = list(static.addresses)
+    if static.gateway is not None:
+        # `routes` rather than the deprecated gateway4/gateway6; "default" covers IPv4 and IPv6 gateways alike.
+        config["routes"] = [{"to": "default", "via": static.gateway}]
+    if static.nameservers:
+        config["nameservers"] = {"addresses": list(static.nameservers)}
+    return config
+
+
+def _yaml(document: dict[str, Any]) -> bytes:
+    # Key order kept as written (readable for a human looking at the seed); ASCII-only output, block style.
+    return yaml.safe_dump(document, sort_keys=False, default_flow_style=False, allow_unicode=False).encode()

@@ -1,0 +1,382 @@
+"""The libvirt domain XML of a machine, built with ElementTree from a frozen `DomainConfig`.
+
+Two layers, as in nova's libvirt config: `from_spec` holds the policy (which bus, which MAC, how big the TCG cache) and
+turns a LibvirtMachineSpec into a `DomainConfig`; the small `_element` builders below turn the config into XML and
+decide nothing. Values only ever enter the document as element text or attribute values, so ElementTree escapes them:
+a hostile name cannot break out of its element. The owner (namespace, name, UID, cluster) is stored in the domain's
+`<metadata>` under our own XML namespace, and `parse_owner` reads it back to tell our domains from everyone else's.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from typing import Literal
+
+from capi_libvirt.api import v1alpha1
+from capi_libvirt.core import naming
+
+METADATA_NAMESPACE = "https://capi-libvirt.x-k8s.io/machine/v1"
+METADATA_PREFIX = "capi"
+METADATA_ELEMENT = "machine"
+OWNER_FIELDS = ("namespace", "name", "uid", "cluster")
+
+GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0"
+# QEMU >= 5.0 gives every TCG guest a 1 GiB translation cache by default; a few emulated guests on a small host then
+# run it out of memory. 64 MiB costs little speed.
+DEFAULT_TCG_TB_CACHE_MIB = 64
+
+DomainType = Literal["kvm", "qemu"]
+DiskBus = Literal["virtio", "scsi", "sata"]
+CdromBus = Literal["scsi", "ide"]
+
+# Characters XML 1.0 cannot carry at all, even escaped: ElementTree would write them and nothing could read them back.
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a domain belongs to: the LibvirtMachine (and its cluster) it was defined for."""
+
+    namespace: str
+    name: str
+    uid: str
+    cluster: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("namespace", "name", "uid"):
+            if not getattr(self, name):
+                raise ValueError(f"owner {name} must not be empty")
+        for name in OWNER_FIELDS:
+            _check_xml_text(f"owner {name}", getattr(self, name))
+
+
+@dataclass(frozen=True)
+class Interface:
+    """One NIC: on a libvirt network or on a host bridge (exactly one of them), with its model and MAC."""
+
+    mac: str
+    network: str | None = None
+    bridge: str | None = None
+    model: str = "virtio"
+
+    def __post_init__(self) -> None:
+        if (self.network is None) == (self.bridge is None):
+            raise ValueError("an interface needs exactly one of network or bridge")
+        for name in ("mac", "network", "bridge", "model"):
+            _check_xml_text(f"interface {name}", getattr(self, name))
+
+
+@dataclass(frozen=True)
+class KernelBoot:
+    """Direct kernel boot: host paths of the kernel and initrd, and the command line."""
+
+    kernel: str
+    initrd: str | None = None
+    cmdline: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("kernel", "initrd", "cmdline"):
+            _check_xml_text(f"kernel boot {name}", getattr(self, name))
+
+
+@dataclass(frozen=True)
+class DomainConfig:
+    """Everything the domain XML says, already decided: the builders only write it down."""
+
+    name: str
+    uuid: str
+    vcpus: int
+    memory_mib: int
+    disk_path: str
+    owner: Owner
+    interfaces: tuple[Interface, ...] = ()
+    domain_type: DomainType = "kvm"
+    machine_type: str = "q35"
+    cpu_mode: str | None = None
+    disk_format: str = "qcow2"
+    disk_bus: DiskBus = "virtio"
+    cdrom_path: str | None = None
+    cdrom_bus: CdromBus = "scsi"
+    guest_agent: bool = True
+    serial_log_path: str | None = None
+    kernel_boot: KernelBoot | None = None
+    tcg_tb_cache_mib: int | None = None
+    title: str | None = None
+    description: str | None = None
+
+    def __post_init__(self) -> None:
+        # Only what libvirt would refuse later anyway (with a worse message) or what would make the XML unreadable.
+        if self.vcpus < 1:
+            raise ValueError(f"vcpus must be >= 1, not {self.vcpus}")
+        if self.memory_mib < 1:
+            raise ValueError(f"memory_mib must be >= 1, not {self.memory_mib}")
+        if self.domain_type not in ("kvm", "qemu"):
+            raise ValueError(f"domain_type must be kvm or qemu, not {self.domain_type!r}")
+        if self.disk_bus not in ("virtio", "scsi", "sata"):
+            raise ValueError(f"disk_bus must be virtio, scsi or sata, not {self.disk_bus!r}")
+        if self.cdrom_bus not in ("scsi", "ide"):
+            raise ValueError(f"cdrom_bus must be scsi or ide, not {self.cdrom_bus!r}")
+        if self.cdrom_bus == "ide" and not self.machine_type.startswith("pc"):
+            raise ValueError(f"an IDE CD-ROM needs a pc machine type; {self.machine_type!r} has no IDE bus")
+        if self.tcg_tb_cache_mib is not None:
+            if self.domain_type != "qemu":
+                raise ValueError("tcg_tb_cache_mib applies to domain_type 'qemu' only (libvirt refuses it for kvm)")
+            if self.tcg_tb_cache_mib < 1:
+                raise ValueError(f"tcg_tb_cache_mib must be >= 1, not {self.tcg_tb_cache_mib}")
+        if self.title is not None and "\n" in self.title:
+            raise ValueError("title must be a single line (libvirt refuses newlines in it)")
+        for name in ("name", "uuid", "machine_type", "cpu_mode", "disk_path", "disk_format", "cdrom_path",
+                     "serial_log_path", "title", "description"):
+            _check_xml_text(name, getattr(self, name))
+
+
+def from_spec(
+    spec: v1alpha1.LibvirtMachineSpec,
+    *,
+    name: str,
+    uuid: str,
+    disk_path: str,
+    iso_path: str | None,
+    serial_log_path: str | None,
+    owner: Owner,
+) -> DomainConfig:
+    """The domain config of a machine: the spec's hardware plus the names and paths the caller created or chose.
+
+    Policy lives here: MACs not fixed in the spec come from `naming.mac_address` (stable across retries), emulated
+    (qemu) domains get a 64 MiB TCG cache, the NoCloud CD-ROM sits on virtio-scsi (no SATA driver needed in the guest,
+    valid on q35 and pc), and the serial log is only kept when the spec asks for it.
+    """
+    interfaces = tuple(
+        Interface(
+            mac=(nic.mac_address or naming.mac_address(owner.uid, index)).lower(),
+            network=nic.network,
+            bridge=nic.bridge,
+            model=nic.model,
+        )
+        for index, nic in enumerate(spec.interfaces)
+    )
+    kernel_boot = (
+        KernelBoot(kernel=spec.kernel_boot.kernel, initrd=spec.kernel_boot.initrd, cmdline=spec.kernel_boot.cmdline)
+        if spec.kernel_boot is not None
+        else None
+    )
+    cluster = f" of cluster {owner.cluster}" if owner.cluster else ""
+    return DomainConfig(
+        name=name,
+        uuid=uuid,
+        title=f"{owner.namespace}/{owner.name}",
+        description=f"Cluster API machine {owner.namespace}/{owner.name}{cluster}, managed by capi-libvirt",
+        vcpus=spec.cpus,
+        memory_mib=spec.memory_mib,
+        domain_type=spec.domain_type,
+        machine_type=spec.machine_type,
+        cpu_mode=spec.cpu_mode,
+        disk_path=disk_path,
+        disk_format="qcow2",
+        disk_bus=spec.disk_bus,
+        cdrom_path=iso_path,
+        cdrom_bus="scsi",
+        interfaces=interfaces,
+        guest_agent=spec.guest_agent,
+        serial_log_path=serial_log_path if spec.serial_log else None,
+        kernel_boot=kernel_boot,
+        tcg_tb_cache_mib=DEFAULT_TCG_TB_CACHE_MIB if spec.domain_type == "qemu" else None,
+        owner=owner,
+    )
+
+
+def domain_xml(config: DomainConfig) -> str:
+    """The domain XML as text, ready for virDomainDefineXML."""
+    root = domain_element(config)
+    ET.indent(root, space="  ")
+    return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def parse_owner(xml_text: str) -> Owner | None:
+    """The owner recorded in a domain's metadata; None when the domain is not ours (no or incomplete metadata)."""
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError as error:
+        raise ValueError(f"domain XML is not well-formed: {error}") from error
+    machine = root.find(f"metadata/{{{METADATA_NAMESPACE}}}{METADATA_ELEMENT}")
+    if machine is None:
+        return None
+    values = {name: machine.findtext(f"{{{METADATA_NAMESPACE}}}{name}") for name in OWNER_FIELDS}
+    if not (values["namespace"] and values["name"] and values["uid"]):
+        return None  # damaged or foreign: never claim a domain on partial evidence
+    return Owner(
+        namespace=values["namespace"], name=values["name"], uid=values["uid"], cluster=values["cluster"] or None
+    )
+
+
+# --- builders: one per element, config in, element out, no decisions ------------------------------------------------
+
+
+def domain_element(config: DomainConfig) -> ET.Element:
+    """The whole <domain>."""
+    domain = ET.Element("domain", type=config.domain_type)
+    _text(domain, "name", config.name)
+    _text(domain, "uuid", config.uuid)
+    if config.title is not None:
+        _text(domain, "title", config.title)
+    if config.description is not None:
+        _text(domain, "description", config.description)
+    domain.append(metadata_element(config.owner))
+    _text(domain, "memory", str(config.memory_mib), unit="MiB")
+    _text(domain, "vcpu", str(config.vcpus))
+    domain.append(os_element(config))
+    domain.append(features_element(config.tcg_tb_cache_mib))
+    if config.cpu_mode is not None:
+        ET.SubElement(domain, "cpu", mode=config.cpu_mode)
+    ET.SubElement(domain, "clock", offset="utc")
+    # A guest that powers off or crashes stays off (the reconciler sees it); a reboot is just a reboot.
+    _text(domain, "on_poweroff", "destroy")
+    _text(domain, "on_reboot", "restart")
+    _text(domain, "on_crash", "destroy")
+    domain.append(devices_element(config))
+    return domain
+
+
+def metadata_element(owner: Owner) -> ET.Element:
+    """<metadata><capi:machine xmlns:capi=...> with one child per owner field."""
+    metadata = ET.Element("metadata")
+    # The prefix is written literally (instead of ET.register_namespace, which is process-global state); readers match
+    # on the namespace URI, so whatever prefix libvirt keeps, parse_owner still finds it.
+    machine = ET.SubElement(
+        metadata, f"{METADATA_PREFIX}:{METADATA_ELEMENT}", {f"xmlns:{METADATA_PREFIX}": METADATA_NAMESPACE}
+    )
+    for name in OWNER_FIELDS:
+        value = getattr(owner, name)
+        if value:  # an empty cluster is the same as none, and reads back as None
+            _text(machine, f"{METADATA_PREFIX}:{name}", value)
+    return metadata
+
+
+def os_element(config: DomainConfig) -> ET.Element:
+    """<os>: hvm on the machine type; the kernel, initrd and cmdline for direct boot, else boot from the disk."""
+    element = ET.Element("os")
+    _text(element, "type", "hvm", machine=config.machine_type)
+    if config.kernel_boot is not None:
+        _text(element, "kernel", config.kernel_boot.kernel)
+        if config.kernel_boot.initrd is not None:
+            _text(element, "initrd", config.kernel_boot.initrd)
+        _text(element, "cmdline", config.kernel_boot.cmdline)
+    else:
+        ET.SubElement(element, "boot", dev="hd")
+    return element
+
+
+def features_element(tcg_tb_cache_mib: int | None) -> ET.Element:
+    """<features>: ACPI (so a shutdown request reaches the guest) and the APIC; the TCG cache size when given."""
+    features = ET.Element("features")
+    ET.SubElement(features, "acpi")
+    ET.SubElement(features, "apic")
+    if tcg_tb_cache_mib is not None:
+        tcg = ET.SubElement(features, "tcg")
+        _text(tcg, "tb-cache", str(tcg_tb_cache_mib), unit="MiB")
+    return features
+
+
+def devices_element(config: DomainConfig) -> ET.Element:
+    """<devices>: root disk, optional CD-ROM, the SCSI controller they need, NICs, serial log and agent channel."""
+    devices = ET.Element("devices")
+    root_dev = disk_target_dev(config.disk_bus, 0)
+    devices.append(disk_element(config.disk_path, config.disk_format, config.disk_bus, root_dev))
+    if config.cdrom_path is not None:
+        # The CD-ROM takes the next sdX/hdX name not used by the root disk.
+        cdrom_index = 1 if root_dev.startswith(_dev_prefix(config.cdrom_bus)) else 0
+        cdrom_dev = disk_target_dev(config.cdrom_bus, cdrom_index)
+        devices.append(cdrom_element(config.cdrom_path, config.cdrom_bus, cdrom_dev))
+    if config.disk_bus == "scsi" or (config.cdrom_path is not None and config.cdrom_bus == "scsi"):
+        devices.append(scsi_controller_element())
+    for interface in config.interfaces:
+        devices.append(interface_element(interface))
+    if config.serial_log_path is not None:
+        devices.append(serial_log_element(config.serial_log_path))
+    if config.guest_agent:
+        devices.append(guest_agent_element())
+    return devices
+
+
+def disk_element(path: str, disk_format: str, bus: str, dev: str) -> ET.Element:
+    """A file-backed <disk device='disk'> on `bus` as `dev`."""
+    disk = ET.Element("disk", type="file", device="disk")
+    ET.SubElement(disk, "driver", name="qemu", type=disk_format)
+    ET.SubElement(disk, "source", file=path)
+    ET.SubElement(disk, "target", dev=dev, bus=bus)
+    return disk
+
+
+def cdrom_element(path: str, bus: str, dev: str) -> ET.Element:
+    """A read-only raw <disk device='cdrom'> (the NoCloud seed ISO)."""
+    cdrom = ET.Element("disk", type="file", device="cdrom")
+    ET.SubElement(cdrom, "driver", name="qemu", type="raw")
+    ET.SubElement(cdrom, "source", file=path)
+    ET.SubElement(cdrom, "target", dev=dev, bus=bus)
+    ET.SubElement(cdrom, "readonly")
+    return cdrom
+
+
+def scsi_controller_element() -> ET.Element:
+    """A virtio-scsi controller: without it libvirt picks an LSI controller, which q35 guests and QEMU often lack."""
+    return ET.Element("controller", type="scsi", index="0", model="virtio-scsi")
+
+
+def interface_element(interface: Interface) -> ET.Element:
+    """<interface type='network'|'bridge'> with its MAC, source and model."""
+    if interface.network is not None:
+        element = ET.Element("interface", type="network")
+        source = {"network": interface.network}
+    else:
+        element = ET.Element("interface", type="bridge")
+        source = {"bridge": str(interface.bridge)}
+    ET.SubElement(element, "mac", address=interface.mac)
+    ET.SubElement(element, "source", source)
+    ET.SubElement(element, "model", type=interface.model)
+    return element
+
+
+def serial_log_element(path: str) -> ET.Element:
+    """Serial port 0 written to a file; appending keeps earlier boots' output (cloud-init's) across power cycles.
+
+    No <console> is written: libvirt derives one from serial port 0 itself, and a console of another type would
+    contradict it.
+    """
+    serial = ET.Element("serial", type="file")
+    ET.SubElement(serial, "source", path=path, append="on")
+    ET.SubElement(serial, "target", port="0")
+    return serial
+
+
+def guest_agent_element() -> ET.Element:
+    """The virtio-serial channel of the QEMU guest agent; libvirt chooses the host-side socket path."""
+    channel = ET.Element("channel", type="unix")
+    ET.SubElement(channel, "target", type="virtio", name=GUEST_AGENT_CHANNEL)
+    return channel
+
+
+def disk_target_dev(bus: str, index: int) -> str:
+    """The guest device name of the `index`-th disk on `bus`: vda, sda, sdb, hda, ..."""
+    if not 0 <= index < 26:
+        raise ValueError(f"disk index must be within 0..25, not {index}")
+    return _dev_prefix(bus) + chr(ord("a") + index)
+
+
+def _dev_prefix(bus: str) -> str:
+    prefixes = {"virtio": "vd", "scsi": "sd", "sata": "sd", "ide": "hd"}
+    if bus not in prefixes:
+        raise ValueError(f"unknown disk bus {bus!r}")
+    return prefixes[bus]
+
+
+def _text(parent: ET.Element, tag: str, text: str, **attributes: str) -> ET.Element:
+    element = ET.SubElement(parent, tag, attributes)
+    element.text = text
+    return element
+
+
+def _check_xml_text(what: str, value: object) -> None:
+    if isinstance(value, str) and _XML_INVALID.search(value):
+        raise ValueError(f"{what} contains characters XML cannot carry")

@@ -14,6 +14,7 @@ from kubernetes_asyncio import client, config
 
 from capi_libvirt.devenv import control_plane as cp
 from capi_libvirt.devenv import paths
+from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import main
 from prereq import require
 
@@ -51,14 +52,23 @@ async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
     await core.delete_namespace(name)
 
 
-@pytest.fixture(scope="session")
-async def running_operator(control_plane: cp.LocalControlPlane) -> AsyncIterator[None]:
-    """The operator itself, running in the test's event loop against the test API server."""
+@contextlib.asynccontextmanager
+async def operator_running(control_plane: cp.LocalControlPlane, hosts: dict[str, str]) -> AsyncIterator[None]:
+    """The operator itself, in the test's event loop, against the test API server and the given libvirt hosts."""
     os.environ["KUBECONFIG"] = str(control_plane.kubeconfig_path)
     stop = asyncio.Event()
-    task = asyncio.create_task(main.run_operator(stop_flag=stop))
-    yield
-    stop.set()
-    with contextlib.suppress(asyncio.CancelledError):  # kopf ends its root task by cancelling it
-        await asyncio.wait_for(task, timeout=30)
-    assert task.done()
+    task = asyncio.create_task(main.run_operator(operator_config=operator_config.OperatorConfig(hosts=hosts), stop_flag=stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):  # kopf ends its root task by cancelling it
+            await asyncio.wait_for(task, timeout=60)
+        assert task.done()
+
+
+@pytest.fixture(scope="session")
+async def running_operator(control_plane: cp.LocalControlPlane) -> AsyncIterator[None]:
+    """The operator with no libvirt host: for what needs only the API server."""
+    async with operator_running(control_plane, hosts={}):
+        yield

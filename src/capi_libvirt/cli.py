@@ -30,11 +30,11 @@ def _cmd_manifests(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from capi_libvirt.operator import main
+    from capi_libvirt.operator import config, main
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
-    asyncio.run(main.run_operator(args.namespace))
+    asyncio.run(main.run_operator(args.namespace, operator_config=config.from_environment(args.host)))
     return 0
 
 
@@ -52,6 +52,8 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the operator against the cluster of the kubeconfig (or in-cluster)")
     run.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    run.add_argument("--host", action="append", default=[], metavar="NAME=URI",
+                     help="a libvirt host, e.g. kvm1=qemu+ssh://root@kvm1/system (repeatable; also $CAPI_LIBVIRT_HOSTS)")
     run.set_defaults(func=_cmd_run)
 
     manifests = sub.add_parser("manifests", help="generate the CRDs under config/crd from the API models")

@@ -15,6 +15,7 @@ import sys
 from kubernetes_asyncio import client, config
 
 from capi_libvirt.devenv import control_plane, libvirt_host, paths
+from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import main as operator_main
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ async def _cluster_reachable() -> bool:
 
 def run_dev(namespaces: list[str], force_local: bool = False) -> int:
     if not force_local and asyncio.run(_cluster_reachable()):
-        asyncio.run(operator_main.run_operator(namespaces))
+        asyncio.run(operator_main.run_operator(namespaces, operator_config=operator_config.from_environment()))
         return 0
     crd_dirs = [REPO / "config" / "crd", paths.cluster_api_crd_dir()]
     with control_plane.LocalControlPlane(crd_dirs=crd_dirs) as plane, libvirt_host.LibvirtHost("dev") as host:
@@ -55,8 +56,9 @@ def run_dev(namespaces: list[str], force_local: bool = False) -> int:
             file=sys.stderr,
             flush=True,
         )
+        cfg = operator_config.OperatorConfig(hosts={host.name: host.uri})
         try:
-            asyncio.run(operator_main.run_operator(namespaces))
+            asyncio.run(operator_main.run_operator(namespaces, operator_config=cfg))
         except KeyboardInterrupt:
             pass
     return 0

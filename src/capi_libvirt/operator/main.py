@@ -8,16 +8,18 @@ from typing import Sequence
 
 import kopf
 
-from capi_libvirt.operator import handlers  # noqa: F401  (registers the handlers)
+from capi_libvirt.operator import config, handlers  # noqa: F401  (handlers: registers them)
 
 log = logging.getLogger(__name__)
 
 
-async def run_operator(namespaces: Sequence[str] = (), *, stop_flag: asyncio.Event | None = None) -> None:
+async def run_operator(namespaces: Sequence[str] = (), *, operator_config: config.OperatorConfig | None = None,
+                       stop_flag: asyncio.Event | None = None) -> None:
     """Run until stopped. With no namespaces the operator watches the whole cluster."""
     await kopf.operator(
         clusterwide=not namespaces,
         namespaces=list(namespaces),
         standalone=True,
         stop_flag=stop_flag,
+        memo=kopf.Memo(config=operator_config or config.from_environment()),
     )

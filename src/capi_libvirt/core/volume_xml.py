@@ -1,0 +1,35 @@
+"""Storage volume XML for a machine's qcow2 overlay on its base image, built with an element tree."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+
+def overlay_volume_xml(name: str, capacity_bytes: int, backing_path: str, backing_format: str) -> str:
+    """A qcow2 volume whose `<backingStore>` is the base image: copy-on-write, sized to `capacity_bytes`."""
+    volume = ET.Element("volume", type="file")
+    ET.SubElement(volume, "name").text = name
+    ET.SubElement(volume, "capacity", unit="bytes").text = str(capacity_bytes)
+    target = ET.SubElement(volume, "target")
+    ET.SubElement(target, "format", type="qcow2")
+    backing = ET.SubElement(volume, "backingStore")
+    ET.SubElement(backing, "path").text = backing_path
+    ET.SubElement(backing, "format", type=backing_format)
+    return ET.tostring(volume, encoding="unicode")
+
+
+def raw_volume_xml(name: str, capacity_bytes: int) -> str:
+    """A raw volume of exactly `capacity_bytes`, the container an uploaded NoCloud ISO goes into."""
+    volume = ET.Element("volume", type="file")
+    ET.SubElement(volume, "name").text = name
+    ET.SubElement(volume, "capacity", unit="bytes").text = str(capacity_bytes)
+    ET.SubElement(volume, "allocation", unit="bytes").text = "0"
+    target = ET.SubElement(volume, "target")
+    ET.SubElement(target, "format", type="raw")
+    return ET.tostring(volume, encoding="unicode")
+
+
+def backing_format_of(volume_xml_text: str) -> str:
+    """The format (qcow2, raw) of an existing volume, read from its XML; raw when libvirt does not say."""
+    fmt = ET.fromstring(volume_xml_text).find("./target/format")
+    return fmt.get("type", "raw") if fmt is not None else "raw"

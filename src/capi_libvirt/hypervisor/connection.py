@@ -1,0 +1,118 @@
+"""One libvirt connection per host: opened lazily, reused, liveness-checked and re-opened when it breaks.
+
+libvirt's C calls never yield to the event loop, so every call runs in a thread pool; a `threading.Lock` guards
+opening so concurrent reconciles share one connection instead of racing to open several.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import threading
+from typing import Callable, TypeVar
+
+import libvirt
+
+from capi_libvirt.hypervisor import errors
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _silence_libvirt_stderr(_ctx: object, _error: object) -> None:
+    """libvirt prints every error to stderr by default; errors reach us as exceptions, translated in one place."""
+
+
+libvirt.registerErrorHandler(_silence_libvirt_stderr, None)
+
+
+class HostConnection:
+    """A host's libvirt connection. `await call(fn, ...)` runs `fn(conn, ...)` in the pool with a live connection."""
+
+    def __init__(self, host: str, uri: str, executor: concurrent.futures.Executor) -> None:
+        self.host = host
+        self.uri = uri
+        self._executor = executor
+        self._lock = threading.Lock()
+        self._conn: libvirt.virConnect | None = None
+        self.opened = 0  # how many times a connection was opened: 1 in a healthy life
+
+    async def call(self, fn: Callable[..., T], *args: object, doing: str = "") -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(self._call_sync, fn, args, doing))
+
+    def _call_sync(self, fn: Callable[..., T], args: tuple, doing: str) -> T:
+        conn = self._live_connection()
+        try:
+            return fn(conn, *args)
+        except libvirt.libvirtError as error:
+            translated = errors.translate(error, self.host, doing or getattr(fn, "__name__", "call"))
+            if isinstance(translated, errors.HostUnreachable):
+                self._drop(conn)
+            raise translated from None
+        except errors.HypervisorError as error:
+            error.host = error.host or self.host
+            raise
+
+    def _live_connection(self) -> libvirt.virConnect:
+        with self._lock:
+            conn = self._conn
+            if conn is not None:
+                try:
+                    if conn.isAlive():
+                        return conn
+                except libvirt.libvirtError:
+                    pass
+                log.warning("connection to host %s broke; re-opening", self.host)
+                self._close_quietly(conn)
+                self._conn = None
+            try:
+                self._conn = libvirt.open(self.uri)
+            except libvirt.libvirtError as error:
+                raise errors.HostUnreachable(f"cannot connect: {error.get_error_message()}", self.host) from None
+            self.opened += 1
+            log.info("connected to host %s", self.host)
+            return self._conn
+
+    def _drop(self, conn: libvirt.virConnect) -> None:
+        with self._lock:
+            if self._conn is conn:
+                self._close_quietly(conn)
+                self._conn = None
+
+    @staticmethod
+    def _close_quietly(conn: libvirt.virConnect) -> None:
+        try:
+            conn.close()
+        except libvirt.libvirtError:
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._close_quietly(self._conn)
+                self._conn = None
+
+
+class HostRegistry:
+    """The connections of every known host, sharing one thread pool."""
+
+    def __init__(self, hosts: dict[str, str], max_workers: int = 16) -> None:
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="libvirt")
+        self._connections = {name: HostConnection(name, uri, self._executor) for name, uri in hosts.items()}
+
+    def names(self) -> list[str]:
+        return sorted(self._connections)
+
+    def get(self, host: str) -> HostConnection:
+        try:
+            return self._connections[host]
+        except KeyError:
+            raise errors.HostUnreachable("not a configured host", host) from None
+
+    def close(self) -> None:
+        for connection in self._connections.values():
+            connection.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,71 @@
+"""The provider's own hypervisor errors, and the ONE translation of libvirt error codes into them."""
+
+from __future__ import annotations
+
+import libvirt
+
+
+class HypervisorError(Exception):
+    """A libvirt operation failed; the message names the host and what was attempted, never secret material."""
+
+    def __init__(self, message: str, host: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.host = host  # filled in by HostConnection when the raiser did not know it
+
+    def __str__(self) -> str:
+        return f"host {self.host}: {self.message}" if self.host else self.message
+
+
+class HostUnreachable(HypervisorError):
+    """The host's libvirt daemon cannot be reached (connection refused, broken, authentication failed)."""
+
+
+class NotFound(HypervisorError):
+    """The object does not exist; deleting it counts as done."""
+
+
+class DomainNotFound(NotFound):
+    pass
+
+
+class VolumeNotFound(NotFound):
+    pass
+
+
+class PoolNotFound(NotFound):
+    pass
+
+
+class NetworkNotFound(NotFound):
+    pass
+
+
+class OperationInvalid(HypervisorError):
+    """The operation does not apply in the object's current state (e.g. destroying a domain that is not running)."""
+
+
+_NOT_FOUND = {
+    libvirt.VIR_ERR_NO_DOMAIN: DomainNotFound,
+    libvirt.VIR_ERR_NO_STORAGE_VOL: VolumeNotFound,
+    libvirt.VIR_ERR_NO_STORAGE_POOL: PoolNotFound,
+    libvirt.VIR_ERR_NO_NETWORK: NetworkNotFound,
+}
+_UNREACHABLE_CODES = {
+    libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_RPC, libvirt.VIR_ERR_NO_CONNECT, libvirt.VIR_ERR_INVALID_CONN,
+    libvirt.VIR_ERR_AUTH_FAILED, libvirt.VIR_ERR_AUTH_CANCELLED, libvirt.VIR_ERR_AUTH_UNAVAILABLE,
+}
+_UNREACHABLE_DOMAINS = {libvirt.VIR_FROM_RPC, libvirt.VIR_FROM_REMOTE, libvirt.VIR_FROM_SSH}
+
+
+def translate(error: libvirt.libvirtError, host: str, doing: str) -> HypervisorError:
+    """Map a libvirtError to the provider's error, by code, never by matching message text."""
+    code, domain = error.get_error_code(), error.get_error_domain()
+    message = f"{doing}: {error.get_error_message() or error}"
+    if code in _NOT_FOUND:
+        return _NOT_FOUND[code](message, host)
+    if code in _UNREACHABLE_CODES or domain in _UNREACHABLE_DOMAINS:
+        return HostUnreachable(message, host)
+    if code == libvirt.VIR_ERR_OPERATION_INVALID:
+        return OperationInvalid(message, host)
+    return HypervisorError(message, host)

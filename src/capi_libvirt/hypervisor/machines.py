@@ -1,0 +1,207 @@
+"""What the provider does to a host for one machine: overlay, NoCloud ISO, domain, addresses, teardown.
+
+Every function takes an open `virConnect` first and is called through `HostConnection.call`, which runs it in the
+thread pool and translates libvirt's errors. Each operation is idempotent: "create" of something present returns it,
+"delete" of something absent is a no-op, so a retried or restarted reconcile converges instead of duplicating.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import xml.etree.ElementTree as ET
+
+import libvirt
+
+from capi_libvirt.core import volume_xml
+from capi_libvirt.hypervisor import errors
+
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineVolumes:
+    """The names of a machine's volumes in its storage pool (deterministic, see core.naming)."""
+
+    pool: str
+    overlay: str
+    nocloud: str
+    serial_log: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DomainInfo:
+    uuid: str
+    name: str
+    state: str
+    xml: str
+
+
+STATE_NAMES = {
+    libvirt.VIR_DOMAIN_NOSTATE: "nostate",
+    libvirt.VIR_DOMAIN_RUNNING: "running",
+    libvirt.VIR_DOMAIN_BLOCKED: "blocked",
+    libvirt.VIR_DOMAIN_PAUSED: "paused",
+    libvirt.VIR_DOMAIN_SHUTDOWN: "shutdown",
+    libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
+    libvirt.VIR_DOMAIN_CRASHED: "crashed",
+    libvirt.VIR_DOMAIN_PMSUSPENDED: "pmsuspended",
+}
+
+
+def _active_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePool:
+    pool = conn.storagePoolLookupByName(name)
+    if not pool.isActive():
+        raise errors.PoolNotFound(f"storage pool {name} is not active")
+    return pool
+
+
+def _volume_or_none(pool: libvirt.virStoragePool, name: str) -> libvirt.virStorageVol | None:
+    try:
+        return pool.storageVolLookupByName(name)
+    except libvirt.libvirtError as error:
+        if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+            return None
+        raise
+
+
+def pool_path(conn: libvirt.virConnect, pool_name: str) -> str:
+    """The target folder of a `dir` pool (where the serial log goes, so that teardown can delete it as a volume)."""
+    pool = _active_pool(conn, pool_name)
+    path = ET.fromstring(pool.XMLDesc()).findtext("./target/path")
+    return path or ""
+
+
+def ensure_overlay(conn: libvirt.virConnect, volumes: MachineVolumes, base_pool: str, base_volume: str,
+                   disk_gib: int) -> str:
+    """The machine's qcow2 overlay on the base image, grown to the requested size; returns its path."""
+    pool = _active_pool(conn, volumes.pool)
+    existing = _volume_or_none(pool, volumes.overlay)
+    if existing is not None:
+        return existing.path()
+    base = _active_pool(conn, base_pool).storageVolLookupByName(base_volume)
+    base_capacity = base.info()[1]
+    capacity = max(disk_gib * GIB, base_capacity)
+    xml = volume_xml.overlay_volume_xml(volumes.overlay, capacity, base.path(),
+                                        volume_xml.backing_format_of(base.XMLDesc()))
+    return pool.createXML(xml, 0).path()
+
+
+def replace_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes, iso: bytes) -> str:
+    """Upload the NoCloud ISO through libvirt's stream API (works on a remote host too); returns its path.
+
+    An earlier upload may have been cut short, so an existing volume is replaced rather than trusted.
+    """
+    pool = _active_pool(conn, volumes.pool)
+    existing = _volume_or_none(pool, volumes.nocloud)
+    if existing is not None:
+        existing.delete(0)
+    volume = pool.createXML(volume_xml.raw_volume_xml(volumes.nocloud, len(iso)), 0)
+    stream = conn.newStream(0)
+    try:
+        volume.upload(stream, 0, len(iso), 0)
+        view = memoryview(iso)
+        offset = 0
+        while offset < len(view):
+            sent = stream.send(bytes(view[offset:offset + 256 * 1024]))
+            if sent < 0:
+                raise errors.HypervisorError("upload stream refused data")
+            offset += sent
+        stream.finish()
+    except BaseException:
+        try:
+            stream.abort()
+        except libvirt.libvirtError:
+            pass
+        volume.delete(0)
+        raise
+    return volume.path()
+
+
+def domain_info(conn: libvirt.virConnect, uuid: str) -> DomainInfo | None:
+    try:
+        domain = conn.lookupByUUIDString(uuid)
+    except libvirt.libvirtError as error:
+        if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return None
+        raise
+    state = STATE_NAMES.get(domain.state()[0], "unknown")
+    return DomainInfo(uuid=uuid, name=domain.name(), state=state, xml=domain.XMLDesc(0))
+
+
+def define_domain(conn: libvirt.virConnect, uuid: str, xml: str) -> DomainInfo:
+    """Define the domain unless a domain with this UUID already exists (the UUID is fixed before anything is made)."""
+    info = domain_info(conn, uuid)
+    if info is not None:
+        return info
+    conn.defineXML(xml)
+    info = domain_info(conn, uuid)
+    assert info is not None
+    return info
+
+
+def start_domain(conn: libvirt.virConnect, uuid: str) -> None:
+    domain = conn.lookupByUUIDString(uuid)
+    if not domain.isActive():
+        domain.create()
+
+
+def domain_addresses(conn: libvirt.virConnect, uuid: str) -> list[str]:
+    """IPv4/IPv6 addresses of the domain: DHCP leases first, then the guest agent, then ARP; link-local left out."""
+    domain = conn.lookupByUUIDString(uuid)
+    for source in (libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE, libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
+                   libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP):
+        try:
+            interfaces = domain.interfaceAddresses(source, 0) or {}
+        except libvirt.libvirtError:
+            continue  # that source is not available (no agent yet, no lease): try the next
+        found = []
+        for name, interface in sorted(interfaces.items()):
+            if name == "lo":
+                continue
+            for entry in interface.get("addrs") or []:
+                address = ipaddress.ip_address(entry["addr"])
+                if not (address.is_loopback or address.is_link_local):
+                    found.append(str(address))
+        if found:
+            return found
+    return []
+
+
+def delete_machine(conn: libvirt.virConnect, uuid: str, volumes: MachineVolumes) -> list[str]:
+    """Destroy and undefine the domain, delete the overlay, ISO and serial log; absent parts count as done.
+
+    Returns what was actually removed, for the event the caller posts.
+    """
+    removed: list[str] = []
+    try:
+        domain = conn.lookupByUUIDString(uuid)
+    except libvirt.libvirtError as error:
+        if error.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+            raise
+        domain = None
+    if domain is not None:
+        if domain.isActive():
+            try:
+                domain.destroy()
+            except libvirt.libvirtError as error:
+                if error.get_error_code() != libvirt.VIR_ERR_OPERATION_INVALID:  # it stopped meanwhile
+                    raise
+        domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+                             | libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+        removed.append(f"domain {uuid}")
+    try:
+        pool = conn.storagePoolLookupByName(volumes.pool)
+    except libvirt.libvirtError as error:
+        if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
+            return removed  # no pool, so nothing of ours can be in it
+        raise
+    if not pool.isActive():
+        pool.create(0)  # an inactive pool would hide our volumes: activate it to delete them
+    pool.refresh(0)  # the serial log is a file the pool has not seen yet
+    for name in (volumes.overlay, volumes.nocloud, volumes.serial_log):
+        volume = _volume_or_none(pool, name)
+        if volume is not None:
+            volume.delete(0)
+            removed.append(f"volume {name}")
+    return removed

@@ -1,0 +1,92 @@
+"""Kubernetes API calls of the reconciles: owners, clusters, bootstrap Secrets, and our objects' spec and status.
+
+asyncio-native (kubernetes_asyncio on aiohttp, like kopf), so no call blocks the event loop. "Not found" is
+recognised by HTTP status 404 and returned as None; every other error propagates.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from capi_libvirt.api import meta
+
+CAPI_GROUP = "cluster.x-k8s.io"
+CAPI_VERSION = "v1beta2"
+MERGE_PATCH = {"_content_type": "application/merge-patch+json"}
+
+
+@dataclasses.dataclass(frozen=True)
+class BootstrapData:
+    value: bytes
+    format: str  # cloud-config or ignition
+
+    def __repr__(self) -> str:  # bootstrap data can hold credentials: never in a log line or a traceback
+        return f"BootstrapData(format={self.format!r}, value=<{len(self.value)} bytes>)"
+
+
+async def new_api_client() -> client.ApiClient:
+    """A client from $KUBECONFIG / ~/.kube/config, or the in-cluster service account."""
+    configuration = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+async def _or_none(coroutine: Any) -> Any:
+    try:
+        return await coroutine
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+class KubeAPI:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.client = api_client
+        self.objects = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.calls = 0  # API calls made, for the numbers in the README
+
+    async def get_machine(self, namespace: str, name: str) -> dict | None:
+        self.calls += 1
+        return await _or_none(self.objects.get_namespaced_custom_object(
+            CAPI_GROUP, CAPI_VERSION, namespace, "machines", name))
+
+    async def get_cluster(self, namespace: str, name: str) -> dict | None:
+        self.calls += 1
+        return await _or_none(self.objects.get_namespaced_custom_object(
+            CAPI_GROUP, CAPI_VERSION, namespace, "clusters", name))
+
+    async def get_libvirt_machine(self, namespace: str, name: str) -> dict | None:
+        self.calls += 1
+        return await _or_none(self.objects.get_namespaced_custom_object(
+            meta.GROUP, meta.VERSION, namespace, "libvirtmachines", name))
+
+    async def get_bootstrap_data(self, namespace: str, name: str) -> BootstrapData | None:
+        self.calls += 1
+        secret = await _or_none(self.core.read_namespaced_secret(name, namespace))
+        if secret is None:
+            return None
+        data = secret.data or {}
+        value = base64.b64decode(data.get("value", ""))
+        fmt = base64.b64decode(data["format"]).decode() if "format" in data else "cloud-config"
+        return BootstrapData(value=value, format=fmt)
+
+    async def patch_libvirt_machine(self, namespace: str, name: str, patch: dict) -> dict:
+        self.calls += 1
+        return await self.objects.patch_namespaced_custom_object(
+            meta.GROUP, meta.VERSION, namespace, "libvirtmachines", name, patch, **MERGE_PATCH)
+
+    async def patch_libvirt_machine_status(self, namespace: str, name: str, status: dict) -> dict:
+        self.calls += 1
+        return await self.objects.patch_namespaced_custom_object_status(
+            meta.GROUP, meta.VERSION, namespace, "libvirtmachines", name, {"status": status}, **MERGE_PATCH)

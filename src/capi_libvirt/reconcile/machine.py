@@ -1,0 +1,356 @@
+"""The LibvirtMachine reconcile: from bootstrap data to a running domain, and back to nothing.
+
+`reconcile` is level-triggered and idempotent: it reads the object fresh, runs the phases in order, and each phase
+either moves on or raises `Wait` with the reason that becomes the Provisioned condition's. Every host operation is
+idempotent and keyed by names and a domain UUID fixed before anything is created (core.naming), so a retry, a
+duplicate event or a restart in the middle converges on the same single domain. `delete` tears everything down;
+"not found" counts as done, and an unreachable host keeps the finalizer with a condition saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+from typing import Awaitable, Callable
+
+import pydantic
+
+from capi_libvirt.api import v1alpha1
+from capi_libvirt.core import cloud_init, conditions, domain_xml, naming, nocloud, provider_id
+from capi_libvirt.core.conditions import Reason
+from capi_libvirt.hypervisor import connection, errors, machines
+from capi_libvirt.kube import api
+
+log = logging.getLogger(__name__)
+
+PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
+CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
+WAITING_FOR_OWNER = "WaitingForOwner"
+INVALID_SPEC = "InvalidSpec"
+
+# Seconds until the next pass. Watches on Machines, Clusters and Secrets wake a waiting machine sooner.
+RECHECK_WAITING = 30.0
+RECHECK_ADDRESS = 5.0
+RECHECK_PROVISIONED = 60.0
+BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
+
+EventSink = Callable[[dict, str, str, str], Awaitable[None] | None]  # (body, type, reason, message)
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclasses.dataclass
+class Dependencies:
+    """What a reconcile talks to, passed in (never globals): the API, the hosts, the clock, the event sink."""
+
+    kube: api.KubeAPI
+    hosts: connection.HostRegistry
+    post_event: EventSink
+    now: Callable[[], str] = utc_now
+    failures: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)  # per machine, for backoff
+
+
+class Wait(Exception):
+    """A phase cannot go on: `reason`/`message` go into the Provisioned condition; retry after `retry_after` s."""
+
+    def __init__(self, reason: str, message: str, retry_after: float | None = RECHECK_WAITING, *,
+                 failure: bool = False) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.retry_after, self.failure = reason, message, retry_after, failure
+
+
+class Paused(Exception):
+    """The cluster or the machine is paused: do nothing until a watch says otherwise."""
+
+
+@dataclasses.dataclass
+class MachinePass:
+    """What one pass learns as it goes, phase by phase."""
+
+    body: dict
+    spec: v1alpha1.LibvirtMachineSpec
+    status: dict
+    machine: dict | None = None
+    cluster: dict | None = None
+    bootstrap: api.BootstrapData | None = None
+    host: str | None = None
+    domain: machines.DomainInfo | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.body["metadata"]["namespace"]
+
+    @property
+    def name(self) -> str:
+        return self.body["metadata"]["name"]
+
+    @property
+    def uid(self) -> str:
+        return self.body["metadata"]["uid"]
+
+    @property
+    def domain_uuid(self) -> str:
+        return naming.domain_uuid(self.uid)
+
+    @property
+    def domain_name(self) -> str:
+        return naming.domain_name(self.namespace, self.name, self.uid)
+
+    def volumes(self) -> machines.MachineVolumes:
+        return machine_volumes(self.body, self.spec)
+
+
+def machine_volumes(body: dict, spec: v1alpha1.LibvirtMachineSpec) -> machines.MachineVolumes:
+    ns, name, uid = body["metadata"]["namespace"], body["metadata"]["name"], body["metadata"]["uid"]
+    return machines.MachineVolumes(
+        pool=spec.storage_pool,
+        overlay=naming.overlay_volume_name(ns, name, uid),
+        nocloud=naming.nocloud_volume_name(ns, name, uid),
+        serial_log=naming.serial_log_file_name(ns, name, uid),
+    )
+
+
+# -- the phases, in order -----------------------------------------------------------------------------------------
+
+async def find_owner_machine(deps: Dependencies, p: MachinePass) -> None:
+    refs = [ref for ref in p.body["metadata"].get("ownerReferences", [])
+            if ref.get("kind") == "Machine" and ref.get("apiVersion", "").startswith("cluster.x-k8s.io/")]
+    if not refs:
+        raise Wait(WAITING_FOR_OWNER, "waiting for Cluster API to set the owner Machine")
+    p.machine = await deps.kube.get_machine(p.namespace, refs[0]["name"])
+    if p.machine is None:
+        raise Wait(WAITING_FOR_OWNER, f"owner Machine {refs[0]['name']} not found")
+
+
+async def find_cluster(deps: Dependencies, p: MachinePass) -> None:
+    cluster_name = p.body["metadata"].get("labels", {}).get(CLUSTER_NAME_LABEL) or \
+        (p.machine or {}).get("spec", {}).get("clusterName")
+    if not cluster_name:
+        raise Wait(WAITING_FOR_OWNER, f"waiting for the {CLUSTER_NAME_LABEL} label")
+    p.cluster = await deps.kube.get_cluster(p.namespace, cluster_name)
+    if p.cluster is None:
+        raise Wait(WAITING_FOR_OWNER, f"Cluster {cluster_name} not found")
+
+
+async def honour_pause(deps: Dependencies, p: MachinePass) -> None:
+    paused = bool((p.cluster or {}).get("spec", {}).get("paused")) or \
+        PAUSED_ANNOTATION in (p.body["metadata"].get("annotations") or {})
+    p.status["conditions"] = conditions.set_condition(
+        p.status.get("conditions"), conditions.PAUSED, "True" if paused else "False",
+        Reason.PAUSED if paused else "NotPaused", "reconciliation is paused" if paused else "",
+        now=deps.now(), observed_generation=p.body["metadata"].get("generation"))
+    if paused:
+        raise Paused()
+
+
+async def wait_for_cluster_infrastructure(deps: Dependencies, p: MachinePass) -> None:
+    status = (p.cluster or {}).get("status", {})
+    if not (status.get("initialization", {}).get("infrastructureProvisioned") or status.get("infrastructureReady")):
+        raise Wait(Reason.WAITING_FOR_CLUSTER_INFRASTRUCTURE, "the Cluster's infrastructure is not provisioned yet")
+
+
+async def read_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
+    secret_name = (p.machine or {}).get("spec", {}).get("bootstrap", {}).get("dataSecretName")
+    if not secret_name:
+        raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, "waiting for the Machine's bootstrap.dataSecretName")
+    p.bootstrap = await deps.kube.get_bootstrap_data(p.namespace, secret_name)
+    if p.bootstrap is None:
+        raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, f"bootstrap Secret {secret_name} not found")
+    if p.bootstrap.format != "cloud-config":
+        raise Wait(Reason.BOOTSTRAP_FORMAT_UNSUPPORTED,
+                   f"bootstrap data format {p.bootstrap.format!r} is not supported; use cloud-config",
+                   RECHECK_PROVISIONED, failure=True)
+
+
+async def choose_host(deps: Dependencies, p: MachinePass) -> None:
+    """The recorded host, else the pinned one, else the first configured; recorded in status BEFORE any creation."""
+    chosen = p.status.get("host") or p.spec.host or next(iter(deps.hosts.names()), None)
+    if chosen is None:
+        raise Wait(Reason.HOST_UNREACHABLE, "no libvirt host is configured", failure=True)
+    deps.hosts.get(chosen)  # an unknown host name raises HostUnreachable
+    p.host = chosen
+    failure_domain = (p.machine or {}).get("spec", {}).get("failureDomain")
+    if p.status.get("host") != chosen or p.status.get("domainUUID") != p.domain_uuid:
+        p.status.update(host=chosen, domainUUID=p.domain_uuid)
+        if failure_domain:
+            p.status["failureDomain"] = failure_domain
+        await deps.kube.patch_libvirt_machine_status(p.namespace, p.name, {
+            "host": chosen, "domainUUID": p.domain_uuid, **({"failureDomain": failure_domain} if failure_domain else {})})
+
+
+async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
+    host = deps.hosts.get(p.host or "")
+    p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
+    if p.domain is not None:
+        return  # the domain exists, so its disk was made before it
+    base_pool = p.spec.image.pool or p.spec.storage_pool
+    try:
+        await host.call(machines.ensure_overlay, p.volumes(), base_pool, p.spec.image.volume, p.spec.disk_gib,
+                        doing="create overlay volume")
+    except errors.VolumeNotFound:
+        raise Wait(Reason.IMAGE_NOT_FOUND, f"base image volume {p.spec.image.volume!r} not found in pool "
+                   f"{base_pool!r} on host {p.host}", failure=True) from None
+
+
+async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
+    if p.domain is not None:
+        return
+    host = deps.hosts.get(p.host or "")
+    volumes = p.volumes()
+    pool_dir = await host.call(machines.pool_path, volumes.pool, doing="read pool path")
+    provider = provider_id.format_provider_id(p.host or "", p.domain_uuid)
+    owner = domain_xml.Owner(namespace=p.namespace, name=p.name, uid=p.uid,
+                             cluster=(p.cluster or {}).get("metadata", {}).get("name"))
+    overlay_path = f"{pool_dir}/{volumes.overlay}"
+    config = domain_xml.from_spec(p.spec, name=p.domain_name, uuid=p.domain_uuid, disk_path=overlay_path,
+                                  iso_path=f"{pool_dir}/{volumes.nocloud}",
+                                  serial_log_path=f"{pool_dir}/{volumes.serial_log}", owner=owner)
+    iso = nocloud.build_nocloud_iso(
+        user_data=p.bootstrap.value if p.bootstrap else b"",
+        meta_data=cloud_init.meta_data(p.domain_uuid, naming.hostname(p.name), provider),
+        network_config=cloud_init.network_config(p.spec.interfaces, [nic.mac for nic in config.interfaces]),
+    )
+    await host.call(machines.replace_nocloud, volumes, iso, doing="upload NoCloud ISO")
+    p.domain = await host.call(machines.define_domain, p.domain_uuid, domain_xml.domain_xml(config),
+                               doing="define domain")
+    await _event(deps, p.body, "Normal", "DomainDefined", f"domain {p.domain_name} defined on host {p.host}")
+
+
+async def ensure_running(deps: Dependencies, p: MachinePass) -> None:
+    host = deps.hosts.get(p.host or "")
+    if p.domain is None or p.domain.state != "running":
+        await host.call(machines.start_domain, p.domain_uuid, doing="start domain")
+        p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
+    p.status["state"] = p.domain.state if p.domain else "unknown"
+
+
+async def publish_provider_id(deps: Dependencies, p: MachinePass) -> None:
+    wanted = provider_id.format_provider_id(p.host or "", p.domain_uuid)
+    if p.body.get("spec", {}).get("providerID") != wanted:
+        await deps.kube.patch_libvirt_machine(p.namespace, p.name, {"spec": {"providerID": wanted}})
+
+
+async def observe_addresses(deps: Dependencies, p: MachinePass) -> None:
+    host = deps.hosts.get(p.host or "")
+    found = await host.call(machines.domain_addresses, p.domain_uuid, doing="read addresses")
+    previous = [a["address"] for a in p.status.get("addresses") or [] if a.get("type") == "InternalIP"]
+    internal = found or previous  # keep the last known address while the lease or the agent flaps
+    p.status["addresses"] = [{"type": "Hostname", "address": naming.hostname(p.name)}] + \
+        [{"type": "InternalIP", "address": address} for address in internal]
+    if not internal:
+        raise Wait(Reason.WAITING_FOR_ADDRESS, "the domain runs; waiting for its address", RECHECK_ADDRESS)
+    p.status["ready"] = True  # v1beta1 contract
+    p.status["initialization"] = {"provisioned": True}  # v1beta2 contract
+
+
+PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, read_bootstrap_data,
+          choose_host, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses)
+
+
+# -- the reconcile --------------------------------------------------------------------------------------------------
+
+async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | None:
+    """One pass over the machine; returns seconds until the next pass (None: only when a watch wakes it)."""
+    body = await deps.kube.get_libvirt_machine(namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    status = dict(body.get("status") or {})
+    key = (namespace, name)
+    try:
+        spec = v1alpha1.LibvirtMachineSpec.model_validate(body.get("spec") or {})
+    except pydantic.ValidationError as error:
+        fields = ", ".join(".".join(map(str, e["loc"])) for e in error.errors())
+        await _write_status(deps, body, status, Wait(INVALID_SPEC, f"invalid spec: {fields}", None, failure=True))
+        return None
+    p = MachinePass(body=body, spec=spec, status=status)
+    try:
+        for phase in PHASES:
+            await phase(deps, p)
+    except Paused:
+        await _write_status(deps, body, p.status, None, paused=True)
+        return None
+    except Wait as wait:
+        if not wait.failure:
+            deps.failures.pop(key, None)
+        return await _write_status(deps, body, p.status, _with_backoff(deps, key, wait) if wait.failure else wait)
+    except errors.HypervisorError as error:
+        return await _write_status(deps, body, p.status, _with_backoff(deps, key, _wait_for_hypervisor(error)))
+    deps.failures.pop(key, None)
+    return await _write_status(deps, body, p.status, None)
+
+
+def _wait_for_hypervisor(error: errors.HypervisorError) -> Wait:
+    if isinstance(error, errors.HostUnreachable):
+        return Wait(Reason.HOST_UNREACHABLE, str(error), failure=True)
+    if isinstance(error, errors.PoolNotFound):
+        return Wait(Reason.POOL_NOT_FOUND, str(error), failure=True)
+    return Wait("HypervisorError", str(error), failure=True)
+
+
+def _with_backoff(deps: Dependencies, key: tuple[str, str], wait: Wait) -> Wait:
+    attempts = deps.failures.get(key, 0)
+    deps.failures[key] = attempts + 1
+    wait.retry_after = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** attempts)
+    return wait
+
+
+async def _write_status(deps: Dependencies, body: dict, status: dict, wait: Wait | None, *,
+                        paused: bool = False) -> float | None:
+    """Set the Provisioned and Ready conditions, post an event when the reason changed, patch what changed."""
+    now, generation = deps.now(), body["metadata"].get("generation")
+    previous = conditions.get_condition(status.get("conditions"), conditions.PROVISIONED)
+    if not paused:
+        state = ("True", Reason.PROVISIONED, "") if wait is None else ("False", wait.reason, wait.message)
+        status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PROVISIONED, *state,
+                                                        now=now, observed_generation=generation)
+    status.setdefault("ready", False)
+    status["conditions"] = conditions.summarize_ready(status.get("conditions"), now, generation,
+                                                      order=(conditions.PROVISIONED,))
+    status["observedGeneration"] = generation
+    if status != (body.get("status") or {}):
+        await deps.kube.patch_libvirt_machine_status(body["metadata"]["namespace"], body["metadata"]["name"], status)
+    current = conditions.get_condition(status["conditions"], conditions.PROVISIONED)
+    if current and (previous is None or previous.get("reason") != current.get("reason")):
+        kind = "Warning" if wait is not None and wait.failure else "Normal"
+        await _event(deps, body, kind, current["reason"], current.get("message") or "provisioned")
+    return wait.retry_after if wait is not None else RECHECK_PROVISIONED
+
+
+async def _event(deps: Dependencies, body: dict, kind: str, reason: str, message: str) -> None:
+    result = deps.post_event(body, kind, reason, message)
+    if result is not None:
+        await result
+
+
+# -- deletion -----------------------------------------------------------------------------------------------------
+
+async def delete(deps: Dependencies, body: dict) -> None:
+    """Remove the domain, overlay, ISO and serial log from the machine's host; raises Wait while that is impossible."""
+    status = dict(body.get("status") or {})
+    host_name = status.get("host")
+    if host_name is None:
+        return  # the host is recorded before anything is created: no host, nothing was made
+    try:
+        spec = v1alpha1.LibvirtMachineSpec.model_validate(body.get("spec") or {})
+    except pydantic.ValidationError:
+        spec = v1alpha1.LibvirtMachineSpec.model_construct(storage_pool=body.get("spec", {}).get("storagePool", "default"))
+    uuid = status.get("domainUUID") or naming.domain_uuid(body["metadata"]["uid"])
+    try:
+        host = deps.hosts.get(host_name)
+        removed = await host.call(machines.delete_machine, uuid, machine_volumes(body, spec), doing="delete machine")
+    except errors.HypervisorError as error:
+        wait = _wait_for_hypervisor(error)
+        wait.reason = Reason.DELETION_FAILED if not isinstance(error, errors.HostUnreachable) else wait.reason
+        status["conditions"] = conditions.set_condition(
+            status.get("conditions"), conditions.DELETING, "True", wait.reason, f"cannot delete yet: {error}",
+            now=deps.now(), observed_generation=body["metadata"].get("generation"))
+        status["conditions"] = conditions.summarize_ready(status["conditions"], deps.now(),
+                                                          body["metadata"].get("generation"))
+        await deps.kube.patch_libvirt_machine_status(body["metadata"]["namespace"], body["metadata"]["name"], status)
+        raise _with_backoff(deps, (body["metadata"]["namespace"], body["metadata"]["name"]), wait) from None
+    deps.failures.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
+    if removed:
+        await _event(deps, body, "Normal", "Deleted", f"removed from host {host_name}: {', '.join(removed)}")

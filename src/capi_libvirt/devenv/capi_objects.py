@@ -1,0 +1,86 @@
+"""Cluster API objects made the way Cluster API's controllers would make them, for the demo and the tests.
+
+Without the Cluster API controllers running, something must play their part: a Cluster whose infrastructure is
+provisioned, a bootstrap Secret, a Machine pointing at it, and a LibvirtMachine owned by that Machine.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+
+from kubernetes_asyncio import client
+
+from capi_libvirt.api import meta
+
+CAPI_GROUP, CAPI_VERSION = "cluster.x-k8s.io", "v1beta2"
+CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
+MERGE = {"_content_type": "application/merge-patch+json"}
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineObjects:
+    namespace: str
+    cluster: str
+    machine: str
+    libvirt_machine: str
+    secret: str
+
+
+def marker_user_data(marker: str) -> str:
+    """cloud-config that proves it ran: the marker on the serial console (and in a file), then a final message."""
+    return (
+        "#cloud-config\n"
+        "runcmd:\n"
+        f"  - [sh, -c, 'echo {marker} > /run/capi-libvirt-marker; echo {marker} > /dev/ttyS0']\n"
+        f"final_message: \"capi-libvirt bootstrap finished: {marker}\"\n"
+    )
+
+
+async def create_cluster(api: client.ApiClient, namespace: str, name: str) -> dict:
+    objects = client.CustomObjectsApi(api)
+    body = {
+        "apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}",
+        "kind": "Cluster",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"infrastructureRef": {"apiGroup": meta.GROUP, "kind": "LibvirtCluster", "name": name}},
+    }
+    cluster = await objects.create_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, namespace, "clusters", body)
+    await objects.patch_namespaced_custom_object_status(
+        CAPI_GROUP, CAPI_VERSION, namespace, "clusters", name,
+        {"status": {"initialization": {"infrastructureProvisioned": True}}}, **MERGE)
+    return cluster
+
+
+async def create_machine(api: client.ApiClient, namespace: str, cluster: str, name: str, user_data: str,
+                         libvirt_spec: dict, *, bootstrap_format: str = "cloud-config") -> MachineObjects:
+    """Bootstrap Secret, Machine and owned LibvirtMachine, in the order Cluster API creates them."""
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    labels = {CLUSTER_NAME_LABEL: cluster}
+    secret = f"{name}-bootstrap"
+    await core.create_namespaced_secret(namespace, client.V1Secret(
+        metadata=client.V1ObjectMeta(name=secret, labels=labels), type="cluster.x-k8s.io/secret",
+        data={"value": base64.b64encode(user_data.encode()).decode(),
+              "format": base64.b64encode(bootstrap_format.encode()).decode()}))
+    machine = await objects.create_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, namespace, "machines", {
+        "apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}",
+        "kind": "Machine",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "clusterName": cluster,
+            "bootstrap": {"dataSecretName": secret},
+            "infrastructureRef": {"apiGroup": meta.GROUP, "kind": "LibvirtMachine", "name": name},
+        },
+    })
+    await objects.create_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines", {
+        "apiVersion": meta.API_VERSION,
+        "kind": "LibvirtMachine",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "ownerReferences": [{"apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}", "kind": "Machine", "name": name,
+                                 "uid": machine["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": libvirt_spec,
+    })
+    return MachineObjects(namespace=namespace, cluster=cluster, machine=name, libvirt_machine=name, secret=secret)

@@ -1,0 +1,423 @@
+"""A throw-away libvirt host for the test bed: libvirtd and virtlogd in a network and mount namespace of their own.
+
+Each LibvirtHost creates a network namespace (its guests, bridge, dnsmasq and NAT rules live there, never in the
+machine's own network namespace) and starts its daemons in a private mount namespace inside it, where the folders
+libvirt hard-codes (/etc/libvirt, /run/libvirt, /var/lib/libvirt, /var/cache/libvirt, /var/log/libvirt) are bind
+mounts of the host's own state folder under paths.run_dir()/<name>. That is what lets several hosts run side by side:
+their sockets, pid files, domain/network/pool definitions and state never meet. The sockets stay reachable from the
+machine's own namespaces through the state folder, so `uri` works from anywhere on the machine.
+
+The host gets one `dir` storage pool and one NAT network with DHCP. stop() destroys what runs there, stops the
+daemons by PID, ends anything left in the namespace, deletes the namespace and removes the state folder (logs survive
+only when given a log folder of their own). The one trace left on the machine is the empty mount point /run/libvirt,
+made when it is missing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import pathlib
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from types import TracebackType
+
+import libvirt
+
+from capi_libvirt.devenv import paths
+
+log = logging.getLogger(__name__)
+
+# Folders libvirt compiles in; each gets a private bind mount per host (key: sub-folder of the host's state folder).
+LIBVIRT_SYSTEM_DIRS = {
+    "etc": pathlib.Path("/etc/libvirt"),
+    "run": pathlib.Path("/run/libvirt"),
+    "lib": pathlib.Path("/var/lib/libvirt"),
+    "cache": pathlib.Path("/var/cache/libvirt"),
+    "log": pathlib.Path("/var/log/libvirt"),
+}
+UNIX_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
+START_TIMEOUT_S = 120.0  # generous: the first start probes QEMU, and the machine may be busy building
+STOP_GRACE_S = 15.0
+
+
+class LibvirtHostError(RuntimeError):
+    pass
+
+
+class LibvirtHost:
+    """One libvirt host in its own network namespace; use as a context manager or call start() and stop()."""
+
+    def __init__(
+        self,
+        name: str,
+        subnet: str = "192.168.122.0/24",
+        *,
+        pool_name: str = "capi-libvirt",
+        network_name: str = "capi-libvirt",
+        state_dir: pathlib.Path | None = None,
+        log_dir: pathlib.Path | None = None,
+        log_level: int = 3,
+    ) -> None:
+        """`subnet` is the NAT network's (the bridge takes its first address). Logs (libvirtd, virtlogd, each guest's
+        QEMU log) go to `log_dir`, which stop() keeps, else into the state folder, which stop() removes.
+        `log_level` is libvirt's: 1 debug, 2 info, 3 warning, 4 error."""
+        self.name = name
+        self.subnet = ipaddress.IPv4Network(subnet)
+        self.pool_name = pool_name
+        self.network_name = network_name
+        self.netns = f"capi-libvirt-{name}"
+        self.state_dir = state_dir or paths.run_dir() / name
+        self.log_dir = log_dir or self.state_dir / "log"
+        self.log_level = log_level
+        if len(str(self.socket_path)) > UNIX_SOCKET_PATH_MAX:
+            raise LibvirtHostError(f"state folder path too long for a UNIX socket: {self.socket_path}")
+
+    # -- where things are -------------------------------------------------------------------------------------------
+
+    @property
+    def socket_path(self) -> pathlib.Path:
+        return self.state_dir / "run" / "libvirt-sock"
+
+    @property
+    def uri(self) -> str:
+        return f"qemu+unix:///system?socket={self.socket_path}"
+
+    @property
+    def pool_dir(self) -> pathlib.Path:
+        return self.state_dir / "pool"
+
+    @property
+    def libvirtd_log(self) -> pathlib.Path:
+        return self.log_dir / "libvirtd.log"
+
+    @property
+    def virtlogd_log(self) -> pathlib.Path:
+        return self.log_dir / "virtlogd.log"
+
+    @property
+    def qemu_log_dir(self) -> pathlib.Path:
+        """Where libvirt writes each domain's QEMU log (<domain>.log)."""
+        return self.log_dir / "qemu"
+
+    @property
+    def bridge_address(self) -> ipaddress.IPv4Address:
+        return next(self.subnet.hosts())
+
+    def _bind_mounts(self) -> dict[pathlib.Path, pathlib.Path]:
+        """System folder -> this host's folder mounted over it in the daemons' mount namespace."""
+        sources = {sub: self.state_dir / sub for sub in LIBVIRT_SYSTEM_DIRS}
+        sources["log"] = self.log_dir
+        return {LIBVIRT_SYSTEM_DIRS[sub]: source for sub, source in sources.items()}
+
+    def _pid_file(self, daemon: str) -> pathlib.Path:
+        return self.state_dir / f"{daemon}.pid"
+
+    # -- life cycle -------------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> LibvirtHost:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Create the namespace, start the daemons, wait until libvirtd answers, then add the pool and the network."""
+        if self._netns_exists() or self.state_dir.exists():
+            log.warning("libvirt host %s: clearing what an earlier run left behind", self.name)
+            self.stop()
+        ensure_kvm_device_group()
+        try:
+            self._write_state_folder()
+            self._create_netns()
+            self._start_daemons()
+            self._wait_until_answering()
+            with self.connect() as conn:
+                define_dir_pool(conn, self.pool_name, self.pool_dir)
+                define_nat_network(conn, self.network_name, self.subnet)
+        except BaseException:
+            log.error("libvirt host %s failed to start; libvirtd log: %s", self.name, self.libvirtd_log)
+            self._log_tail(self.libvirtd_log)
+            self.stop()
+            raise
+        log.info("libvirt host %s ready: %s (netns %s, network %s, logs in %s)",
+                 self.name, self.uri, self.netns, self.subnet, self.log_dir)
+
+    def stop(self) -> None:
+        """Leave nothing behind: domains, daemons, every process in the namespace, the namespace, the state folder."""
+        if self._answers():
+            self._destroy_everything_running()
+        for daemon in ("libvirtd", "virtlogd"):
+            pid = self._read_pid(daemon)
+            # A pid file from an earlier, killed run may name a reused pid: only end the daemon it was written for.
+            if pid is not None and process_command(pid) == daemon:
+                log.info("libvirt host %s: stopping %s (pid %d)", self.name, daemon, pid)
+                terminate(pid)
+                log.info("libvirt host %s: %s (pid %d) stopped", self.name, daemon, pid)
+        if self._netns_exists():
+            for pid in self._netns_pids():
+                log.info("libvirt host %s: ending leftover process %d in netns %s", self.name, pid, self.netns)
+                terminate(pid)
+            run(["ip", "netns", "delete", self.netns])
+        if self.state_dir.exists():
+            # libvirt probes QEMU lazily, so the capabilities exist only once a host was used; keep them for the next.
+            keep_qemu_capabilities(self.state_dir / "cache")
+            shutil.rmtree(self.state_dir)
+        log.info("libvirt host %s stopped and removed", self.name)
+
+    def connect(self) -> libvirt.virConnect:
+        """A new read-write connection; the caller closes it (virConnect is a context manager)."""
+        return libvirt.open(self.uri)
+
+    # -- start, step by step ----------------------------------------------------------------------------------------
+
+    def _write_state_folder(self) -> None:
+        for folder in (*self._bind_mounts().values(), self.pool_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        # libvirt makes it only when a guest's QEMU log is first written, after opening a serial log placed there.
+        self.qemu_log_dir.mkdir(exist_ok=True)
+        etc = self.state_dir / "etc"
+        (etc / "libvirtd.conf").write_text(self._libvirtd_conf())
+        (etc / "virtlogd.conf").write_text(self._virtlogd_conf())
+        (etc / "qemu.conf").write_text(QEMU_CONF)
+        seed_qemu_capabilities(self.state_dir / "cache")
+
+    def _libvirtd_conf(self) -> str:
+        return libvirt_conf(
+            unix_sock_dir=str(LIBVIRT_SYSTEM_DIRS["run"]),
+            # Only root on this machine reaches the socket (mode 0700); no polkit, which needs a system D-Bus.
+            auth_unix_ro="none",
+            auth_unix_rw="none",
+            unix_sock_rw_perms="0700",
+            log_outputs=f"{self.log_level}:file:{LIBVIRT_SYSTEM_DIRS['log'] / 'libvirtd.log'}",
+        )
+
+    def _virtlogd_conf(self) -> str:
+        return libvirt_conf(log_outputs=f"{self.log_level}:file:{LIBVIRT_SYSTEM_DIRS['log'] / 'virtlogd.log'}")
+
+    def _create_netns(self) -> None:
+        run(["ip", "netns", "add", self.netns])
+        run(["ip", "-n", self.netns, "link", "set", "lo", "up"])
+        log.info("libvirt host %s: created network namespace %s", self.name, self.netns)
+
+    def _start_daemons(self) -> None:
+        for target in LIBVIRT_SYSTEM_DIRS.values():
+            # Bind mounts need their mount point; /run/libvirt does not exist where no system libvirtd ever ran.
+            target.mkdir(parents=True, exist_ok=True)
+        steps = [["mount", "--bind", str(source), str(target)] for target, source in self._bind_mounts().items()]
+        steps.append(["virtlogd", "--daemon", "--config", "/etc/libvirt/virtlogd.conf",
+                      "--pid-file", str(self._pid_file("virtlogd"))])
+        steps.append(["libvirtd", "--daemon", "--config", "/etc/libvirt/libvirtd.conf",
+                      "--pid-file", str(self._pid_file("libvirtd"))])
+        script = " && ".join(shlex.join(step) for step in steps)
+        # unshare's default propagation is private: the bind mounts stay inside this host's mount namespace.
+        run(["ip", "netns", "exec", self.netns, "unshare", "--mount", "--", "sh", "-ec", script])
+        for daemon in ("virtlogd", "libvirtd"):
+            log.info("libvirt host %s: started %s (pid %s) in netns %s", self.name, daemon, self._read_pid(daemon), self.netns)
+
+    def _wait_until_answering(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._answers():
+            pid = self._read_pid("libvirtd")
+            if pid is None or not process_alive(pid):
+                raise LibvirtHostError(f"libvirtd of host {self.name} exited; see {self.libvirtd_log}")
+            if time.monotonic() > deadline:
+                raise LibvirtHostError(f"libvirtd of host {self.name} did not answer within {START_TIMEOUT_S:.0f} s")
+            time.sleep(0.2)
+
+    # -- stop, step by step -----------------------------------------------------------------------------------------
+
+    def _answers(self) -> bool:
+        if not self.socket_path.is_socket():
+            return False
+        try:
+            with self.connect() as conn:
+                conn.getLibVersion()
+            return True
+        except libvirt.libvirtError:
+            return False
+
+    def _destroy_everything_running(self) -> None:
+        """Guests first, then networks (their dnsmasq) and pools; a failure is logged, and stop() goes on regardless:
+        whatever survives here ends with the namespace's processes."""
+        try:
+            with self.connect() as conn:
+                for domain in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+                    log.info("libvirt host %s: destroying domain %s", self.name, domain.name())
+                    destroy_quietly(domain)
+                for network in conn.listAllNetworks(libvirt.VIR_CONNECT_LIST_NETWORKS_ACTIVE):
+                    destroy_quietly(network)
+                for pool in conn.listAllStoragePools(libvirt.VIR_CONNECT_LIST_STORAGE_POOLS_ACTIVE):
+                    destroy_quietly(pool)
+        except libvirt.libvirtError as err:
+            log.warning("libvirt host %s: could not list what runs: %s", self.name, err)
+
+    def _read_pid(self, daemon: str) -> int | None:
+        try:
+            return int(self._pid_file(daemon).read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _netns_exists(self) -> bool:
+        return (pathlib.Path("/run/netns") / self.netns).exists()
+
+    def _netns_pids(self) -> list[int]:
+        out = run(["ip", "netns", "pids", self.netns], check=False).stdout
+        return [int(pid) for pid in out.split()]
+
+    def _log_tail(self, path: pathlib.Path, lines: int = 20) -> None:
+        if path.exists():
+            for line in path.read_text(errors="replace").splitlines()[-lines:]:
+                log.error("  %s", line)
+
+
+# -- configuration ------------------------------------------------------------------------------------------------
+
+# QEMU as root without a security driver or cgroups: guests read the cached image and kernel as they are (no chown of
+# files outside the host), and hosts side by side share no cgroup paths.
+QEMU_CONF = """\
+user = "root"
+group = "root"
+dynamic_ownership = 0
+remember_owner = 0
+security_driver = "none"
+cgroup_controllers = [ ]
+"""
+
+
+def libvirt_conf(**settings: str) -> str:
+    """libvirt's config syntax for string settings: key = "value", one a line."""
+    return "".join(f'{key} = "{value}"\n' for key, value in settings.items())
+
+
+def shared_capabilities_dir() -> pathlib.Path:
+    return paths.cache_dir() / "libvirt" / "qemu-capabilities"
+
+
+def seed_qemu_capabilities(cache: pathlib.Path) -> None:
+    """Give a new host the QEMU capabilities an earlier host probed; libvirt re-probes by itself if they are stale."""
+    copy_files_atomically(shared_capabilities_dir(), cache / "qemu" / "capabilities")
+
+
+def keep_qemu_capabilities(cache: pathlib.Path) -> None:
+    copy_files_atomically(cache / "qemu" / "capabilities", shared_capabilities_dir())
+
+
+def copy_files_atomically(source: pathlib.Path, target: pathlib.Path) -> None:
+    """Copy the files of `source` into `target`, each through a rename, so a host starting meanwhile never reads half."""
+    if not source.is_dir():
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        if file.is_file():
+            partial = target / f".{file.name}.{os.getpid()}.partial"
+            shutil.copyfile(file, partial)
+            partial.replace(target / file.name)
+
+
+def ensure_kvm_device_group() -> None:
+    """/dev/kvm root:kvm 0660, as udev would set it: libvirt otherwise re-probes QEMU on every start (seconds each)."""
+    kvm = pathlib.Path("/dev/kvm")
+    if not kvm.exists():
+        return
+    mode = stat.S_IMODE(kvm.stat().st_mode)
+    try:
+        shutil.chown(kvm, group="kvm")
+        if mode & 0o060 != 0o060:
+            kvm.chmod(mode | 0o060)
+    except (LookupError, PermissionError) as err:
+        log.warning("cannot give /dev/kvm to group kvm (%s); libvirt will re-probe QEMU at each start", err)
+
+
+# -- pool and network ---------------------------------------------------------------------------------------------
+
+def dir_pool_xml(name: str, path: pathlib.Path) -> str:
+    pool = ET.Element("pool", type="dir")
+    ET.SubElement(pool, "name").text = name
+    target = ET.SubElement(pool, "target")
+    ET.SubElement(target, "path").text = str(path)
+    return ET.tostring(pool, encoding="unicode")
+
+
+def nat_network_xml(name: str, subnet: ipaddress.IPv4Network, bridge: str = "virbr0") -> str:
+    """NAT network with DHCP over the whole subnet but the bridge's own (first) address; one bridge per namespace."""
+    hosts = list(subnet.hosts())
+    network = ET.Element("network")
+    ET.SubElement(network, "name").text = name
+    ET.SubElement(network, "forward", mode="nat")
+    ET.SubElement(network, "bridge", name=bridge, stp="on", delay="0")
+    ip = ET.SubElement(network, "ip", address=str(hosts[0]), netmask=str(subnet.netmask))
+    dhcp = ET.SubElement(ip, "dhcp")
+    ET.SubElement(dhcp, "range", start=str(hosts[1]), end=str(hosts[-1]))
+    return ET.tostring(network, encoding="unicode")
+
+
+def define_dir_pool(conn: libvirt.virConnect, name: str, path: pathlib.Path) -> libvirt.virStoragePool:
+    pool = conn.storagePoolDefineXML(dir_pool_xml(name, path), 0)
+    pool.build(0)
+    pool.create(0)
+    return pool
+
+
+def define_nat_network(conn: libvirt.virConnect, name: str, subnet: ipaddress.IPv4Network) -> libvirt.virNetwork:
+    network = conn.networkDefineXML(nat_network_xml(name, subnet))
+    network.create()
+    return network
+
+
+def destroy_quietly(thing: libvirt.virDomain | libvirt.virNetwork | libvirt.virStoragePool) -> None:
+    try:
+        thing.destroy()
+    except libvirt.libvirtError as err:
+        log.warning("could not destroy %s: %s", thing.name(), err)
+
+
+# -- processes ----------------------------------------------------------------------------------------------------
+
+def run(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if check and result.returncode != 0:
+        raise LibvirtHostError(f"{shlex.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result
+
+
+def process_alive(pid: int) -> bool:
+    """True while the process runs; a zombie (this machine's init may never reap it) counts as ended."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def process_command(pid: int) -> str | None:
+    try:
+        return pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def terminate(pid: int, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM, then SIGKILL if the process is still there after `grace_s`; returns once it has ended."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while process_alive(pid):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        else:
+            return
+    log.warning("process %d survived SIGKILL", pid)

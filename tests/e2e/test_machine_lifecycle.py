@@ -1,0 +1,122 @@
+"""A LibvirtMachine's whole life on real parts: created as Cluster API would, booted, bootstrap data run, deleted clean.
+
+Real kube-apiserver, real libvirtd in its network namespace, the cached guest image, the operator running in the
+test's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import uuid
+
+import libvirt
+import pytest
+from kubernetes_asyncio import client
+
+from capi_libvirt.api import meta
+from capi_libvirt.core import naming
+from capi_libvirt.devenv import capi_objects
+from fixtures_control_plane import operator_running
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+PROVISION_DEADLINE_S = 600.0  # TCG boot on a busy 2-core CI machine
+DELETE_DEADLINE_S = 120.0
+
+
+def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
+    return {
+        "image": {"volume": base_image_volume},
+        "storagePool": libvirt_host.pool_name,
+        "domainType": "qemu",  # no hardware virtualization here
+        "machineType": "pc",
+        "cpus": 1,
+        "memoryMiB": 256,
+        "diskGiB": 2,
+        "interfaces": [{"network": libvirt_host.network_name}],
+        "kernelBoot": {"kernel": str(guest_image.kernel), "initrd": str(guest_image.initrd),
+                       "cmdline": "root=/dev/vda rw console=ttyS0"},
+    }
+
+
+async def wait_until(what: str, probe, deadline_s: float, interval: float = 1.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    last = None
+    while loop.time() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}; last seen: {last}")
+
+
+def host_objects(host, uuid_: str, names: list[str]) -> list[str]:
+    """What of the machine is still on the host: the domain and any of the named volumes."""
+    left = []
+    with host.connect() as conn:
+        try:
+            conn.lookupByUUIDString(uuid_)
+            left.append(f"domain {uuid_}")
+        except libvirt.libvirtError:
+            pass
+        pool = conn.storagePoolLookupByName(host.pool_name)
+        pool.refresh(0)
+        left += [f"volume {v}" for v in pool.listVolumes() if v in names]
+    return left
+
+
+async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_trace(
+        control_plane, api_client, namespace, libvirt_host, guest_image, base_image_volume):
+    objects = client.CustomObjectsApi(api_client)
+    marker = f"marker-{uuid.uuid4().hex[:12]}"
+    await capi_objects.create_cluster(api_client, namespace, "demo")
+    made = await capi_objects.create_machine(api_client, namespace, "demo", "worker-0",
+                                             capi_objects.marker_user_data(marker),
+                                             machine_spec(libvirt_host, guest_image, base_image_volume))
+
+    async def get():
+        return await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
+                                                          made.libvirt_machine)
+
+    async with operator_running(control_plane, {libvirt_host.name: libvirt_host.uri}):
+        async def provisioned():
+            body = await get()
+            return body if body.get("status", {}).get("initialization", {}).get("provisioned") else None
+
+        body = await wait_until("provisioned", provisioned, PROVISION_DEADLINE_S, interval=2.0)
+        uid = body["metadata"]["uid"]
+        domain_uuid = naming.domain_uuid(uid)
+        assert body["spec"]["providerID"] == f"libvirt://{libvirt_host.name}/{domain_uuid}"
+        assert body["status"]["ready"] is True
+        assert body["status"]["host"] == libvirt_host.name
+        assert body["status"]["state"] == "running"
+        internal = [a["address"] for a in body["status"]["addresses"] if a["type"] == "InternalIP"]
+        assert internal and all(a.startswith("192.168.122.") for a in internal), body["status"]["addresses"]
+        ready = {c["type"]: c for c in body["status"]["conditions"]}
+        assert ready["Ready"]["status"] == "True" and ready["Provisioned"]["reason"] == "Provisioned"
+
+        # The bootstrap data ran inside the guest: its marker is on the serial console, logged in the pool folder.
+        serial_log = pathlib.Path(libvirt_host.pool_dir) / naming.serial_log_file_name(namespace, "worker-0", uid)
+
+        async def marker_logged():
+            return serial_log.exists() and marker in serial_log.read_text(errors="replace")
+
+        await wait_until("the bootstrap marker in the serial log", marker_logged, PROVISION_DEADLINE_S, 2.0)
+
+        await objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
+                                                      made.libvirt_machine)
+
+        async def gone():
+            try:
+                await get()
+                return False
+            except client.exceptions.ApiException as error:
+                return error.status == 404
+
+        await wait_until("the LibvirtMachine to be gone (finalizer released)", gone, DELETE_DEADLINE_S)
+
+    names = [naming.overlay_volume_name(namespace, "worker-0", uid), naming.nocloud_volume_name(namespace, "worker-0", uid),
+             naming.serial_log_file_name(namespace, "worker-0", uid)]
+    assert host_objects(libvirt_host, domain_uuid, names) == []

@@ -7,9 +7,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
-.PHONY: help system-deps venv upstream guest-image prerequisites manifests test test-fast run clean
+.PHONY: help system-deps venv upstream guest-image prerequisites manifests lint test test-fast run demo clean
 
 help:
+	@echo "make demo       watch one VM go from a LibvirtMachine to booted and back to nothing (start here)"
 	@echo "make run        run the operator (against your cluster, or a local API server + libvirt host)"
 	@echo "make test       install everything needed, then run every test tier (unit, integration, e2e)"
 	@echo "make test-fast  the unit tier only"
@@ -36,7 +37,10 @@ prerequisites: venv upstream guest-image
 manifests: venv
 	$(BIN)/capi-libvirt manifests --dir config/crd
 
-test: prerequisites
+lint: venv
+	$(BIN)/ruff check src tests
+
+test: prerequisites lint
 	$(BIN)/pytest tests
 
 test-fast: venv
@@ -44,6 +48,9 @@ test-fast: venv
 
 run: venv upstream
 	$(BIN)/capi-libvirt dev
+
+demo: prerequisites
+	$(BIN)/capi-libvirt demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache

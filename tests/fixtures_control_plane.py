@@ -9,6 +9,7 @@ import pathlib
 import uuid
 from typing import AsyncIterator, Iterator
 
+import kopf
 import pytest
 from kubernetes_asyncio import client, config
 
@@ -16,6 +17,7 @@ from capi_libvirt.devenv import control_plane as cp
 from capi_libvirt.devenv import paths
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import main
+
 from prereq import require
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -53,13 +55,17 @@ async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def operator_running(control_plane: cp.LocalControlPlane, hosts: dict[str, str]) -> AsyncIterator[None]:
-    """The operator itself, in the test's event loop, against the test API server and the given libvirt hosts."""
+async def operator_running(control_plane: cp.LocalControlPlane, hosts: dict[str, str]) -> AsyncIterator[kopf.Memo]:
+    """The operator itself, in the test's event loop, against the test API server and the given libvirt hosts.
+
+    Yields the operator's memo: `memo.runtime.deps` holds its API and host connections (and their call counters).
+    """
     os.environ["KUBECONFIG"] = str(control_plane.kubeconfig_path)
-    stop = asyncio.Event()
-    task = asyncio.create_task(main.run_operator(operator_config=operator_config.OperatorConfig(hosts=hosts), stop_flag=stop))
+    stop, memo = asyncio.Event(), kopf.Memo()
+    task = asyncio.create_task(main.run_operator(operator_config=operator_config.OperatorConfig(hosts=hosts),
+                                                 stop_flag=stop, memo=memo))
     try:
-        yield
+        yield memo
     finally:
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):  # kopf ends its root task by cancelling it

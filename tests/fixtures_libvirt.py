@@ -3,32 +3,26 @@ the cached guest image its guests boot."""
 
 from __future__ import annotations
 
-import json
 import os
-import pathlib
 import shutil
-import subprocess
-import xml.etree.ElementTree as ET
-from typing import BinaryIO, Iterator
-
-import libvirt
+from typing import Iterator
 
 import pytest
 
+from capi_libvirt.devenv import base_image
 from capi_libvirt.devenv.guest_image import GuestImage, find_guest_image, image_folder
 from capi_libvirt.devenv.libvirt_host import LibvirtHost
+
 from prereq import require
 
 # The session host's subnet; tests that start hosts of their own pick others (each host has its own namespace, so
 # overlapping would work too, but distinct subnets keep logs unambiguous).
 SESSION_SUBNET = "192.168.122.0/24"
 
-
 def require_libvirt_host_prerequisites() -> None:
     require(os.geteuid() == 0, "root (libvirt hosts create network namespaces)")
     for program in ("libvirtd", "virtlogd", "qemu-system-x86_64", "dnsmasq", "ip", "unshare"):
         require(shutil.which(program) is not None, f"{program} on PATH (apt packages of make deps)")
-
 
 @pytest.fixture(scope="session")
 def libvirt_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LibvirtHost]:
@@ -38,7 +32,6 @@ def libvirt_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LibvirtHo
     with LibvirtHost("pytest-session", SESSION_SUBNET, log_dir=tmp_path_factory.mktemp("libvirt-host-logs")) as host:
         yield host
 
-
 @pytest.fixture(scope="session")
 def guest_image() -> GuestImage:
     """The guest image of the current recipe, built beforehand by hack/build-guest-image.sh (make guest-image)."""
@@ -47,31 +40,8 @@ def guest_image() -> GuestImage:
     assert image is not None
     return image
 
-
-def upload(conn: libvirt.virConnect, volume: libvirt.virStorageVol, source: BinaryIO, size: int) -> None:
-    """Stream `size` bytes into the volume through libvirt, as a remote host would get them."""
-    stream = conn.newStream(0)
-    volume.upload(stream, 0, size, 0)
-    stream.sendAll(lambda _stream, nbytes, src: src.read(nbytes), source)
-    stream.finish()
-
-
-def qcow2_virtual_size(path: pathlib.Path) -> int:
-    info = subprocess.run(["qemu-img", "info", "--output=json", str(path)], capture_output=True, text=True, check=True)
-    return int(json.loads(info.stdout)["virtual-size"])
-
-
 @pytest.fixture(scope="session")
-def base_image_volume(libvirt_host: LibvirtHost, guest_image: GuestImage) -> Iterator[str]:
+def base_image_volume(libvirt_host: LibvirtHost, guest_image: GuestImage) -> str:
     """The cached image uploaded once into the session host's pool, as users keep base images: its volume name."""
-    name = f"base-{guest_image.folder.name}.qcow2"
     with libvirt_host.connect() as conn:
-        pool = conn.storagePoolLookupByName(libvirt_host.pool_name)
-        volume = ET.Element("volume", type="file")
-        ET.SubElement(volume, "name").text = name
-        ET.SubElement(volume, "capacity", unit="bytes").text = str(qcow2_virtual_size(guest_image.disk))
-        ET.SubElement(ET.SubElement(volume, "target"), "format", type="qcow2")
-        created = pool.createXML(ET.tostring(volume, encoding="unicode"), 0)
-        with guest_image.disk.open("rb") as disk:
-            upload(conn, created, disk, guest_image.disk.stat().st_size)
-    yield name
+        return base_image.upload_base_image(conn, libvirt_host.pool_name, guest_image)

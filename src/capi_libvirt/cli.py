@@ -44,6 +44,12 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     return session.run_dev(namespaces=args.namespace, force_local=args.local)
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from capi_libvirt.devenv import demo
+
+    return demo.run_demo()
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="capi-libvirt", description=__doc__)
     top.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -65,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
     dev.add_argument("--local", action="store_true", help="always start the local control plane and libvirt host")
     dev.set_defaults(func=_cmd_dev)
+
+    demo = sub.add_parser("demo", help="one machine's whole life on a local API server and libvirt host, narrated")
+    demo.set_defaults(func=_cmd_demo)
     return top
 
 

@@ -7,21 +7,19 @@ from __future__ import annotations
 import dataclasses
 import io
 import ipaddress
-import json
 import pathlib
-import subprocess
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from typing import BinaryIO, Callable, Iterator, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import libvirt
 import pytest
 
 from capi_libvirt.core.nocloud import build_nocloud_iso
+from capi_libvirt.devenv.base_image import upload
 from capi_libvirt.devenv.guest_image import GuestImage
 from capi_libvirt.devenv.libvirt_host import LibvirtHost
-from fixtures_libvirt import upload
 
 pytestmark = pytest.mark.e2e
 

@@ -6,8 +6,9 @@ test's event loop.
 
 from __future__ import annotations
 
-import asyncio
+import base64
 import pathlib
+import time
 import uuid
 
 import libvirt
@@ -17,7 +18,9 @@ from kubernetes_asyncio import client
 from capi_libvirt.api import meta
 from capi_libvirt.core import naming
 from capi_libvirt.devenv import capi_objects
+
 from fixtures_control_plane import operator_running
+from waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -40,18 +43,6 @@ def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
     }
 
 
-async def wait_until(what: str, probe, deadline_s: float, interval: float = 1.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + deadline_s
-    last = None
-    while loop.time() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}; last seen: {last}")
-
-
 def host_objects(host, uuid_: str, names: list[str]) -> list[str]:
     """What of the machine is still on the host: the domain and any of the named volumes."""
     left = []
@@ -69,10 +60,17 @@ def host_objects(host, uuid_: str, names: list[str]) -> list[str]:
 
 async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_trace(
         control_plane, api_client, namespace, libvirt_host, guest_image, base_image_volume):
-    objects = client.CustomObjectsApi(api_client)
+    objects, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
     marker = f"marker-{uuid.uuid4().hex[:12]}"
+    machine_name = f"worker-{uuid.uuid4().hex[:6]}"
     await capi_objects.create_cluster(api_client, namespace, "demo")
-    made = await capi_objects.create_machine(api_client, namespace, "demo", "worker-0",
+    # The workload cluster is the test API server itself: its kubeconfig Secret, and the Node a kubelet registered
+    # without --provider-id, which the provider patches.
+    await core.create_namespaced_secret(namespace, client.V1Secret(
+        metadata=client.V1ObjectMeta(name="demo-kubeconfig"),
+        data={"value": base64.b64encode(control_plane.kubeconfig_path.read_bytes()).decode()}))
+    await core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=naming.hostname(machine_name))))
+    made = await capi_objects.create_machine(api_client, namespace, "demo", machine_name,
                                              capi_objects.marker_user_data(marker),
                                              machine_spec(libvirt_host, guest_image, base_image_volume))
 
@@ -80,12 +78,22 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
         return await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
                                                           made.libvirt_machine)
 
-    async with operator_running(control_plane, {libvirt_host.name: libvirt_host.uri}):
+    async with operator_running(control_plane, {libvirt_host.name: libvirt_host.uri}) as memo:
+        started, running_at = time.monotonic(), None
+
         async def provisioned():
+            nonlocal running_at
             body = await get()
+            if running_at is None and body.get("status", {}).get("state") == "running":
+                running_at = time.monotonic()
             return body if body.get("status", {}).get("initialization", {}).get("provisioned") else None
 
-        body = await wait_until("provisioned", provisioned, PROVISION_DEADLINE_S, interval=2.0)
+        body = await wait_until("provisioned", provisioned, PROVISION_DEADLINE_S, interval=0.5)
+        provisioned_at = time.monotonic()
+        deps = memo.runtime.deps
+        print(f"\n[numbers] creation -> domain running (provider): {running_at - started:.1f}s; "
+              f"running -> address, provisioned (guest boot): {provisioned_at - running_at:.1f}s; "
+              f"host operations: {deps.hosts.get(libvirt_host.name).calls}; Kubernetes API calls: {deps.kube.calls}")
         uid = body["metadata"]["uid"]
         domain_uuid = naming.domain_uuid(uid)
         assert body["spec"]["providerID"] == f"libvirt://{libvirt_host.name}/{domain_uuid}"
@@ -97,8 +105,12 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
         ready = {c["type"]: c for c in body["status"]["conditions"]}
         assert ready["Ready"]["status"] == "True" and ready["Provisioned"]["reason"] == "Provisioned"
 
+        async def node_provider_id():
+            return (await core.read_node(naming.hostname(machine_name))).spec.provider_id
+        assert await wait_until("the Node's providerID", node_provider_id, 60) == body["spec"]["providerID"]
+
         # The bootstrap data ran inside the guest: its marker is on the serial console, logged in the pool folder.
-        serial_log = pathlib.Path(libvirt_host.pool_dir) / naming.serial_log_file_name(namespace, "worker-0", uid)
+        serial_log = pathlib.Path(libvirt_host.pool_dir) / naming.serial_log_file_name(namespace, machine_name, uid)
 
         async def marker_logged():
             return serial_log.exists() and marker in serial_log.read_text(errors="replace")
@@ -117,6 +129,7 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
 
         await wait_until("the LibvirtMachine to be gone (finalizer released)", gone, DELETE_DEADLINE_S)
 
-    names = [naming.overlay_volume_name(namespace, "worker-0", uid), naming.nocloud_volume_name(namespace, "worker-0", uid),
-             naming.serial_log_file_name(namespace, "worker-0", uid)]
+    names = [naming.overlay_volume_name(namespace, machine_name, uid), naming.nocloud_volume_name(namespace, machine_name, uid),
+             naming.serial_log_file_name(namespace, machine_name, uid)]
     assert host_objects(libvirt_host, domain_uuid, names) == []
+    await core.delete_node(naming.hostname(machine_name))

@@ -10,6 +10,7 @@ import pytest
 
 from capi_libvirt.api import v1alpha1
 from capi_libvirt.core.domain_xml import Owner, domain_xml, from_spec
+
 from prereq import require
 
 pytestmark = pytest.mark.integration

@@ -10,6 +10,7 @@ import libvirt
 import pytest
 
 from capi_libvirt.devenv.libvirt_host import LibvirtHost, process_alive
+
 from fixtures_libvirt import require_libvirt_host_prerequisites
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -53,15 +53,14 @@ async def create_cluster(api: client.ApiClient, namespace: str, name: str) -> di
 
 
 async def create_machine(api: client.ApiClient, namespace: str, cluster: str, name: str, user_data: str,
-                         libvirt_spec: dict, *, bootstrap_format: str = "cloud-config") -> MachineObjects:
+                         libvirt_spec: dict, *, bootstrap_format: str = "cloud-config",
+                         create_secret: bool = True) -> MachineObjects:
     """Bootstrap Secret, Machine and owned LibvirtMachine, in the order Cluster API creates them."""
-    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    objects = client.CustomObjectsApi(api)
     labels = {CLUSTER_NAME_LABEL: cluster}
     secret = f"{name}-bootstrap"
-    await core.create_namespaced_secret(namespace, client.V1Secret(
-        metadata=client.V1ObjectMeta(name=secret, labels=labels), type="cluster.x-k8s.io/secret",
-        data={"value": base64.b64encode(user_data.encode()).decode(),
-              "format": base64.b64encode(bootstrap_format.encode()).decode()}))
+    if create_secret:
+        await create_bootstrap_secret(api, namespace, cluster, secret, user_data, bootstrap_format)
     machine = await objects.create_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, namespace, "machines", {
         "apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}",
         "kind": "Machine",
@@ -84,3 +83,12 @@ async def create_machine(api: client.ApiClient, namespace: str, cluster: str, na
         "spec": libvirt_spec,
     })
     return MachineObjects(namespace=namespace, cluster=cluster, machine=name, libvirt_machine=name, secret=secret)
+
+
+async def create_bootstrap_secret(api: client.ApiClient, namespace: str, cluster: str, name: str, user_data: str,
+                                  bootstrap_format: str = "cloud-config") -> None:
+    """The Secret a bootstrap provider writes: `value` (the data) and `format`, labelled with the cluster."""
+    await client.CoreV1Api(api).create_namespaced_secret(namespace, client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name, labels={CLUSTER_NAME_LABEL: cluster}), type="cluster.x-k8s.io/secret",
+        data={"value": base64.b64encode(user_data.encode()).decode(),
+              "format": base64.b64encode(bootstrap_format.encode()).decode()}))

@@ -38,8 +38,10 @@ class HostConnection:
         self._lock = threading.Lock()
         self._conn: libvirt.virConnect | None = None
         self.opened = 0  # how many times a connection was opened: 1 in a healthy life
+        self.calls = 0  # operations run on the host (each one or a few libvirt API calls), for the README's numbers
 
     async def call(self, fn: Callable[..., T], *args: object, doing: str = "") -> T:
+        self.calls += 1
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(self._call_sync, fn, args, doing))
 

@@ -11,6 +11,7 @@ import dataclasses
 import os
 from typing import Any
 
+import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -90,3 +91,32 @@ class KubeAPI:
         self.calls += 1
         return await self.objects.patch_namespaced_custom_object_status(
             meta.GROUP, meta.VERSION, namespace, "libvirtmachines", name, {"status": status}, **MERGE_PATCH)
+
+
+class WorkloadNodes:
+    """The workload cluster's Nodes, reached through the `<cluster>-kubeconfig` Secret Cluster API writes."""
+
+    def __init__(self, kube: KubeAPI) -> None:
+        self.kube = kube
+
+    async def kubeconfig(self, namespace: str, cluster: str) -> dict | None:
+        self.kube.calls += 1
+        secret = await _or_none(self.kube.core.read_namespaced_secret(f"{cluster}-kubeconfig", namespace))
+        if secret is None or not (secret.data or {}).get("value"):
+            return None
+        return yaml.safe_load(base64.b64decode(secret.data["value"]))
+
+    async def set_provider_id(self, kubeconfig: dict, node_name: str, provider_id: str) -> str:
+        """Set the Node's providerID when it has none; returns what happened: patched, absent, already-set or other."""
+        configuration = client.Configuration()
+        await config.load_kube_config_from_dict(kubeconfig, client_configuration=configuration)
+        async with client.ApiClient(configuration) as workload:
+            nodes = client.CoreV1Api(workload)
+            node = await _or_none(nodes.read_node(node_name))
+            if node is None:
+                return "absent"
+            current = node.spec.provider_id if node.spec else None
+            if current:
+                return "already-set" if current == provider_id else "other"
+            await nodes.patch_node(node_name, {"spec": {"providerID": provider_id}})
+            return "patched"

@@ -8,11 +8,18 @@ import re
 
 HOST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HOSTS_ENV = "CAPI_LIBVIRT_HOSTS"  # "name=uri,name=uri"
+CRASH_AFTER_ENV = "CAPI_LIBVIRT_CRASH_AFTER"  # tests only: end the process right after this reconcile phase
+CRASH_EXIT_CODE = 70
 
 
 @dataclasses.dataclass(frozen=True)
 class OperatorConfig:
     hosts: dict[str, str]  # host name (as in providerIDs) -> libvirt URI
+    crash_after: str | None = None  # fault injection: the phase after which the process dies, as a crash would
+
+    def after_phase(self, phase: str) -> None:
+        if phase == self.crash_after:
+            os._exit(CRASH_EXIT_CODE)  # no cleanup, no finally: what a SIGKILL or an OOM kill leaves behind
 
 
 def parse_hosts(entries: list[str]) -> dict[str, str]:
@@ -30,4 +37,5 @@ def parse_hosts(entries: list[str]) -> dict[str, str]:
 
 def from_environment(extra_hosts: list[str] = ()) -> OperatorConfig:
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
-    return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]))
+    return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
+                          crash_after=os.environ.get(CRASH_AFTER_ENV) or None)

@@ -54,7 +54,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     cfg: operator_config.OperatorConfig = memo.get("config") or operator_config.from_environment()
     hosts = connection.HostRegistry(cfg.hosts)
     kube = api.KubeAPI(await api.new_api_client())
-    memo.runtime = Runtime(machine_reconcile.Dependencies(kube=kube, hosts=hosts, post_event=_post_event))
+    memo.runtime = Runtime(machine_reconcile.Dependencies(kube=kube, hosts=hosts, post_event=_post_event,
+                                                          after_phase=cfg.after_phase))
     log.info("managing libvirt hosts: %s", ", ".join(hosts.names()) or "(none configured)")
 
 

@@ -50,6 +50,7 @@ class Dependencies:
     hosts: connection.HostRegistry
     post_event: EventSink
     now: Callable[[], str] = utc_now
+    after_phase: Callable[[str], None] = lambda phase: None  # fault injection for crash-consistency tests
     failures: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)  # per machine, for backoff
 
 
@@ -246,8 +247,33 @@ async def observe_addresses(deps: Dependencies, p: MachinePass) -> None:
     p.status["initialization"] = {"provisioned": True}  # v1beta2 contract
 
 
+async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
+    """Give the workload cluster's Node our providerID when its kubelet did not, as the Docker provider does.
+
+    Best effort: until the control plane answers there is no Node to patch, and that is not a provisioning failure.
+    Once Cluster API has matched the Node (Machine.status.nodeRef) there is nothing left to do.
+    """
+    if (p.machine or {}).get("status", {}).get("nodeRef") or p.cluster is None:
+        return
+    nodes = api.WorkloadNodes(deps.kube)
+    try:
+        kubeconfig = await nodes.kubeconfig(p.namespace, p.cluster["metadata"]["name"])
+        if kubeconfig is None:
+            return
+        wanted = provider_id.format_provider_id(p.host or "", p.domain_uuid)
+        outcome = await nodes.set_provider_id(kubeconfig, naming.hostname(p.name), wanted)
+    except Exception as error:  # an unreachable or half-built workload cluster: try again on the next pass
+        log.debug("workload cluster of %s/%s not usable yet: %s", p.namespace, p.name, type(error).__name__)
+        return
+    if outcome == "patched":
+        await _event(deps, p.body, "Normal", "NodeProviderIDSet", f"set providerID on Node {naming.hostname(p.name)}")
+    elif outcome == "other":
+        log.warning("Node %s of %s/%s carries another providerID", naming.hostname(p.name), p.namespace, p.name)
+
+
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, read_bootstrap_data,
-          choose_host, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses)
+          choose_host, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses,
+          patch_workload_node)
 
 
 # -- the reconcile --------------------------------------------------------------------------------------------------
@@ -269,6 +295,7 @@ async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | No
     try:
         for phase in PHASES:
             await phase(deps, p)
+            deps.after_phase(phase.__name__)
     except Paused:
         await _write_status(deps, body, p.status, None, paused=True)
         return None

@@ -1,0 +1,42 @@
+"""Put the cached guest image into a host's storage pool as the base image volume machines are overlays of."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+from typing import BinaryIO
+
+import libvirt
+
+from capi_libvirt.devenv.guest_image import GuestImage
+
+
+def upload(conn: libvirt.virConnect, volume: libvirt.virStorageVol, source: BinaryIO, size: int) -> None:
+    """Stream `size` bytes into the volume through libvirt, as a remote host would get them."""
+    stream = conn.newStream(0)
+    volume.upload(stream, 0, size, 0)
+    stream.sendAll(lambda _stream, nbytes, src: src.read(nbytes), source)
+    stream.finish()
+
+
+def qcow2_virtual_size(path) -> int:
+    info = subprocess.run(["qemu-img", "info", "--output=json", str(path)], capture_output=True, text=True, check=True)
+    return int(json.loads(info.stdout)["virtual-size"])
+
+
+def upload_base_image(conn: libvirt.virConnect, pool_name: str, image: GuestImage) -> str:
+    """The image as volume `base-<recipe-hash>.qcow2` in the pool (uploaded once; reused when present)."""
+    name = f"base-{image.folder.name}.qcow2"
+    pool = conn.storagePoolLookupByName(pool_name)
+    pool.refresh(0)
+    if name in pool.listVolumes():
+        return name
+    volume = ET.Element("volume", type="file")
+    ET.SubElement(volume, "name").text = name
+    ET.SubElement(volume, "capacity", unit="bytes").text = str(qcow2_virtual_size(image.disk))
+    ET.SubElement(ET.SubElement(volume, "target"), "format", type="qcow2")
+    created = pool.createXML(ET.tostring(volume, encoding="unicode"), 0)
+    with image.disk.open("rb") as disk:
+        upload(conn, created, disk, image.disk.stat().st_size)
+    return name

@@ -47,6 +47,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from capi_libvirt.devenv import demo
 
+    logging.getLogger("kopf").setLevel(logging.WARNING)  # the narration is the demo's output
     return demo.run_demo()
 
 

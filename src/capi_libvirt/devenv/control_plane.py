@@ -226,11 +226,18 @@ class LocalControlPlane:
             self.request("PUT", f"{collection}/{document['metadata']['name']}", document)
 
     def _wait_established(self, name: str, timeout: float = 30.0) -> None:
+        """Established, and served: a LIST answers (not 429 "storage is (re)initializing"), so watchers start clean."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             crd = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
             conditions = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])}
             if conditions.get("Established") == "True":
-                return
+                served = next(v["name"] for v in crd["spec"]["versions"] if v.get("served"))
+                try:
+                    self.request("GET", f"/apis/{crd['spec']['group']}/{served}/{crd['spec']['names']['plural']}?limit=1")
+                    return
+                except ControlPlaneError as error:
+                    if error.status != 429:
+                        raise
             time.sleep(0.1)
-        raise ControlPlaneError(f"CRD {name} not established after {timeout:.0f}s")
+        raise ControlPlaneError(f"CRD {name} not established and served after {timeout:.0f}s")

@@ -8,6 +8,8 @@ deletes the machine and shows the host clean.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import pathlib
 import sys
 import time
@@ -44,14 +46,30 @@ def machine_spec(host: libvirt_host.LibvirtHost, image: guest_image.GuestImage, 
     }
 
 
+async def run_with_operator(plane: control_plane.LocalControlPlane, host: libvirt_host.LibvirtHost,
+                            image: guest_image.GuestImage, base_volume: str) -> int:
+    """The operator and the narration side by side; whichever ends first (an error, Ctrl-C) ends the demo."""
+    os.environ["KUBECONFIG"] = str(plane.kubeconfig_path)
+    stop = asyncio.Event()
+    operator = asyncio.create_task(operator_main.run_operator(
+        operator_config=operator_config.OperatorConfig(hosts={host.name: host.uri}), stop_flag=stop))
+    narration = asyncio.create_task(narrate(plane, host, image, base_volume))
+    await asyncio.wait({operator, narration}, return_when=asyncio.FIRST_COMPLETED)
+    stop.set()
+    if not narration.done():
+        narration.cancel()
+        print("the operator stopped before the demo finished", file=sys.stderr)
+    for task in (operator, narration):
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=30)
+    return narration.result() if not narration.cancelled() else 1
+
+
 async def narrate(plane: control_plane.LocalControlPlane, host: libvirt_host.LibvirtHost,
                   image: guest_image.GuestImage, base_volume: str) -> int:
     started = time.monotonic()
     configuration = client.Configuration()
     await config.load_kube_config(config_file=str(plane.kubeconfig_path), client_configuration=configuration)
-    stop = asyncio.Event()
-    operator = asyncio.create_task(operator_main.run_operator(
-        operator_config=operator_config.OperatorConfig(hosts={host.name: host.uri}), stop_flag=stop))
     async with client.ApiClient(configuration) as api:
         core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
         await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
@@ -105,11 +123,6 @@ async def narrate(plane: control_plane.LocalControlPlane, host: libvirt_host.Lib
             volumes = [v for v in pool.listVolumes() if v != base_volume]
         say(f"deleted; host {host.name} now has domains={domains or 'none'}, volumes besides the base image="
             f"{volumes or 'none'}", started)
-    stop.set()
-    try:
-        await asyncio.wait_for(operator, timeout=30)
-    except asyncio.CancelledError:
-        pass
     return 0 if not domains and not volumes else 1
 
 
@@ -121,4 +134,4 @@ def run_demo() -> int:
               file=sys.stderr, flush=True)
         with host.connect() as conn:
             base_volume = base_image.upload_base_image(conn, host.pool_name, image)
-        return asyncio.run(narrate(plane, host, image, base_volume))
+        return asyncio.run(run_with_operator(plane, host, image, base_volume))

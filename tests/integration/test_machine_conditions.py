@@ -1,5 +1,6 @@
-"""Failure paths of a LibvirtMachine on a real libvirtd: each ends in a condition naming the problem, leaves nothing on
-the host, and the machine can be deleted while failing (or, for an unreachable host, as soon as it is back)."""
+"""What a LibvirtMachine waits for and what fails, on a real libvirtd: each ends in a condition naming the problem,
+leaves nothing on the host, and the machine can be deleted while waiting or failing (for an unreachable host, as soon
+as it is back). Pause and the cluster's infrastructure gate everything."""
 
 from __future__ import annotations
 
@@ -89,8 +90,9 @@ def left_on_host(host: LibvirtHost, namespace: str, name: str, uid: str) -> list
     return left
 
 
-async def make(api_client, namespace, libvirt_spec, **kwargs) -> Machine:
-    await capi_objects.create_cluster(api_client, namespace, "demo")
+async def make(api_client, namespace, libvirt_spec, *, cluster: bool = True, **kwargs) -> Machine:
+    if cluster:
+        await capi_objects.create_cluster(api_client, namespace, "demo")
     name = f"m-{uuid.uuid4().hex[:6]}"
     await capi_objects.create_machine(api_client, namespace, "demo", name, SECRET_LOOKING_DATA, libvirt_spec, **kwargs)
     return Machine(api_client, namespace, name)
@@ -165,3 +167,61 @@ async def test_no_bootstrap_data_in_conditions_or_events(api_client, namespace, 
     body = await machine.body()
     assert "s3cr3t" not in str(body["status"]) and "s3cr3t" not in str(await machine.events())
     await machine.delete_and_wait_gone()
+
+
+async def patch_cluster(api_client, namespace: str, body: dict, status: bool = False) -> None:
+    objects = client.CustomObjectsApi(api_client)
+    patch = objects.patch_namespaced_custom_object_status if status else objects.patch_namespaced_custom_object
+    await patch("cluster.x-k8s.io", "v1beta2", namespace, "clusters", "demo", body,
+                _content_type="application/merge-patch+json")
+
+
+async def test_paused_cluster_stops_everything_and_unpausing_resumes(api_client, namespace, libvirt_host, operator):
+    await capi_objects.create_cluster(api_client, namespace, "demo")
+    await patch_cluster(api_client, namespace, {"spec": {"paused": True}})
+    machine = await make(api_client, namespace, spec(libvirt_host), cluster=False)
+    paused = await machine.wait_for_condition("Paused", "Paused")
+    assert paused["status"] == "True"
+    status = (await machine.body())["status"]
+    assert "host" not in status and not any(c["type"] == "Provisioned" for c in status["conditions"])
+
+    await patch_cluster(api_client, namespace, {"spec": {"paused": False}})  # the Cluster watch wakes the machine
+    await machine.wait_for_condition("Provisioned", "ImageNotFound")
+    assert (await machine.wait_for_condition("Paused", "NotPaused"))["status"] == "False"
+    await machine.delete_and_wait_gone()
+
+
+async def test_machine_waits_for_the_cluster_infrastructure(api_client, namespace, libvirt_host, operator):
+    objects = client.CustomObjectsApi(api_client)
+    await objects.create_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", namespace, "clusters", {
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": "demo"},
+        "spec": {"infrastructureRef": {"apiGroup": meta.GROUP, "kind": "LibvirtCluster", "name": "demo"}}})
+    machine = await make(api_client, namespace, spec(libvirt_host), cluster=False)
+    await machine.wait_for_condition("Provisioned", "WaitingForClusterInfrastructure")
+    assert (await machine.wait_for_condition("Ready", "WaitingForClusterInfrastructure"))["status"] == "False"
+    await patch_cluster(api_client, namespace, {"status": {"initialization": {"infrastructureProvisioned": True}}},
+                        status=True)
+    await machine.wait_for_condition("Provisioned", "ImageNotFound")
+    await machine.delete_and_wait_gone()
+
+
+async def test_kubectl_get_shows_cluster_host_state_provider_id_and_address(api_client, namespace, control_plane):
+    """`kubectl get` asks the API server for a Table; the CRD's printer columns fill it."""
+    objects = client.CustomObjectsApi(api_client)
+    await objects.create_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines", {
+        "apiVersion": meta.API_VERSION, "kind": "LibvirtMachine",
+        "metadata": {"name": "shown", "labels": {"cluster.x-k8s.io/cluster-name": "demo"}},
+        "spec": {"image": {"volume": "base.qcow2"}, "providerID": "libvirt://kvm1/5d64ece4-dc73-59e8-9624-de2ce4c5a35e"}})
+    await objects.patch_namespaced_custom_object_status(
+        meta.GROUP, meta.VERSION, namespace, "libvirtmachines", "shown",
+        {"status": {"host": "kvm1", "state": "running", "addresses": [
+            {"type": "Hostname", "address": "shown"}, {"type": "InternalIP", "address": "192.0.2.7"}]}},
+        _content_type="application/merge-patch+json")
+    table = control_plane.request(
+        "GET", f"/apis/{meta.GROUP}/{meta.VERSION}/namespaces/{namespace}/libvirtmachines/shown",
+        accept="application/json;as=Table;v=v1;g=meta.k8s.io")
+    columns = [c["name"] for c in table["columnDefinitions"] if c.get("priority", 0) == 0]
+    assert columns == ["Name", "Cluster", "Host", "State", "ProviderID", "Address", "Age"]
+    cells = dict(zip([c["name"] for c in table["columnDefinitions"]], table["rows"][0]["cells"]))
+    assert (cells["Cluster"], cells["Host"], cells["State"], cells["Address"]) == ("demo", "kvm1", "running", "192.0.2.7")
+    assert cells["ProviderID"] == "libvirt://kvm1/5d64ece4-dc73-59e8-9624-de2ce4c5a35e"

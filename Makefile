@@ -46,7 +46,7 @@ test: prerequisites lint
 test-fast: venv
 	$(BIN)/pytest -m unit tests
 
-run: venv upstream
+run: prerequisites
 	$(BIN)/capi-libvirt dev
 
 demo: prerequisites

@@ -14,7 +14,7 @@ import sys
 
 from kubernetes_asyncio import client, config
 
-from capi_libvirt.devenv import control_plane, libvirt_host, paths
+from capi_libvirt.devenv import base_image, control_plane, guest_image, libvirt_host, paths
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import main as operator_main
 
@@ -46,12 +46,19 @@ def run_dev(namespaces: list[str], force_local: bool = False) -> int:
     crd_dirs = [REPO / "config" / "crd", paths.cluster_api_crd_dir()]
     with control_plane.LocalControlPlane(crd_dirs=crd_dirs) as plane, libvirt_host.LibvirtHost("dev") as host:
         os.environ["KUBECONFIG"] = str(plane.kubeconfig_path)
+        image = guest_image.find_guest_image()
+        base = "(no cached guest image: run `make guest-image`)"
+        if image is not None:
+            with host.connect() as conn:
+                base = base_image.upload_base_image(conn, host.pool_name, image)
+            base += f" (kernelBoot: kernel {image.kernel}, initrd {image.initrd}; domainType: qemu)"
         print(
             "\n=== capi-libvirt local environment ===\n"
             f"  kube-apiserver : {plane.server}\n"
             f"  kubeconfig     : {plane.kubeconfig_path}   (export KUBECONFIG={plane.kubeconfig_path})\n"
             f"  libvirt host   : {host.uri}   (virsh -c '{host.uri}' list --all)\n"
             f"  storage pool   : {host.pool_name}, network: {host.network_name}, netns: {host.netns}\n"
+            f"  base image     : {base}\n"
             "  Ctrl-C stops the operator, the API server and the libvirt host.\n",
             file=sys.stderr,
             flush=True,

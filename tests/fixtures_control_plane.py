@@ -11,6 +11,7 @@ from typing import AsyncIterator, Iterator
 
 import kopf
 import pytest
+import yaml
 from kubernetes_asyncio import client, config
 
 from capi_libvirt.devenv import control_plane as cp
@@ -31,9 +32,26 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.Local
     plane = cp.LocalControlPlane(
         workdir=tmp_path_factory.mktemp("control-plane"),
         crd_dirs=[REPO / "config" / "crd", paths.cluster_api_crd_dir()],
+        users=[OPERATOR_USER],
     )
     with plane:
+        bind_operator_role(plane)
         yield plane
+
+
+OPERATOR_USER = "capi-libvirt-operator"
+
+
+def bind_operator_role(plane: cp.LocalControlPlane) -> None:
+    """The operator in tests runs as a user bound ONLY to config/rbac/role.yaml: a missing rule fails the tests."""
+    role = yaml.safe_load((REPO / "config" / "rbac" / "role.yaml").read_text())
+    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
+    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "capi-libvirt-operator-test"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
+    })
 
 
 @pytest.fixture(scope="session")
@@ -59,8 +77,9 @@ async def operator_running(control_plane: cp.LocalControlPlane, hosts: dict[str,
     """The operator itself, in the test's event loop, against the test API server and the given libvirt hosts.
 
     Yields the operator's memo: `memo.runtime.deps` holds its API and host connections (and their call counters).
+    It authenticates as OPERATOR_USER, whose only rights are the ClusterRole the project ships.
     """
-    os.environ["KUBECONFIG"] = str(control_plane.kubeconfig_path)
+    os.environ["KUBECONFIG"] = str(control_plane.kubeconfig_for(OPERATOR_USER))
     stop, memo = asyncio.Event(), kopf.Memo()
     task = asyncio.create_task(main.run_operator(operator_config=operator_config.OperatorConfig(hosts=hosts),
                                                  stop_flag=stop, memo=memo))

@@ -59,7 +59,7 @@ def host_objects(host, uuid_: str, names: list[str]) -> list[str]:
 
 
 async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_trace(
-        control_plane, api_client, namespace, libvirt_host, guest_image, base_image_volume):
+        control_plane, api_client, namespace, libvirt_host, guest_image, base_image_volume, caplog):
     objects, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
     marker = f"marker-{uuid.uuid4().hex[:12]}"
     machine_name = f"worker-{uuid.uuid4().hex[:6]}"
@@ -91,6 +91,7 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
         body = await wait_until("provisioned", provisioned, PROVISION_DEADLINE_S, interval=0.5)
         provisioned_at = time.monotonic()
         deps = memo.runtime.deps
+        assert deps.hosts.get(libvirt_host.name).opened == 1, "one connection to the host, reused by every pass"
         print(f"\n[numbers] creation -> domain running (provider): {running_at - started:.1f}s; "
               f"running -> address, provisioned (guest boot): {provisioned_at - running_at:.1f}s; "
               f"host operations: {deps.hosts.get(libvirt_host.name).calls}; Kubernetes API calls: {deps.kube.calls}")
@@ -116,6 +117,12 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
             return serial_log.exists() and marker in serial_log.read_text(errors="replace")
 
         await wait_until("the bootstrap marker in the serial log", marker_logged, PROVISION_DEADLINE_S, 2.0)
+
+        # Bootstrap data never leaves the ISO: not in the status, the events, or anything the operator logged.
+        body = await get()
+        events = await core.list_namespaced_event(namespace)
+        assert marker not in str(body) and marker not in str([(e.reason, e.message) for e in events.items])
+        assert not [r for r in caplog.records if marker in r.getMessage()]
 
         await objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
                                                       made.libvirt_machine)

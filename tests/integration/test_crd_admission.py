@@ -129,3 +129,23 @@ async def test_template_capacity_accepts_only_strings(api_client, namespace):
     assert caught.value.status == 422 and "status.capacity.cpu" in json.loads(caught.value.body)["message"]
     patched = await objects.patch_namespaced_custom_object_status(*args, {"status": {"capacity": {"cpu": "2"}}}, **MERGE)
     assert patched["status"]["capacity"] == {"cpu": "2"}
+
+
+async def test_machine_spec_is_immutable_but_provider_id_can_be_set_once(api_client, namespace):
+    await create(api_client, namespace, machine("fixed"))
+    objects = client.CustomObjectsApi(api_client)
+    args = (meta.GROUP, meta.VERSION, namespace, "libvirtmachines", "fixed")
+    with pytest.raises(ApiException) as caught:
+        await objects.patch_namespaced_custom_object(*args, {"spec": {"cpus": 8}}, **MERGE)
+    assert caught.value.status == 422 and "immutable" in json.loads(caught.value.body)["message"]
+    with pytest.raises(ApiException) as caught:
+        await objects.patch_namespaced_custom_object(*args, {"spec": {"host": "kvm2"}}, **MERGE)
+    assert caught.value.status == 422
+
+    provider_id = "libvirt://kvm1/5d64ece4-dc73-59e8-9624-de2ce4c5a35e"
+    patched = await objects.patch_namespaced_custom_object(*args, {"spec": {"providerID": provider_id}}, **MERGE)
+    assert patched["spec"]["providerID"] == provider_id
+    with pytest.raises(ApiException) as caught:
+        await objects.patch_namespaced_custom_object(
+            *args, {"spec": {"providerID": "libvirt://kvm2/5d64ece4-dc73-59e8-9624-de2ce4c5a35e"}}, **MERGE)
+    assert caught.value.status == 422 and "providerID cannot change" in json.loads(caught.value.body)["message"]

@@ -121,14 +121,14 @@ async def test_missing_pool_is_named_in_the_condition_and_the_machine_deletes(
     assert left_on_host(libvirt_host, namespace, machine.name, uid) == []
 
 
-async def test_missing_bootstrap_secret_waits_and_a_new_secret_wakes_the_machine(
+async def test_missing_bootstrap_secret_waits_and_the_machine_moves_on_once_it_appears(
         api_client, namespace, libvirt_host, operator):
     machine = await make(api_client, namespace, spec(libvirt_host), create_secret=False)
     waiting = await machine.wait_for_condition("Provisioned", "WaitingForBootstrapData")
     assert f"{machine.name}-bootstrap" in waiting["message"]
     assert (await machine.body())["status"].get("host") is None  # nothing placed, nothing created
 
-    # The watch on Secrets wakes the machine: it moves on to the next phase without waiting for its timer.
+    # Secrets are not watched (that would need list/watch on every Secret): the 10 s recheck finds it.
     await capi_objects.create_bootstrap_secret(api_client, namespace, "demo", f"{machine.name}-bootstrap",
                                                SECRET_LOOKING_DATA)
     await machine.wait_for_condition("Provisioned", "ImageNotFound")
@@ -225,3 +225,90 @@ async def test_kubectl_get_shows_cluster_host_state_provider_id_and_address(api_
     cells = dict(zip([c["name"] for c in table["columnDefinitions"]], table["rows"][0]["cells"]))
     assert (cells["Cluster"], cells["Host"], cells["State"], cells["Address"]) == ("demo", "kvm1", "running", "192.0.2.7")
     assert cells["ProviderID"] == "libvirt://kvm1/5d64ece4-dc73-59e8-9624-de2ce4c5a35e"
+
+
+async def test_missing_network_is_named_before_anything_is_created(api_client, namespace, libvirt_host, operator):
+    machine = await make(api_client, namespace, spec(libvirt_host, interfaces=[{"network": "no-such-net"}]))
+    provisioned = await machine.wait_for_condition("Provisioned", "NetworkNotFound")
+    assert "no-such-net" in provisioned["message"]
+    uid = (await machine.body())["metadata"]["uid"]
+    assert left_on_host(libvirt_host, namespace, machine.name, uid) == []
+    await machine.delete_and_wait_gone()
+
+
+async def test_a_foreign_domain_with_the_machines_uuid_is_never_destroyed(
+        api_client, namespace, libvirt_host, operator):
+    """Deletion checks the owner recorded in the domain's metadata before touching it."""
+    machine = await make(api_client, namespace, spec(libvirt_host))
+    await machine.wait_for_condition("Provisioned", "ImageNotFound")
+    uid = (await machine.body())["metadata"]["uid"]
+    foreign = (f"<domain type='qemu'><name>foreign-{machine.name}</name><uuid>{naming.domain_uuid(uid)}</uuid>"
+               "<memory unit='MiB'>64</memory><os><type arch='x86_64'>hvm</type></os></domain>")
+    with libvirt_host.connect() as conn:
+        conn.defineXML(foreign)
+    try:
+        await machine.objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
+                                                              machine.name)
+        refused = await machine.wait_for_condition("Deleting", "DeletionFailed")
+        assert "not owned by machine" in refused["message"]
+        with libvirt_host.connect() as conn:
+            assert conn.lookupByUUIDString(naming.domain_uuid(uid)).name() == f"foreign-{machine.name}"
+    finally:
+        with libvirt_host.connect() as conn:
+            conn.lookupByUUIDString(naming.domain_uuid(uid)).undefine()
+
+    async def gone():
+        return await machine.body() is None
+    await wait_until("deletion once the foreign domain is gone", gone, DEADLINE_S * 2)
+
+
+async def create_libvirt_cluster(api_client, namespace: str, cluster_uid: str, spec_: dict, labels: dict,
+                                 name: str = "demo") -> None:
+    await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        meta.GROUP, meta.VERSION, namespace, "libvirtclusters", {
+            "apiVersion": meta.API_VERSION, "kind": "LibvirtCluster",
+            "metadata": {"name": name, "labels": {"cluster.x-k8s.io/cluster-name": "demo", **labels},
+                         "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                                              "name": "demo", "uid": cluster_uid}]},
+            "spec": spec_})
+
+
+async def libvirt_cluster_status(api_client, namespace: str, name: str = "demo") -> dict:
+    body = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        meta.GROUP, meta.VERSION, namespace, "libvirtclusters", name)
+    return body.get("status", {}) | {"_spec": body["spec"]}
+
+
+async def test_libvirt_cluster_takes_the_endpoint_from_the_cluster_and_is_provisioned(
+        api_client, namespace, operator):
+    cluster = await capi_objects.create_cluster(api_client, namespace, "demo")
+    await create_libvirt_cluster(api_client, namespace, cluster["metadata"]["uid"], {}, {})
+
+    async def waiting():
+        status = await libvirt_cluster_status(api_client, namespace)
+        reasons = {c["type"]: c["reason"] for c in status.get("conditions", [])}
+        return status if reasons.get("Provisioned") == "WaitingForControlPlaneEndpoint" else None
+    await wait_until("LibvirtCluster waiting for an endpoint", waiting, DEADLINE_S)
+
+    await patch_cluster(api_client, namespace, {"spec": {"controlPlaneEndpoint": {"host": "192.0.2.1", "port": 6443}}})
+
+    async def provisioned():
+        status = await libvirt_cluster_status(api_client, namespace)
+        return status if status.get("initialization", {}).get("provisioned") else None
+    status = await wait_until("LibvirtCluster provisioned", provisioned, DEADLINE_S)
+    assert status["ready"] is True and status["_spec"]["controlPlaneEndpoint"] == {"host": "192.0.2.1", "port": 6443}
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+
+
+async def test_libvirt_cluster_managed_by_someone_else_is_left_alone(api_client, namespace, operator):
+    cluster = await capi_objects.create_cluster(api_client, namespace, "demo")
+    endpoint = {"controlPlaneEndpoint": {"host": "192.0.2.1", "port": 6443}}
+    await create_libvirt_cluster(api_client, namespace, cluster["metadata"]["uid"], endpoint,
+                                 {"cluster.x-k8s.io/managed-by": "someone-else"}, name="managed")
+    await create_libvirt_cluster(api_client, namespace, cluster["metadata"]["uid"], endpoint, {}, name="ours")
+
+    # Created after it and otherwise the same, ours is provisioned; by then the managed one was seen and skipped.
+    async def ours_provisioned():
+        return (await libvirt_cluster_status(api_client, namespace, "ours")).get("initialization")
+    await wait_until("the unmanaged twin to be provisioned", ours_provisioned, DEADLINE_S)
+    assert "initialization" not in await libvirt_cluster_status(api_client, namespace, "managed")

@@ -92,6 +92,8 @@ def _object_schema(kind: kinds.Kind) -> dict[str, Any]:
         "metadata": {"type": "object"},
         "spec": structural(kind.spec),
     }
+    if kind.spec_validations is not None:
+        properties["spec"]["x-kubernetes-validations"] = kind.spec_validations(properties["spec"])
     if kind.status is not None:
         properties["status"] = structural(kind.status)
     return {"type": "object", "description": kind.description, "properties": properties, "required": ["spec"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import pydantic
 
@@ -32,6 +33,7 @@ class Kind:
     description: str
     columns: tuple[PrinterColumn, ...] = ()
     categories: tuple[str, ...] = ("cluster-api",)
+    spec_validations: Callable[[dict], list[dict]] | None = None  # CEL rules from the generated spec schema
 
     @property
     def singular(self) -> str:
@@ -77,6 +79,7 @@ LIBVIRT_MACHINE = Kind(
     spec=v1alpha1.LibvirtMachineSpec,
     status=v1alpha1.LibvirtMachineStatus,
     description="A Cluster API machine that is a libvirt domain on a KVM/libvirt host.",
+    spec_validations=v1alpha1.machine_spec_immutability,
     columns=(
         CLUSTER,
         PrinterColumn("Host", ".status.host", "string", "Host the domain lives on"),

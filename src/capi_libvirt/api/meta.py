@@ -11,6 +11,12 @@ GROUP = "infrastructure.cluster.x-k8s.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
+# Cluster API's own names this provider reads.
+CAPI_GROUP = "cluster.x-k8s.io"
+CAPI_VERSION = "v1beta2"
+CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
+PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
+
 # A DNS-1123 label / subdomain: what Kubernetes accepts for names, and what we accept for host and pool names.
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 CONDITION_TYPE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"

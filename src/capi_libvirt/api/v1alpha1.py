@@ -83,6 +83,24 @@ class KernelBoot(meta.Model):
     """Kernel command line."""
 
 
+def machine_spec_immutability(schema: dict) -> list[dict]:
+    """CEL rules for a LibvirtMachine's (structural) spec schema: fixed once created (a new spec means a new machine,
+    as Cluster API rolls them), and providerID may be set once, never changed. Templates stay editable."""
+    rules = []
+    for name, field in schema["properties"].items():
+        if name == "providerID":
+            continue
+        if name in schema.get("required", []) or "default" in field:  # always present once defaulted
+            rules.append(f"self.{name} == oldSelf.{name}")
+        else:
+            rules.append(f"has(self.{name}) == has(oldSelf.{name}) && (!has(self.{name}) || self.{name} == oldSelf.{name})")
+    return [
+        {"rule": " && ".join(rules), "message": "the machine spec is immutable (only providerID may be set, once)"},
+        {"rule": "!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)",
+         "message": "providerID cannot change once set"},
+    ]
+
+
 class LibvirtMachineSpec(meta.Model):
     """The desired VM: its size, image, hardware and network."""
 

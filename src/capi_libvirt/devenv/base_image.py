@@ -26,12 +26,15 @@ def qcow2_virtual_size(path) -> int:
 
 
 def upload_base_image(conn: libvirt.virConnect, pool_name: str, image: GuestImage) -> str:
-    """The image as volume `base-<recipe-hash>.qcow2` in the pool (uploaded once; reused when present)."""
+    """The image as volume `base-<recipe-hash>.qcow2` in the pool (uploaded once; reused when complete)."""
     name = f"base-{image.folder.name}.qcow2"
     pool = conn.storagePoolLookupByName(pool_name)
     pool.refresh(0)
     if name in pool.listVolumes():
-        return name
+        existing = pool.storageVolLookupByName(name)
+        if existing.info()[2] >= image.disk.stat().st_size:  # allocation: a cut-short upload has less
+            return name
+        existing.delete(0)
     volume = ET.Element("volume", type="file")
     ET.SubElement(volume, "name").text = name
     ET.SubElement(volume, "capacity", unit="bytes").text = str(qcow2_virtual_size(image.disk))

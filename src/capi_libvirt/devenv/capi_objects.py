@@ -13,8 +13,7 @@ from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
 
-CAPI_GROUP, CAPI_VERSION = "cluster.x-k8s.io", "v1beta2"
-CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
+CAPI_GROUP, CAPI_VERSION, CLUSTER_NAME_LABEL = meta.CAPI_GROUP, meta.CAPI_VERSION, meta.CLUSTER_NAME_LABEL
 MERGE = {"_content_type": "application/merge-patch+json"}
 
 

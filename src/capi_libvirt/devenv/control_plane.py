@@ -49,10 +49,13 @@ def free_port() -> int:
 class LocalControlPlane:
     """etcd and kube-apiserver as child processes; `start()` returns when the API serves and the CRDs are established."""
 
-    def __init__(self, workdir: pathlib.Path | None = None, crd_dirs: Iterable[pathlib.Path] = ()) -> None:
+    def __init__(self, workdir: pathlib.Path | None = None, crd_dirs: Iterable[pathlib.Path] = (),
+                 users: Iterable[str] = ()) -> None:
+        """`users`: extra identities with no rights of their own (bind roles to them), each with a kubeconfig."""
         self.workdir = workdir or pathlib.Path(tempfile.mkdtemp(prefix="capi-libvirt-cp-"))
         self.crd_dirs = list(crd_dirs)
         self.token = secrets.token_hex(24)
+        self.user_tokens = {user: secrets.token_hex(24) for user in users}
         self.etcd_port = free_port()
         self.secure_port = free_port()
         self._processes: list[tuple[str, subprocess.Popen]] = []
@@ -131,7 +134,8 @@ class LocalControlPlane:
         sa_key = certs / "service-account.key"
         subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)
         tokens = self.workdir / "tokens.csv"
-        tokens.write_text(f"{self.token},admin,admin,system:masters\n")
+        tokens.write_text(f"{self.token},admin,admin,system:masters\n"
+                          + "".join(f"{token},{user},{user}\n" for user, token in self.user_tokens.items()))
         tokens.chmod(0o600)
         self._spawn("kube-apiserver", [
             str(paths.kube_apiserver_binary()),
@@ -169,17 +173,27 @@ class LocalControlPlane:
             time.sleep(0.3)
         raise ControlPlaneError(f"kube-apiserver not ready after {timeout:.0f}s: {last_error}")
 
+    def kubeconfig_for(self, user: str) -> pathlib.Path:
+        return self.workdir / f"kubeconfig-{user}"
+
     def _write_kubeconfig(self) -> None:
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "local", "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)}}],
-            "users": [{"name": "admin", "user": {"token": self.token}}],
-            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
-            "current-context": "local",
-        }
-        self.kubeconfig_path.write_text(yaml.safe_dump(config))
-        self.kubeconfig_path.chmod(0o600)
+        for path, user, token in [(self.kubeconfig_path, "admin", self.token)] + [
+                (self.kubeconfig_for(user), user, token) for user, token in self.user_tokens.items()]:
+            config = {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "local",
+                              "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)}}],
+                "users": [{"name": user, "user": {"token": token}}],
+                "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+                "current-context": "local",
+            }
+            path.write_text(yaml.safe_dump(config))
+            path.chmod(0o600)
+
+    def apply(self, collection: str, document: dict) -> None:
+        """Create the object, or replace it when it exists."""
+        self._create_or_replace(collection, document)
 
     # -- a minimal client, enough to install CRDs before any operator runs ------------------------------------
 

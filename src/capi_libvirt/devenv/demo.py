@@ -65,6 +65,15 @@ async def run_with_operator(plane: control_plane.LocalControlPlane, host: libvir
     return narration.result() if not narration.cancelled() else 1
 
 
+def what_is_on_the_host(host: libvirt_host.LibvirtHost, base_volume: str) -> tuple[list[str], list[str]]:
+    """Domains, and volumes besides the base image (blocking: libvirt calls; run it in a thread)."""
+    with host.connect() as conn:
+        domains = [d.name() for d in conn.listAllDomains()]
+        pool = conn.storagePoolLookupByName(host.pool_name)
+        pool.refresh(0)
+        return domains, [v for v in pool.listVolumes() if v != base_volume]
+
+
 async def narrate(plane: control_plane.LocalControlPlane, host: libvirt_host.LibvirtHost,
                   image: guest_image.GuestImage, base_volume: str) -> int:
     started = time.monotonic()
@@ -116,11 +125,7 @@ async def narrate(plane: control_plane.LocalControlPlane, host: libvirt_host.Lib
                     break
                 raise
             await asyncio.sleep(0.5)
-        with host.connect() as conn:
-            domains = [d.name() for d in conn.listAllDomains()]
-            pool = conn.storagePoolLookupByName(host.pool_name)
-            pool.refresh(0)
-            volumes = [v for v in pool.listVolumes() if v != base_volume]
+        domains, volumes = await asyncio.to_thread(what_is_on_the_host, host, base_volume)
         say(f"deleted; host {host.name} now has domains={domains or 'none'}, volumes besides the base image="
             f"{volumes or 'none'}", started)
     return 0 if not domains and not volumes else 1

@@ -1,7 +1,9 @@
-"""One libvirt connection per host: opened lazily, reused, liveness-checked and re-opened when it breaks.
+"""One libvirt connection per host: opened lazily, reused, kept alive, and re-opened when it breaks.
 
-libvirt's C calls never yield to the event loop, so every call runs in a thread pool; a `threading.Lock` guards
-opening so concurrent reconciles share one connection instead of racing to open several.
+libvirt's C calls never yield to the event loop, so every call runs in a thread pool of its host's own: a slow or
+hung host cannot take the threads other hosts need. A `threading.Lock` guards opening, so concurrent reconciles
+share one connection instead of racing to open several. libvirt's default event loop runs in a thread of its own,
+which is what lets connections send keepalives and notice a dead peer instead of hanging on it.
 """
 
 from __future__ import annotations
@@ -20,21 +22,42 @@ from capi_libvirt.hypervisor import errors
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 3  # a peer silent for ~15 s counts as dead
+THREADS_PER_HOST = 4
+
 
 def _silence_libvirt_stderr(_ctx: object, _error: object) -> None:
     """libvirt prints every error to stderr by default; errors reach us as exceptions, translated in one place."""
 
 
 libvirt.registerErrorHandler(_silence_libvirt_stderr, None)
+_event_loop_started = threading.Lock()
+_event_loop_running = False
+
+
+def ensure_libvirt_event_loop() -> None:
+    """Start libvirt's default event loop once per process (keepalives need it)."""
+    global _event_loop_running
+    with _event_loop_started:
+        if _event_loop_running:
+            return
+        libvirt.virEventRegisterDefaultImpl()
+
+        def run() -> None:
+            while True:
+                libvirt.virEventRunDefaultImpl()
+
+        threading.Thread(target=run, name="libvirt-events", daemon=True).start()
+        _event_loop_running = True
 
 
 class HostConnection:
-    """A host's libvirt connection. `await call(fn, ...)` runs `fn(conn, ...)` in the pool with a live connection."""
+    """A host's libvirt connection. `await call(fn, ...)` runs `fn(conn, ...)` in the host's pool with a live one."""
 
-    def __init__(self, host: str, uri: str, executor: concurrent.futures.Executor) -> None:
+    def __init__(self, host: str, uri: str) -> None:
         self.host = host
         self.uri = uri
-        self._executor = executor
+        self._executor = concurrent.futures.ThreadPoolExecutor(THREADS_PER_HOST, thread_name_prefix=f"libvirt-{host}")
         self._lock = threading.Lock()
         self._conn: libvirt.virConnect | None = None
         self.opened = 0  # how many times a connection was opened: 1 in a healthy life
@@ -71,12 +94,18 @@ class HostConnection:
                 self._close_quietly(conn)
                 self._conn = None
             try:
-                self._conn = libvirt.open(self.uri)
+                conn = libvirt.open(self.uri)
             except libvirt.libvirtError as error:
-                raise errors.HostUnreachable(f"cannot connect: {error.get_error_message()}", self.host) from None
+                reason = errors.translate(error, self.host, "connect")
+                raise errors.HostUnreachable(reason.message, self.host) from None
+            try:
+                conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
+            except libvirt.libvirtError:
+                pass  # local (unix socket) drivers without keepalive support: nothing to detect there
+            self._conn = conn
             self.opened += 1
             log.info("connected to host %s", self.host)
-            return self._conn
+            return conn
 
     def _drop(self, conn: libvirt.virConnect) -> None:
         with self._lock:
@@ -92,21 +121,23 @@ class HostConnection:
             pass
 
     def close(self) -> None:
+        """Blocking: call it from a thread (the operator's cleanup does)."""
         with self._lock:
             if self._conn is not None:
                 self._close_quietly(self._conn)
                 self._conn = None
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 class HostRegistry:
-    """The connections of every known host, sharing one thread pool."""
+    """The connections of every known host, in the order they were configured."""
 
-    def __init__(self, hosts: dict[str, str], max_workers: int = 16) -> None:
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="libvirt")
-        self._connections = {name: HostConnection(name, uri, self._executor) for name, uri in hosts.items()}
+    def __init__(self, hosts: dict[str, str]) -> None:
+        ensure_libvirt_event_loop()
+        self._connections = {name: HostConnection(name, uri) for name, uri in hosts.items()}
 
     def names(self) -> list[str]:
-        return sorted(self._connections)
+        return list(self._connections)
 
     def get(self, host: str) -> HostConnection:
         try:
@@ -117,4 +148,3 @@ class HostRegistry:
     def close(self) -> None:
         for connection in self._connections.values():
             connection.close()
-        self._executor.shutdown(wait=False, cancel_futures=True)

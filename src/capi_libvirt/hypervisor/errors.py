@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import libvirt
 
 
@@ -52,19 +54,27 @@ _NOT_FOUND = {
     libvirt.VIR_ERR_NO_NETWORK: NetworkNotFound,
 }
 _UNREACHABLE_CODES = {
-    libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_RPC, libvirt.VIR_ERR_NO_CONNECT, libvirt.VIR_ERR_INVALID_CONN,
+    libvirt.VIR_ERR_RPC, libvirt.VIR_ERR_NO_CONNECT, libvirt.VIR_ERR_INVALID_CONN,
     libvirt.VIR_ERR_AUTH_FAILED, libvirt.VIR_ERR_AUTH_CANCELLED, libvirt.VIR_ERR_AUTH_UNAVAILABLE,
 }
-_UNREACHABLE_DOMAINS = {libvirt.VIR_FROM_RPC, libvirt.VIR_FROM_REMOTE, libvirt.VIR_FROM_SSH}
+# A system error (errno) means the transport only when the transport layers raised it; elsewhere it is a disk or a
+# permission problem on the host, which a new connection would not mend.
+_TRANSPORT_DOMAINS = {libvirt.VIR_FROM_RPC, libvirt.VIR_FROM_REMOTE, libvirt.VIR_FROM_SSH}
+_URI = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """Messages end up in conditions and events: URIs (users, hosts, key paths in their query) are cut out."""
+    return _URI.sub("<uri>", text)
 
 
 def translate(error: libvirt.libvirtError, host: str, doing: str) -> HypervisorError:
     """Map a libvirtError to the provider's error, by code, never by matching message text."""
     code, domain = error.get_error_code(), error.get_error_domain()
-    message = f"{doing}: {error.get_error_message() or error}"
+    message = redact(f"{doing}: {error.get_error_message() or error}")
     if code in _NOT_FOUND:
         return _NOT_FOUND[code](message, host)
-    if code in _UNREACHABLE_CODES or domain in _UNREACHABLE_DOMAINS:
+    if code in _UNREACHABLE_CODES or (code == libvirt.VIR_ERR_SYSTEM_ERROR and domain in _TRANSPORT_DOMAINS):
         return HostUnreachable(message, host)
     if code == libvirt.VIR_ERR_OPERATION_INVALID:
         return OperationInvalid(message, host)

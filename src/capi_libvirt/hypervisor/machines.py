@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 import libvirt
 
-from capi_libvirt.core import volume_xml
+from capi_libvirt.core import domain_xml, volume_xml
 from capi_libvirt.hypervisor import errors
 
 GIB = 1024**3
@@ -63,6 +63,14 @@ def _volume_or_none(pool: libvirt.virStoragePool, name: str) -> libvirt.virStora
         if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
             return None
         raise
+
+
+def check_networks(conn: libvirt.virConnect, networks: list[str]) -> None:
+    """Every libvirt network the machine plugs into exists and is active (checked before anything is created)."""
+    for name in networks:
+        network = conn.networkLookupByName(name)  # VIR_ERR_NO_NETWORK -> NetworkNotFound
+        if not network.isActive():
+            raise errors.NetworkNotFound(f"network {name} is not active")
 
 
 def pool_path(conn: libvirt.virConnect, pool_name: str) -> str:
@@ -168,10 +176,10 @@ def domain_addresses(conn: libvirt.virConnect, uuid: str) -> list[str]:
     return []
 
 
-def delete_machine(conn: libvirt.virConnect, uuid: str, volumes: MachineVolumes) -> list[str]:
+def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volumes: MachineVolumes) -> list[str]:
     """Destroy and undefine the domain, delete the overlay, ISO and serial log; absent parts count as done.
 
-    Returns what was actually removed, for the event the caller posts.
+    The domain is only touched when its `<metadata>` names this machine as its owner. Returns what was removed.
     """
     removed: list[str] = []
     try:
@@ -181,6 +189,9 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, volumes: MachineVolumes)
             raise
         domain = None
     if domain is not None:
+        owner = domain_xml.parse_owner(domain.XMLDesc(0))
+        if owner is None or owner.uid != machine_uid:
+            raise errors.HypervisorError(f"domain {uuid} is not owned by machine {machine_uid}; left alone")
         if domain.isActive():
             try:
                 domain.destroy()

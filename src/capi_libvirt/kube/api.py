@@ -17,8 +17,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from capi_libvirt.api import meta
 
-CAPI_GROUP = "cluster.x-k8s.io"
-CAPI_VERSION = "v1beta2"
+CAPI_GROUP, CAPI_VERSION = meta.CAPI_GROUP, meta.CAPI_VERSION
 MERGE_PATCH = {"_content_type": "application/merge-patch+json"}
 
 
@@ -71,6 +70,21 @@ class KubeAPI:
         self.calls += 1
         return await _or_none(self.objects.get_namespaced_custom_object(
             meta.GROUP, meta.VERSION, namespace, "libvirtmachines", name))
+
+    async def get_libvirt_cluster(self, namespace: str, name: str) -> dict | None:
+        self.calls += 1
+        return await _or_none(self.objects.get_namespaced_custom_object(
+            meta.GROUP, meta.VERSION, namespace, "libvirtclusters", name))
+
+    async def patch_libvirt_cluster(self, namespace: str, name: str, patch: dict) -> dict:
+        self.calls += 1
+        return await self.objects.patch_namespaced_custom_object(
+            meta.GROUP, meta.VERSION, namespace, "libvirtclusters", name, patch, **MERGE_PATCH)
+
+    async def patch_libvirt_cluster_status(self, namespace: str, name: str, status: dict) -> dict:
+        self.calls += 1
+        return await self.objects.patch_namespaced_custom_object_status(
+            meta.GROUP, meta.VERSION, namespace, "libvirtclusters", name, {"status": status}, **MERGE_PATCH)
 
     async def get_bootstrap_data(self, namespace: str, name: str) -> BootstrapData | None:
         self.calls += 1

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import re
 
-HOST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+HOST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label, as status.host and providerIDs take
 HOSTS_ENV = "CAPI_LIBVIRT_HOSTS"  # "name=uri,name=uri"
 CRASH_AFTER_ENV = "CAPI_LIBVIRT_CRASH_AFTER"  # tests only: end the process right after this reconcile phase
 CRASH_EXIT_CODE = 70

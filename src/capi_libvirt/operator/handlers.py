@@ -1,8 +1,10 @@
 """kopf handlers: each turns an event into a call of one reconcile. No logic lives here.
 
 A LibvirtMachine is driven by one daemon per object that runs `reconcile.machine.reconcile` in a loop: after each
-pass it sleeps for what the pass asked, or until a watch on its Machine, its Cluster, a bootstrap Secret or the
-object itself wakes it. Deletion runs `reconcile.machine.delete` behind kopf's finalizer.
+pass it sleeps for what the pass asked, or until a watch on its Machine, its Cluster or the object itself wakes it.
+(Bootstrap Secrets are not watched: Cluster API sets Machine.spec.bootstrap.dataSecretName once the Secret exists,
+and that Machine change wakes the machine; reading every Secret of the cluster is not worth that privilege.)
+Deletion runs `reconcile.machine.delete` behind kopf's finalizer, under the same per-object lock as the passes.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from capi_libvirt.core import capacity
 from capi_libvirt.hypervisor import connection
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config as operator_config
+from capi_libvirt.reconcile import cluster as cluster_reconcile
 from capi_libvirt.reconcile import machine as machine_reconcile
 
 log = logging.getLogger(__name__)
 MACHINES = kinds.LIBVIRT_MACHINE.plural
-CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
+CLUSTERS = kinds.LIBVIRT_CLUSTER.plural
 
 
 class Runtime:
@@ -31,14 +34,20 @@ class Runtime:
 
     def __init__(self, deps: machine_reconcile.Dependencies) -> None:
         self.deps = deps
-        self.wakers: dict[tuple[str, str], asyncio.Event] = collections.defaultdict(asyncio.Event)
-        self.locks: dict[tuple[str, str], asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        # Keyed by (kind, namespace, name), kind being "machine" or "cluster".
+        self.wakers: dict[tuple[str, str, str], asyncio.Event] = collections.defaultdict(asyncio.Event)
+        self.locks: dict[tuple[str, str, str], asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        self.clusters: dict[tuple[str, str, str], str | None] = {}  # object -> its cluster, to wake a cluster's objects
 
-    def wake(self, namespace: str, name: str | None = None) -> None:
-        """Wake one machine, or every machine of a namespace."""
-        for key, event in list(self.wakers.items()):
-            if key[0] == namespace and (name is None or key[1] == name):
-                event.set()
+    def wake(self, kind: str, namespace: str, name: str) -> None:
+        event = self.wakers.get((kind, namespace, name))
+        if event is not None:
+            event.set()
+
+    def wake_cluster(self, namespace: str, cluster: str) -> None:
+        for key, object_cluster in list(self.clusters.items()):
+            if key[1] == namespace and object_cluster == cluster:
+                self.wake(*key)
 
 
 def _post_event(body: dict, kind: str, reason: str, message: str) -> None:
@@ -63,7 +72,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 async def close(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = memo.get("runtime")
     if runtime is not None:
-        runtime.deps.hosts.close()
+        await asyncio.get_running_loop().run_in_executor(None, runtime.deps.hosts.close)  # libvirt close blocks
         await runtime.deps.kube.client.close()
 
 
@@ -75,18 +84,35 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 # -- LibvirtMachine ---------------------------------------------------------------------------------------------
 
 @kopf.daemon(meta.GROUP, meta.VERSION, MACHINES, cancellation_timeout=30)
-async def run_machine(namespace: str, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
-    runtime: Runtime = memo.runtime
-    key = (namespace, name)
+async def run_machine(namespace: str, name: str, labels: kopf.Labels, memo: kopf.Memo,
+                      stopped: kopf.DaemonStopped, **_: Any) -> None:
+    async def one_pass(cancelled: Any) -> float | None:
+        return await machine_reconcile.reconcile(memo.runtime.deps, namespace, name, cancelled=cancelled)
+    await _run_loop(memo.runtime, ("machine", namespace, name), labels.get(meta.CLUSTER_NAME_LABEL), one_pass, stopped)
+
+
+@kopf.daemon(meta.GROUP, meta.VERSION, CLUSTERS, cancellation_timeout=30)
+async def run_cluster(namespace: str, name: str, labels: kopf.Labels, memo: kopf.Memo,
+                      stopped: kopf.DaemonStopped, **_: Any) -> None:
+    async def one_pass(cancelled: Any) -> float | None:
+        return await cluster_reconcile.reconcile(memo.runtime.deps, namespace, name)
+    await _run_loop(memo.runtime, ("cluster", namespace, name), labels.get(meta.CLUSTER_NAME_LABEL), one_pass, stopped)
+
+
+async def _run_loop(runtime: Runtime, key: tuple[str, str, str], cluster: str | None, one_pass: Any,
+                    stopped: kopf.DaemonStopped) -> None:
+    """Pass after pass until the object goes: each sleeps for what the last asked, or until a watch wakes it."""
     waker = runtime.wakers[key]
+    runtime.clusters[key] = cluster
     try:
         while not stopped:
             waker.clear()  # before the pass: a wake-up during the pass triggers another one
             async with runtime.locks[key]:
-                delay = await machine_reconcile.reconcile(runtime.deps, namespace, name)
+                delay = await one_pass(lambda: bool(stopped))
             await _sleep_until_woken(waker, stopped, delay)
     finally:
         runtime.wakers.pop(key, None)
+        runtime.clusters.pop(key, None)
 
 
 async def _sleep_until_woken(waker: asyncio.Event, stopped: kopf.DaemonStopped, delay: float | None) -> None:
@@ -100,38 +126,38 @@ async def _sleep_until_woken(waker: asyncio.Event, stopped: kopf.DaemonStopped, 
 
 
 @kopf.on.delete(meta.GROUP, meta.VERSION, MACHINES)
-async def delete_machine(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def delete_machine(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
-    async with runtime.locks[(namespace, name)]:
+    async with runtime.locks[("machine", namespace, name)]:
         try:
-            await machine_reconcile.delete(runtime.deps, dict(body))
+            await machine_reconcile.delete(runtime.deps, namespace, name)
         except machine_reconcile.Wait as wait:
             raise kopf.TemporaryError(wait.message, delay=wait.retry_after or 30) from None
-    runtime.locks.pop((namespace, name), None)
+    runtime.locks.pop(("machine", namespace, name), None)
 
 
 @kopf.on.update(meta.GROUP, meta.VERSION, MACHINES)
 def machine_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.wake(namespace, name)
+    memo.runtime.wake("machine", namespace, name)
 
 
-# -- what a machine waits for: its Machine, its Cluster, bootstrap Secrets ------------------------------------
+@kopf.on.update(meta.GROUP, meta.VERSION, CLUSTERS)
+def libvirt_cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.wake("cluster", namespace, name)
 
-@kopf.on.event("cluster.x-k8s.io", "v1beta2", "machines")
+
+# -- what a machine waits for: its Machine and its Cluster ----------------------------------------------------
+
+@kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "machines")
 def owner_machine_changed(namespace: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
     ref = spec.get("infrastructureRef") or {}
     if ref.get("kind") == kinds.LIBVIRT_MACHINE.kind and ref.get("name"):
-        memo.runtime.wake(namespace, ref["name"])
+        memo.runtime.wake("machine", namespace, ref["name"])
 
 
-@kopf.on.event("cluster.x-k8s.io", "v1beta2", "clusters")
-def cluster_changed(namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.wake(namespace)
-
-
-@kopf.on.event("", "v1", "secrets", labels={CLUSTER_NAME_LABEL: kopf.PRESENT})
-def bootstrap_secret_changed(namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.wake(namespace)
+@kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "clusters")
+def cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.wake_cluster(namespace, name)
 
 
 # -- LibvirtMachineTemplate -------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 
 import pydantic
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import meta, v1alpha1
 from capi_libvirt.core import cloud_init, conditions, domain_xml, naming, nocloud, provider_id
 from capi_libvirt.core.conditions import Reason
 from capi_libvirt.hypervisor import connection, errors, machines
@@ -24,13 +24,14 @@ from capi_libvirt.kube import api
 
 log = logging.getLogger(__name__)
 
-PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
-CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
 WAITING_FOR_OWNER = "WaitingForOwner"
 INVALID_SPEC = "InvalidSpec"
+NETWORK_NOT_FOUND = "NetworkNotFound"
+RECONCILE_ERROR = "ReconcileError"
 
 # Seconds until the next pass. Watches on Machines, Clusters and Secrets wake a waiting machine sooner.
 RECHECK_WAITING = 30.0
+RECHECK_BOOTSTRAP = 10.0  # a missing bootstrap Secret: the Machine watch usually wakes us first
 RECHECK_ADDRESS = 5.0
 RECHECK_PROVISIONED = 60.0
 BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
@@ -51,7 +52,7 @@ class Dependencies:
     post_event: EventSink
     now: Callable[[], str] = utc_now
     after_phase: Callable[[str], None] = lambda phase: None  # fault injection for crash-consistency tests
-    failures: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)  # per machine, for backoff
+    failures: dict[tuple[str, ...], int] = dataclasses.field(default_factory=dict)  # per machine, for backoff
 
 
 class Wait(Exception):
@@ -101,16 +102,15 @@ class MachinePass:
         return naming.domain_name(self.namespace, self.name, self.uid)
 
     def volumes(self) -> machines.MachineVolumes:
-        return machine_volumes(self.body, self.spec)
+        return machine_volumes(self.namespace, self.name, self.uid, self.spec.storage_pool)
 
 
-def machine_volumes(body: dict, spec: v1alpha1.LibvirtMachineSpec) -> machines.MachineVolumes:
-    ns, name, uid = body["metadata"]["namespace"], body["metadata"]["name"], body["metadata"]["uid"]
+def machine_volumes(namespace: str, name: str, uid: str, pool: str) -> machines.MachineVolumes:
     return machines.MachineVolumes(
-        pool=spec.storage_pool,
-        overlay=naming.overlay_volume_name(ns, name, uid),
-        nocloud=naming.nocloud_volume_name(ns, name, uid),
-        serial_log=naming.serial_log_file_name(ns, name, uid),
+        pool=pool,
+        overlay=naming.overlay_volume_name(namespace, name, uid),
+        nocloud=naming.nocloud_volume_name(namespace, name, uid),
+        serial_log=naming.serial_log_file_name(namespace, name, uid),
     )
 
 
@@ -127,18 +127,22 @@ async def find_owner_machine(deps: Dependencies, p: MachinePass) -> None:
 
 
 async def find_cluster(deps: Dependencies, p: MachinePass) -> None:
-    cluster_name = p.body["metadata"].get("labels", {}).get(CLUSTER_NAME_LABEL) or \
+    cluster_name = p.body["metadata"].get("labels", {}).get(meta.CLUSTER_NAME_LABEL) or \
         (p.machine or {}).get("spec", {}).get("clusterName")
     if not cluster_name:
-        raise Wait(WAITING_FOR_OWNER, f"waiting for the {CLUSTER_NAME_LABEL} label")
+        raise Wait(WAITING_FOR_OWNER, f"waiting for the {meta.CLUSTER_NAME_LABEL} label")
     p.cluster = await deps.kube.get_cluster(p.namespace, cluster_name)
     if p.cluster is None:
         raise Wait(WAITING_FOR_OWNER, f"Cluster {cluster_name} not found")
 
 
+def is_paused(body: dict, cluster: dict | None) -> bool:
+    return bool((cluster or {}).get("spec", {}).get("paused")) or \
+        meta.PAUSED_ANNOTATION in (body["metadata"].get("annotations") or {})
+
+
 async def honour_pause(deps: Dependencies, p: MachinePass) -> None:
-    paused = bool((p.cluster or {}).get("spec", {}).get("paused")) or \
-        PAUSED_ANNOTATION in (p.body["metadata"].get("annotations") or {})
+    paused = is_paused(p.body, p.cluster)
     p.status["conditions"] = conditions.set_condition(
         p.status.get("conditions"), conditions.PAUSED, "True" if paused else "False",
         Reason.PAUSED if paused else "NotPaused", "reconciliation is paused" if paused else "",
@@ -159,7 +163,7 @@ async def read_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
         raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, "waiting for the Machine's bootstrap.dataSecretName")
     p.bootstrap = await deps.kube.get_bootstrap_data(p.namespace, secret_name)
     if p.bootstrap is None:
-        raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, f"bootstrap Secret {secret_name} not found")
+        raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, f"bootstrap Secret {secret_name} not found", RECHECK_BOOTSTRAP)
     if p.bootstrap.format != "cloud-config":
         raise Wait(Reason.BOOTSTRAP_FORMAT_UNSUPPORTED,
                    f"bootstrap data format {p.bootstrap.format!r} is not supported; use cloud-config",
@@ -182,11 +186,23 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
             "host": chosen, "domainUUID": p.domain_uuid, **({"failureDomain": failure_domain} if failure_domain else {})})
 
 
-async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
+async def check_networks(deps: Dependencies, p: MachinePass) -> None:
+    """Before anything is created: a missing network would otherwise leave an overlay and a domain that cannot start."""
     host = deps.hosts.get(p.host or "")
     p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
     if p.domain is not None:
+        return  # already defined: it was checked then
+    networks = [nic.network for nic in p.spec.interfaces if nic.network]
+    try:
+        await host.call(machines.check_networks, networks, doing="look up networks")
+    except errors.NetworkNotFound as error:
+        raise Wait(NETWORK_NOT_FOUND, str(error), failure=True) from None
+
+
+async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
+    if p.domain is not None:
         return  # the domain exists, so its disk was made before it
+    host = deps.hosts.get(p.host or "")
     base_pool = p.spec.image.pool or p.spec.storage_pool
     try:
         await host.call(machines.ensure_overlay, p.volumes(), base_pool, p.spec.image.volume, p.spec.disk_gib,
@@ -263,7 +279,7 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
         wanted = provider_id.format_provider_id(p.host or "", p.domain_uuid)
         outcome = await nodes.set_provider_id(kubeconfig, naming.hostname(p.name), wanted)
     except Exception as error:  # an unreachable or half-built workload cluster: try again on the next pass
-        log.debug("workload cluster of %s/%s not usable yet: %s", p.namespace, p.name, type(error).__name__)
+        log.info("workload cluster of %s/%s not usable yet: %s", p.namespace, p.name, type(error).__name__)
         return
     if outcome == "patched":
         await _event(deps, p.body, "Normal", "NodeProviderIDSet", f"set providerID on Node {naming.hostname(p.name)}")
@@ -272,14 +288,18 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
 
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, read_bootstrap_data,
-          choose_host, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses,
+          choose_host, check_networks, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses,
           patch_workload_node)
 
 
 # -- the reconcile --------------------------------------------------------------------------------------------------
 
-async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | None:
-    """One pass over the machine; returns seconds until the next pass (None: only when a watch wakes it)."""
+async def reconcile(deps: Dependencies, namespace: str, name: str,
+                    cancelled: Callable[[], bool] = lambda: False) -> float | None:
+    """One pass over the machine; returns seconds until the next pass (None: only when a watch wakes it).
+
+    `cancelled` is asked before every phase: once the object is being deleted, no phase starts creating things.
+    """
     body = await deps.kube.get_libvirt_machine(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
@@ -294,6 +314,8 @@ async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | No
     p = MachinePass(body=body, spec=spec, status=status)
     try:
         for phase in PHASES:
+            if cancelled():
+                return None
             await phase(deps, p)
             deps.after_phase(phase.__name__)
     except Paused:
@@ -305,6 +327,10 @@ async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | No
         return await _write_status(deps, body, p.status, _with_backoff(deps, key, wait) if wait.failure else wait)
     except errors.HypervisorError as error:
         return await _write_status(deps, body, p.status, _with_backoff(deps, key, _wait_for_hypervisor(error)))
+    except Exception as error:  # noqa: BLE001  anything else: a condition that names its kind, details in the log
+        log.exception("reconcile of %s/%s failed", namespace, name)
+        wait = Wait(RECONCILE_ERROR, f"unexpected {type(error).__name__}; see the operator log", failure=True)
+        return await _write_status(deps, body, p.status, _with_backoff(deps, key, wait))
     deps.failures.pop(key, None)
     return await _write_status(deps, body, p.status, None)
 
@@ -317,7 +343,7 @@ def _wait_for_hypervisor(error: errors.HypervisorError) -> Wait:
     return Wait("HypervisorError", str(error), failure=True)
 
 
-def _with_backoff(deps: Dependencies, key: tuple[str, str], wait: Wait) -> Wait:
+def _with_backoff(deps: Dependencies, key: tuple[str, ...], wait: Wait) -> Wait:
     attempts = deps.failures.get(key, 0)
     deps.failures[key] = attempts + 1
     wait.retry_after = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** attempts)
@@ -354,30 +380,45 @@ async def _event(deps: Dependencies, body: dict, kind: str, reason: str, message
 
 # -- deletion -----------------------------------------------------------------------------------------------------
 
-async def delete(deps: Dependencies, body: dict) -> None:
-    """Remove the domain, overlay, ISO and serial log from the machine's host; raises Wait while that is impossible."""
+async def delete(deps: Dependencies, namespace: str, name: str) -> None:
+    """Remove the domain, overlay, ISO and serial log from the machine's host; raises Wait while that is impossible.
+
+    The object is read fresh: a pass that ran until a moment ago may have recorded the host. While the cluster or the
+    machine is paused (clusterctl move), nothing is touched and the finalizer stays.
+    """
+    body = await deps.kube.get_libvirt_machine(namespace, name)
+    if body is None:
+        return
+    key = ("delete", namespace, name)
     status = dict(body.get("status") or {})
+    cluster_name = body["metadata"].get("labels", {}).get(meta.CLUSTER_NAME_LABEL)
+    cluster = await deps.kube.get_cluster(namespace, cluster_name) if cluster_name else None
+    if is_paused(body, cluster):
+        raise Wait(Reason.PAUSED, "paused: the host is left alone until the pause ends", RECHECK_WAITING)
     host_name = status.get("host")
     if host_name is None:
         return  # the host is recorded before anything is created: no host, nothing was made
     try:
         spec = v1alpha1.LibvirtMachineSpec.model_validate(body.get("spec") or {})
+        pool = spec.storage_pool
     except pydantic.ValidationError:
-        spec = v1alpha1.LibvirtMachineSpec.model_construct(storage_pool=body.get("spec", {}).get("storagePool", "default"))
-    uuid = status.get("domainUUID") or naming.domain_uuid(body["metadata"]["uid"])
+        pool = (body.get("spec") or {}).get("storagePool", "default")
+    uid = body["metadata"]["uid"]
+    volumes = machine_volumes(namespace, name, uid, pool)
     try:
         host = deps.hosts.get(host_name)
-        removed = await host.call(machines.delete_machine, uuid, machine_volumes(body, spec), doing="delete machine")
+        removed = await host.call(machines.delete_machine, naming.domain_uuid(uid), uid, volumes, doing="delete machine")
     except errors.HypervisorError as error:
         wait = _wait_for_hypervisor(error)
-        wait.reason = Reason.DELETION_FAILED if not isinstance(error, errors.HostUnreachable) else wait.reason
+        if not isinstance(error, errors.HostUnreachable):
+            wait.reason = Reason.DELETION_FAILED
         status["conditions"] = conditions.set_condition(
             status.get("conditions"), conditions.DELETING, "True", wait.reason, f"cannot delete yet: {error}",
             now=deps.now(), observed_generation=body["metadata"].get("generation"))
         status["conditions"] = conditions.summarize_ready(status["conditions"], deps.now(),
                                                           body["metadata"].get("generation"))
-        await deps.kube.patch_libvirt_machine_status(body["metadata"]["namespace"], body["metadata"]["name"], status)
-        raise _with_backoff(deps, (body["metadata"]["namespace"], body["metadata"]["name"]), wait) from None
-    deps.failures.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
+        await deps.kube.patch_libvirt_machine_status(namespace, name, status)
+        raise _with_backoff(deps, key, wait) from None
+    deps.failures.pop(key, None)
     if removed:
         await _event(deps, body, "Normal", "Deleted", f"removed from host {host_name}: {', '.join(removed)}")

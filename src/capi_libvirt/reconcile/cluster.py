@@ -1,0 +1,81 @@
+"""The LibvirtCluster reconcile: the cluster-wide infrastructure contract, so Cluster API moves on to machines.
+
+Phases: skip clusters someone else manages (`cluster.x-k8s.io/managed-by`); find the owner Cluster; honour pause;
+settle the control-plane endpoint (the spec's, else the one the user set on the Cluster); report provisioned.
+Failure domains from the host inventory come with the hosts (issue 4): the list is empty until then.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from capi_libvirt.api import meta
+from capi_libvirt.core import conditions
+from capi_libvirt.core.conditions import Reason
+from capi_libvirt.reconcile.machine import RECHECK_WAITING, WAITING_FOR_OWNER, Dependencies
+
+log = logging.getLogger(__name__)
+
+MANAGED_BY_LABEL = "cluster.x-k8s.io/managed-by"
+WAITING_FOR_ENDPOINT = "WaitingForControlPlaneEndpoint"
+
+
+def _owner_cluster_name(body: dict) -> str | None:
+    for ref in body["metadata"].get("ownerReferences", []):
+        if ref.get("kind") == "Cluster" and ref.get("apiVersion", "").startswith(f"{meta.CAPI_GROUP}/"):
+            return ref.get("name")
+    return None
+
+
+def _endpoint(body: dict, cluster: dict) -> dict | None:
+    for candidate in ((body.get("spec") or {}).get("controlPlaneEndpoint"),
+                      (cluster.get("spec") or {}).get("controlPlaneEndpoint")):
+        if candidate and candidate.get("host") and candidate.get("port"):
+            return {"host": candidate["host"], "port": candidate["port"]}
+    return None
+
+
+async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | None:
+    """One pass; returns seconds until the next (None: only when a watch wakes it)."""
+    body = await deps.kube.get_libvirt_cluster(namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    if MANAGED_BY_LABEL in (body["metadata"].get("labels") or {}):
+        return None  # another controller owns this infrastructure
+    now, generation = deps.now(), body["metadata"].get("generation")
+    status = dict(body.get("status") or {})
+    retry: float | None = None
+    cluster_name = _owner_cluster_name(body)
+    cluster = await deps.kube.get_cluster(namespace, cluster_name) if cluster_name else None
+    if cluster is None:
+        state, retry = ("False", WAITING_FOR_OWNER, "waiting for Cluster API to set the owner Cluster"), RECHECK_WAITING
+    elif (cluster.get("spec") or {}).get("paused") or meta.PAUSED_ANNOTATION in (body["metadata"].get("annotations") or {}):
+        status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PAUSED, "True",
+                                                        Reason.PAUSED, "reconciliation is paused", now=now,
+                                                        observed_generation=generation)
+        await _write(deps, body, status)
+        return None
+    elif (endpoint := _endpoint(body, cluster)) is None:
+        state, retry = ("False", WAITING_FOR_ENDPOINT,
+                        "set spec.controlPlaneEndpoint here or on the Cluster"), RECHECK_WAITING
+    else:
+        if (body.get("spec") or {}).get("controlPlaneEndpoint") != endpoint:
+            await deps.kube.patch_libvirt_cluster(namespace, name, {"spec": {"controlPlaneEndpoint": endpoint}})
+        state = ("True", Reason.PROVISIONED, "")
+        status.update(ready=True, initialization={"provisioned": True}, failureDomains=status.get("failureDomains", []))
+    status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PAUSED, "False", "NotPaused",
+                                                    "", now=now, observed_generation=generation) \
+        if cluster is not None else status.get("conditions")
+    status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PROVISIONED, *state, now=now,
+                                                    observed_generation=generation)
+    status["conditions"] = conditions.summarize_ready(status["conditions"], now, generation,
+                                                      order=(conditions.PROVISIONED,))
+    status.setdefault("ready", False)
+    status["observedGeneration"] = generation
+    await _write(deps, body, status)
+    return retry
+
+
+async def _write(deps: Dependencies, body: dict, status: dict) -> None:
+    if status != (body.get("status") or {}):
+        await deps.kube.patch_libvirt_cluster_status(body["metadata"]["namespace"], body["metadata"]["name"], status)

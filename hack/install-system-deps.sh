@@ -9,7 +9,8 @@ packages=(
   dnsmasq-base iptables iproute2                                 # the NAT network inside the test network namespaces
   debootstrap e2fsprogs                                          # the guest image
   libxml2-utils                                                  # xmllint, behind virt-xml-validate (schema tests)
-  openssl ca-certificates                                        # keys for the local kube-apiserver
+  openssl ca-certificates                                        # keys for the local kube-apiserver; test PKI
+  openssh-server openssh-client                                  # qemu+ssh to test hosts (sshd in their namespace)
 )
 
 missing=()

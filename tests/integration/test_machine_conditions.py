@@ -143,12 +143,22 @@ async def test_ignition_bootstrap_data_is_refused_with_a_clear_condition(api_cli
     await machine.delete_and_wait_gone()
 
 
-async def test_unreachable_host_keeps_the_finalizer_with_a_reason_until_the_host_is_back(
-        api_client, namespace, libvirt_host, offline_host, operator):
+async def test_machine_pinned_to_an_unreachable_host_says_so_and_deletes_at_once(
+        api_client, namespace, libvirt_host, operator):
     machine = await make(api_client, namespace, spec(libvirt_host, host="offline"))
     unreachable = await machine.wait_for_condition("Provisioned", "HostUnreachable")
     assert "offline" in unreachable["message"]
+    assert "host" not in (await machine.body())["status"]  # never placed, so nothing can exist anywhere
+    await machine.delete_and_wait_gone()
 
+
+async def test_host_unreachable_after_placement_keeps_the_finalizer_with_a_reason_until_it_is_back(
+        api_client, namespace, libvirt_host, offline_host, operator):
+    with offline_host:
+        machine = await make(api_client, namespace, spec(offline_host, host="offline"))
+        await machine.wait_for_condition("Provisioned", "ImageNotFound")  # placed there: things may exist there
+        assert (await machine.body())["status"]["host"] == "offline"
+    # The host is gone now.
     await machine.objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
                                                           machine.name)
     deleting = await machine.wait_for_condition("Deleting", "HostUnreachable")

@@ -82,3 +82,9 @@ def test_python_models_refuse_what_the_schema_refuses():
         v1alpha1.LibvirtMachineSpec.model_validate({"image": {"volume": "base.qcow2"}, "memoryMiB": -1})
     spec = v1alpha1.LibvirtMachineSpec.model_validate({"image": {"volume": "base.qcow2"}})
     assert spec.to_api()["interfaces"] == [{"network": "default", "model": "virtio"}]
+
+
+def test_exclusive_bounds_use_the_openapi_v3_boolean_form():
+    host = crd.custom_resource_definition(kinds.LIBVIRT_HOST)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    cpu = host["properties"]["spec"]["properties"]["overcommit"]["properties"]["cpu"]
+    assert (cpu["minimum"], cpu["exclusiveMinimum"]) == (0, True)

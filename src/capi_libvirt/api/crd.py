@@ -73,6 +73,9 @@ def _prune(node: Any) -> Any:
                 out[key] = _prune(value)
         else:
             out[key] = _prune(value)
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(exclusive), (int, float)) and not isinstance(out.get(exclusive), bool):
+            out[bound], out[exclusive] = out[exclusive], True  # JSON Schema 2020 -> OpenAPI v3.0 (boolean flag)
     if "properties" in out:
         out.setdefault("type", "object")
     return out
@@ -126,7 +129,7 @@ def custom_resource_definition(kind: kinds.Kind) -> dict[str, Any]:
         "metadata": {"name": f"{kind.plural}.{meta.GROUP}", "labels": dict(CONTRACT_LABELS)},
         "spec": {
             "group": meta.GROUP,
-            "scope": "Namespaced",
+            "scope": kind.scope,
             "names": {
                 "kind": kind.kind,
                 "listKind": kind.list_kind,

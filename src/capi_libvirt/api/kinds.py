@@ -34,6 +34,7 @@ class Kind:
     columns: tuple[PrinterColumn, ...] = ()
     categories: tuple[str, ...] = ("cluster-api",)
     spec_validations: Callable[[dict], list[dict]] | None = None  # CEL rules from the generated spec schema
+    scope: str = "Namespaced"
 
     @property
     def singular(self) -> str:
@@ -105,4 +106,23 @@ LIBVIRT_MACHINE_TEMPLATE = Kind(
     ),
 )
 
-ALL = (LIBVIRT_CLUSTER, LIBVIRT_CLUSTER_TEMPLATE, LIBVIRT_MACHINE, LIBVIRT_MACHINE_TEMPLATE)
+LIBVIRT_HOST = Kind(
+    kind="LibvirtHost",
+    plural="libvirthosts",
+    short_names=("lvh",),
+    spec=v1alpha1.LibvirtHostSpec,
+    status=v1alpha1.LibvirtHostStatus,
+    description="A KVM/libvirt hypervisor of the inventory: how to reach it, its failure domain and overcommit, and "
+                "what the health probe sees. Cluster-scoped: machines of any cluster and namespace share hosts.",
+    columns=(
+        PrinterColumn("URI", ".spec.uri", "string", "libvirt URI"),
+        PrinterColumn("FailureDomain", ".spec.failureDomain", "string", "Failure domain"),
+        PrinterColumn("Reachable", ".status.reachable", "boolean", "Reached by the last probe"),
+        PrinterColumn("Machines", ".status.machines", "integer", "Domains of this provider"),
+        PrinterColumn("FreeMemory", ".status.freeMemoryMiB", "integer", "Free memory (MiB)"),
+        AGE,
+    ),
+    scope="Cluster",
+)
+
+ALL = (LIBVIRT_CLUSTER, LIBVIRT_CLUSTER_TEMPLATE, LIBVIRT_MACHINE, LIBVIRT_MACHINE_TEMPLATE, LIBVIRT_HOST)

@@ -233,3 +233,81 @@ class LibvirtClusterTemplateSpec(meta.Model):
     """A template of LibvirtClusters, for ClusterClass."""
 
     template: LibvirtClusterTemplateResource
+
+
+class SecretReference(meta.Model):
+    """A Secret in a namespace."""
+
+    name: str = pydantic.Field(min_length=1, max_length=253, pattern=meta.DNS_SUBDOMAIN)
+    """Name of the Secret."""
+    namespace: str = pydantic.Field(min_length=1, max_length=63, pattern=meta.DNS_LABEL)
+    """Namespace of the Secret."""
+
+
+class Overcommit(meta.Model):
+    """How much of a host's CPUs and memory the provider may hand out to guests."""
+
+    cpu: float = pydantic.Field(default=4.0, gt=0, le=64)
+    """vCPUs per host CPU."""
+    memory: float = pydantic.Field(default=1.0, gt=0, le=4)
+    """Guest memory per unit of host memory (above 1 relies on ballooning or unused guest memory)."""
+
+
+class LibvirtHostSpec(meta.Model):
+    """A KVM/libvirt hypervisor machines can be placed on, and how to reach it."""
+
+    uri: str = pydantic.Field(min_length=3, max_length=2048, pattern=r"^[a-z][a-z0-9+]*://")
+    """libvirt URI: qemu+ssh://user@host/system, qemu+tls://host/system, qemu:///system, ..."""
+    credentials_secret_ref: SecretReference | None = None
+    """Secret with the transport's credentials: for qemu+ssh `ssh-privatekey` and `known_hosts`; for qemu+tls
+    `ca.crt`, `tls.crt` and `tls.key`. Written to private files only while connecting, then removed."""
+    failure_domain: str | None = pydantic.Field(default=None, min_length=1, max_length=256)
+    """Failure domain of the host (a rack, a room); machines of one group are spread over failure domains."""
+    control_plane: bool = True
+    """Whether control-plane machines may be placed here."""
+    overcommit: Overcommit = Overcommit()
+    """CPU and memory overcommit ratios placement applies."""
+    storage_pool: str = pydantic.Field(default="default", min_length=1, max_length=255, pattern=LIBVIRT_NAME)
+    """Storage pool whose capacity the health probe reports."""
+    unschedulable: bool = False
+    """Place no new machines here (existing ones stay)."""
+
+
+class PoolStatus(meta.Model):
+    name: str
+    """Pool name."""
+    capacity_bytes: int | None = pydantic.Field(default=None, ge=0)
+    """Pool capacity."""
+    available_bytes: int | None = pydantic.Field(default=None, ge=0)
+    """Free space in the pool."""
+
+
+class LibvirtHostStatus(meta.Model):
+    """What the last health probe saw."""
+
+    reachable: bool | None = None
+    """Whether the last probe reached the host's libvirt daemon."""
+    last_probe_time: str | None = pydantic.Field(default=None, json_schema_extra={"format": "date-time"})
+    """When the last probe ran."""
+    libvirt_version: str | None = pydantic.Field(default=None, max_length=64)
+    """libvirt version of the daemon."""
+    hypervisor_version: str | None = pydantic.Field(default=None, max_length=64)
+    """QEMU version."""
+    cpus: int | None = pydantic.Field(default=None, ge=0)
+    """CPUs of the host."""
+    memory_mib: int | None = pydantic.Field(default=None, alias="memoryMiB", ge=0)
+    """Memory of the host."""
+    free_memory_mib: int | None = pydantic.Field(default=None, alias="freeMemoryMiB", ge=0)
+    """Free memory of the host."""
+    machines: int | None = pydantic.Field(default=None, ge=0)
+    """Domains of this provider on the host."""
+    allocated_cpus: int | None = pydantic.Field(default=None, alias="allocatedCPUs", ge=0)
+    """vCPUs of this provider's domains on the host."""
+    allocated_memory_mib: int | None = pydantic.Field(default=None, alias="allocatedMemoryMiB", ge=0)
+    """Memory of this provider's domains on the host."""
+    pool: PoolStatus | None = None
+    """The storage pool's capacity."""
+    conditions: list[meta.Condition] | None = pydantic.Field(
+        default=None, max_length=32, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    )
+    """Conditions: Ready (reachable and probed)."""

@@ -27,6 +27,7 @@ import subprocess
 import time
 import xml.etree.ElementTree as ET
 from types import TracebackType
+from typing import Callable, Mapping, Sequence
 
 import libvirt
 
@@ -46,6 +47,8 @@ UNIX_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NU
 START_TIMEOUT_S = 120.0  # generous: the first start probes QEMU, and the machine may be busy building
 STOP_GRACE_S = 15.0
 
+ConfValue = str | int | Sequence[str]  # a libvirt config value: "string", number, ["list", "of", "strings"]
+
 
 class LibvirtHostError(RuntimeError):
     pass
@@ -64,10 +67,15 @@ class LibvirtHost:
         state_dir: pathlib.Path | None = None,
         log_dir: pathlib.Path | None = None,
         log_level: int = 3,
+        libvirtd_settings: Mapping[str, ConfValue] | None = None,
+        before_daemons: Callable[[LibvirtHost], None] | None = None,
     ) -> None:
         """`subnet` is the NAT network's (the bridge takes its first address). Logs (libvirtd, virtlogd, each guest's
         QEMU log) go to `log_dir`, which stop() keeps, else into the state folder, which stop() removes.
-        `log_level` is libvirt's: 1 debug, 2 info, 3 warning, 4 error."""
+        `log_level` is libvirt's: 1 debug, 2 info, 3 warning, 4 error.
+        `libvirtd_settings` are added to libvirtd.conf; when they turn listen_tls or listen_tcp on, libvirtd starts
+        with --listen. `before_daemons` runs once the namespace exists, before the daemons start (to add a link whose
+        address libvirtd listens on); a failure there fails start(), which then stops the host. See remote_access."""
         self.name = name
         self.subnet = ipaddress.IPv4Network(subnet)
         self.pool_name = pool_name
@@ -76,6 +84,8 @@ class LibvirtHost:
         self.state_dir = state_dir or paths.run_dir() / name
         self.log_dir = log_dir or self.state_dir / "log"
         self.log_level = log_level
+        self.libvirtd_settings = dict(libvirtd_settings or {})
+        self.before_daemons = before_daemons
         if len(str(self.socket_path)) > UNIX_SOCKET_PATH_MAX:
             raise LibvirtHostError(f"state folder path too long for a UNIX socket: {self.socket_path}")
 
@@ -139,6 +149,8 @@ class LibvirtHost:
         try:
             self._write_state_folder()
             self._create_netns()
+            if self.before_daemons is not None:
+                self.before_daemons(self)
             self._start_daemons()
             self._wait_until_answering()
             with self.connect() as conn:
@@ -192,7 +204,7 @@ class LibvirtHost:
         seed_qemu_capabilities(self.state_dir / "cache")
 
     def _libvirtd_conf(self) -> str:
-        return libvirt_conf(
+        settings: dict[str, ConfValue] = dict(
             unix_sock_dir=str(LIBVIRT_SYSTEM_DIRS["run"]),
             # Only root on this machine reaches the socket (mode 0700); no polkit, which needs a system D-Bus.
             auth_unix_ro="none",
@@ -200,6 +212,10 @@ class LibvirtHost:
             unix_sock_rw_perms="0700",
             log_outputs=f"{self.log_level}:file:{LIBVIRT_SYSTEM_DIRS['log'] / 'libvirtd.log'}",
         )
+        return libvirt_conf(**(settings | self.libvirtd_settings))
+
+    def _listens(self) -> bool:
+        return any(self.libvirtd_settings.get(key) in (1, "1") for key in ("listen_tls", "listen_tcp"))
 
     def _virtlogd_conf(self) -> str:
         return libvirt_conf(log_outputs=f"{self.log_level}:file:{LIBVIRT_SYSTEM_DIRS['log'] / 'virtlogd.log'}")
@@ -216,8 +232,8 @@ class LibvirtHost:
         steps = [["mount", "--bind", str(source), str(target)] for target, source in self._bind_mounts().items()]
         steps.append(["virtlogd", "--daemon", "--config", "/etc/libvirt/virtlogd.conf",
                       "--pid-file", str(self._pid_file("virtlogd"))])
-        steps.append(["libvirtd", "--daemon", "--config", "/etc/libvirt/libvirtd.conf",
-                      "--pid-file", str(self._pid_file("libvirtd"))])
+        steps.append(["libvirtd", "--daemon", *(["--listen"] if self._listens() else []),
+                      "--config", "/etc/libvirt/libvirtd.conf", "--pid-file", str(self._pid_file("libvirtd"))])
         script = " && ".join(shlex.join(step) for step in steps)
         # unshare's default propagation is private: the bind mounts stay inside this host's mount namespace.
         run(["ip", "netns", "exec", self.netns, "unshare", "--mount", "--", "sh", "-ec", script])
@@ -294,9 +310,21 @@ cgroup_controllers = [ ]
 """
 
 
-def libvirt_conf(**settings: str) -> str:
-    """libvirt's config syntax for string settings: key = "value", one a line."""
-    return "".join(f'{key} = "{value}"\n' for key, value in settings.items())
+def libvirt_conf(**settings: ConfValue) -> str:
+    """libvirt's config syntax, one setting a line: key = "string", key = 1, key = ["a", "b"]."""
+    return "".join(f"{key} = {conf_value(value)}\n" for key, value in settings.items())
+
+
+def conf_value(value: ConfValue) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        if '"' in value or "\\" in value or "\n" in value:
+            raise LibvirtHostError(f"libvirt config string cannot hold quotes, backslashes or newlines: {value!r}")
+        return f'"{value}"'
+    return "[" + ", ".join(conf_value(item) for item in value) + "]"
 
 
 def shared_capabilities_dir() -> pathlib.Path:

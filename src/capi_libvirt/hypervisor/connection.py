@@ -17,6 +17,7 @@ from typing import Callable, TypeVar
 
 import libvirt
 
+from capi_libvirt.hypervisor import credentials as creds
 from capi_libvirt.hypervisor import errors
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,10 @@ def ensure_libvirt_event_loop() -> None:
 class HostConnection:
     """A host's libvirt connection. `await call(fn, ...)` runs `fn(conn, ...)` in the host's pool with a live one."""
 
-    def __init__(self, host: str, uri: str) -> None:
+    def __init__(self, host: str, uri: str, credentials: creds.Credentials | None = None) -> None:
         self.host = host
         self.uri = uri
+        self.credentials = credentials
         self._executor = concurrent.futures.ThreadPoolExecutor(THREADS_PER_HOST, thread_name_prefix=f"libvirt-{host}")
         self._lock = threading.Lock()
         self._conn: libvirt.virConnect | None = None
@@ -94,10 +96,13 @@ class HostConnection:
                 self._close_quietly(conn)
                 self._conn = None
             try:
-                conn = libvirt.open(self.uri)
+                with creds.materialized(self.uri, self.credentials) as uri:
+                    conn = libvirt.open(uri)
             except libvirt.libvirtError as error:
                 reason = errors.translate(error, self.host, "connect")
                 raise errors.HostUnreachable(reason.message, self.host) from None
+            except creds.CredentialsError as error:
+                raise errors.HostUnreachable(str(error), self.host) from None
             try:
                 conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
             except libvirt.libvirtError:
@@ -130,7 +135,7 @@ class HostConnection:
 
 
 class HostRegistry:
-    """The connections of every known host, in the order they were configured."""
+    """The connections of every known host, in the order they were configured or added."""
 
     def __init__(self, hosts: dict[str, str]) -> None:
         ensure_libvirt_event_loop()
@@ -138,6 +143,17 @@ class HostRegistry:
 
     def names(self) -> list[str]:
         return list(self._connections)
+
+    def upsert(self, host: str, uri: str, credentials: creds.Credentials | None) -> HostConnection | None:
+        """Add a host or change how it is reached; returns a replaced connection, which the caller closes off-loop."""
+        current = self._connections.get(host)
+        if current is not None and current.uri == uri and current.credentials == credentials:
+            return None
+        self._connections[host] = HostConnection(host, uri, credentials)
+        return current
+
+    def remove(self, host: str) -> HostConnection | None:
+        return self._connections.pop(host, None)
 
     def get(self, host: str) -> HostConnection:
         try:

@@ -216,3 +216,47 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volume
             volume.delete(0)
             removed.append(f"volume {name}")
     return removed
+
+
+@dataclasses.dataclass(frozen=True)
+class HostProbe:
+    """What a health probe reads of a host in one go."""
+
+    libvirt_version: str
+    hypervisor_version: str
+    cpus: int
+    memory_mib: int
+    free_memory_mib: int
+    machines: int
+    allocated_cpus: int
+    allocated_memory_mib: int
+    pool_capacity_bytes: int | None
+    pool_available_bytes: int | None
+
+
+def _version(number: int) -> str:
+    return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
+
+
+def probe_host(conn: libvirt.virConnect, pool_name: str) -> HostProbe:
+    """Versions, size, free memory, this provider's domains (by their owner metadata) and the pool's space."""
+    _model, memory_mib, cpus, *_ = conn.getInfo()
+    machines = allocated_cpus = allocated_kib = 0
+    for domain in conn.listAllDomains():
+        if domain_xml.parse_owner(domain.XMLDesc(0)) is None:
+            continue
+        _state, max_kib, _kib, vcpus, _time = domain.info()
+        machines, allocated_cpus, allocated_kib = machines + 1, allocated_cpus + vcpus, allocated_kib + max_kib
+    capacity = available = None
+    try:
+        pool = conn.storagePoolLookupByName(pool_name)
+        if pool.isActive():
+            _state, capacity, _allocation, available = pool.info()
+    except libvirt.libvirtError as error:
+        if error.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_POOL:
+            raise
+    return HostProbe(
+        libvirt_version=_version(conn.getLibVersion()), hypervisor_version=_version(conn.getVersion()),
+        cpus=cpus, memory_mib=memory_mib, free_memory_mib=conn.getFreeMemory() // (1024 * 1024),
+        machines=machines, allocated_cpus=allocated_cpus, allocated_memory_mib=allocated_kib // 1024,
+        pool_capacity_bytes=capacity, pool_available_bytes=available)

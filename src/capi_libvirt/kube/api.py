@@ -86,6 +86,24 @@ class KubeAPI:
         return await self.objects.patch_namespaced_custom_object_status(
             meta.GROUP, meta.VERSION, namespace, "libvirtclusters", name, {"status": status}, **MERGE_PATCH)
 
+    async def list_libvirt_machines(self) -> list[dict]:
+        """Every LibvirtMachine of every namespace: what is allocated on each host, and each group's spread."""
+        self.calls += 1
+        listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirtmachines")
+        return listed.get("items", [])
+
+    async def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        self.calls += 1
+        secret = await _or_none(self.core.read_namespaced_secret(name, namespace))
+        if secret is None:
+            return None
+        return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
+
+    async def patch_libvirt_host_status(self, name: str, status: dict) -> dict:
+        self.calls += 1
+        return await self.objects.patch_cluster_custom_object_status(
+            meta.GROUP, meta.VERSION, "libvirthosts", name, {"status": status}, **MERGE_PATCH)
+
     async def get_bootstrap_data(self, namespace: str, name: str) -> BootstrapData | None:
         self.calls += 1
         secret = await _or_none(self.core.read_namespaced_secret(name, namespace))

@@ -22,11 +22,14 @@ from capi_libvirt.hypervisor import connection
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.reconcile import cluster as cluster_reconcile
+from capi_libvirt.reconcile import hosts as hosts_reconcile
+from capi_libvirt.reconcile import inventory
 from capi_libvirt.reconcile import machine as machine_reconcile
 
 log = logging.getLogger(__name__)
 MACHINES = kinds.LIBVIRT_MACHINE.plural
 CLUSTERS = kinds.LIBVIRT_CLUSTER.plural
+HOSTS = kinds.LIBVIRT_HOST.plural
 
 
 class Runtime:
@@ -38,6 +41,7 @@ class Runtime:
         self.wakers: dict[tuple[str, str, str], asyncio.Event] = collections.defaultdict(asyncio.Event)
         self.locks: dict[tuple[str, str, str], asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         self.clusters: dict[tuple[str, str, str], str | None] = {}  # object -> its cluster, to wake a cluster's objects
+        self.prober: asyncio.Task | None = None
 
     def wake(self, kind: str, namespace: str, name: str) -> None:
         event = self.wakers.get((kind, namespace, name))
@@ -63,15 +67,18 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     cfg: operator_config.OperatorConfig = memo.get("config") or operator_config.from_environment()
     hosts = connection.HostRegistry(cfg.hosts)
     kube = api.KubeAPI(await api.new_api_client())
-    memo.runtime = Runtime(machine_reconcile.Dependencies(kube=kube, hosts=hosts, post_event=_post_event,
-                                                          after_phase=cfg.after_phase))
-    log.info("managing libvirt hosts: %s", ", ".join(hosts.names()) or "(none configured)")
+    deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=_post_event,
+                                          after_phase=cfg.after_phase)
+    memo.runtime = Runtime(deps)
+    memo.runtime.prober = asyncio.create_task(hosts_reconcile.probe_forever(deps))
+    log.info("static libvirt hosts: %s; LibvirtHost objects add more", ", ".join(hosts.names()) or "none")
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = memo.get("runtime")
     if runtime is not None:
+        runtime.prober.cancel()
         await asyncio.get_running_loop().run_in_executor(None, runtime.deps.hosts.close)  # libvirt close blocks
         await runtime.deps.kube.client.close()
 
@@ -158,6 +165,20 @@ def owner_machine_changed(namespace: str, spec: kopf.Spec, memo: kopf.Memo, **_:
 @kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "clusters")
 def cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     memo.runtime.wake_cluster(namespace, name)
+
+
+# -- LibvirtHost: the inventory ----------------------------------------------------------------------------------
+
+@kopf.on.resume(meta.GROUP, meta.VERSION, HOSTS)
+@kopf.on.create(meta.GROUP, meta.VERSION, HOSTS)
+@kopf.on.update(meta.GROUP, meta.VERSION, HOSTS, field="spec")
+async def host_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
+    await hosts_reconcile.upsert_host(memo.runtime.deps, name, dict(spec))
+
+
+@kopf.on.delete(meta.GROUP, meta.VERSION, HOSTS, optional=True)
+async def host_deleted(name: str, memo: kopf.Memo, **_: Any) -> None:
+    await hosts_reconcile.remove_host(memo.runtime.deps, name)
 
 
 # -- LibvirtMachineTemplate -------------------------------------------------------------------------------------

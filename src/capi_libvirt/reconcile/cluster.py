@@ -2,7 +2,7 @@
 
 Phases: skip clusters someone else manages (`cluster.x-k8s.io/managed-by`); find the owner Cluster; honour pause;
 settle the control-plane endpoint (the spec's, else the one the user set on the Cluster); report provisioned.
-Failure domains from the host inventory come with the hosts (issue 4): the list is empty until then.
+Failure domains are those of the host inventory (LibvirtHost.spec.failureDomain).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 
 MANAGED_BY_LABEL = "cluster.x-k8s.io/managed-by"
 WAITING_FOR_ENDPOINT = "WaitingForControlPlaneEndpoint"
+RECHECK_FAILURE_DOMAINS = 60.0  # failure domains follow the inventory
 
 
 def _owner_cluster_name(body: dict) -> str | None:
@@ -61,8 +62,9 @@ async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | No
     else:
         if (body.get("spec") or {}).get("controlPlaneEndpoint") != endpoint:
             await deps.kube.patch_libvirt_cluster(namespace, name, {"spec": {"controlPlaneEndpoint": endpoint}})
-        state = ("True", Reason.PROVISIONED, "")
-        status.update(ready=True, initialization={"provisioned": True}, failureDomains=status.get("failureDomains", []))
+        state, retry = ("True", Reason.PROVISIONED, ""), RECHECK_FAILURE_DOMAINS
+        status.update(ready=True, initialization={"provisioned": True},
+                      failureDomains=deps.inventory.failure_domains())
     status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PAUSED, "False", "NotPaused",
                                                     "", now=now, observed_generation=generation) \
         if cluster is not None else status.get("conditions")

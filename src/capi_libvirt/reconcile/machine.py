@@ -9,6 +9,7 @@ duplicate event or a restart in the middle converges on the same single domain. 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import logging
@@ -17,10 +18,11 @@ from typing import Awaitable, Callable
 import pydantic
 
 from capi_libvirt.api import meta, v1alpha1
-from capi_libvirt.core import cloud_init, conditions, domain_xml, naming, nocloud, provider_id
+from capi_libvirt.core import cloud_init, conditions, domain_xml, naming, nocloud, placement, provider_id
 from capi_libvirt.core.conditions import Reason
 from capi_libvirt.hypervisor import connection, errors, machines
 from capi_libvirt.kube import api
+from capi_libvirt.reconcile import inventory as inventory_
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +50,18 @@ class Dependencies:
     """What a reconcile talks to, passed in (never globals): the API, the hosts, the clock, the event sink."""
 
     kube: api.KubeAPI
-    hosts: connection.HostRegistry
+    inventory: inventory_.Inventory
     post_event: EventSink
     now: Callable[[], str] = utc_now
     after_phase: Callable[[str], None] = lambda phase: None  # fault injection for crash-consistency tests
     failures: dict[tuple[str, ...], int] = dataclasses.field(default_factory=dict)  # per machine, for backoff
+    placement_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one placement at a time
+    object_hosts: set[str] = dataclasses.field(default_factory=set)  # hosts that come from LibvirtHost objects
+    host_conditions: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # last published, per host
+
+    @property
+    def hosts(self) -> connection.HostRegistry:
+        return self.inventory.registry
 
 
 class Wait(Exception):
@@ -170,20 +179,55 @@ async def read_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
                    RECHECK_PROVISIONED, failure=True)
 
 
+GROUP_LABELS = ("cluster.x-k8s.io/deployment-name", "cluster.x-k8s.io/control-plane-name",
+                "cluster.x-k8s.io/set-name")
+
+
+def placement_group(body: dict) -> tuple[str, str] | None:
+    """The group a machine is spread with: its MachineDeployment, or its control plane."""
+    labels = body["metadata"].get("labels") or {}
+    for label in GROUP_LABELS:
+        if labels.get(label):
+            return body["metadata"]["namespace"], f"{label}={labels[label]}"
+    return None
+
+
 async def choose_host(deps: Dependencies, p: MachinePass) -> None:
-    """The recorded host, else the pinned one, else the first configured; recorded in status BEFORE any creation."""
-    chosen = p.status.get("host") or p.spec.host or next(iter(deps.hosts.names()), None)
-    if chosen is None:
-        raise Wait(Reason.HOST_UNREACHABLE, "no libvirt host is configured", failure=True)
-    deps.hosts.get(chosen)  # an unknown host name raises HostUnreachable
-    p.host = chosen
-    failure_domain = (p.machine or {}).get("spec", {}).get("failureDomain")
-    if p.status.get("host") != chosen or p.status.get("domainUUID") != p.domain_uuid:
-        p.status.update(host=chosen, domainUUID=p.domain_uuid)
-        if failure_domain:
-            p.status["failureDomain"] = failure_domain
+    """Place the machine (once): recorded in status BEFORE anything is created, under one lock for all placements,
+    so machines placed a moment ago count against their host and a burst spreads."""
+    if p.status.get("host"):
+        p.host = p.status["host"]
+        deps.hosts.get(p.host)  # a host gone from the inventory raises HostUnreachable
+        return
+    async with deps.placement_lock:
+        for name, known in list(deps.inventory.hosts.items()):
+            if not known.reachable:  # never probed yet, or unreachable last time: look again before deciding
+                await deps.inventory.probe(name)
+        allocated: dict[str, tuple[int, int]] = {}
+        group_per_host: dict[str, int] = {}
+        group = placement_group(p.body)
+        for other in await deps.kube.list_libvirt_machines():
+            host = (other.get("status") or {}).get("host")
+            if not host or other["metadata"]["uid"] == p.uid:
+                continue
+            spec = other.get("spec") or {}
+            cpus, memory = allocated.get(host, (0, 0))
+            allocated[host] = (cpus + spec.get("cpus", 0), memory + spec.get("memoryMiB", 0))
+            if group is not None and placement_group(other) == group:
+                group_per_host[host] = group_per_host.get(host, 0) + 1
+        request = placement.Request(cpus=p.spec.cpus, memory_mib=p.spec.memory_mib, pinned_host=p.spec.host,
+                                    failure_domain=(p.machine or {}).get("spec", {}).get("failureDomain"))
+        result = placement.choose_host(request, deps.inventory.loads(allocated), group_per_host)
+        if isinstance(result, placement.NoHost):
+            raise Wait(result.reason, result.message, RECHECK_WAITING)
+        p.host = result.host
+        p.status.update(host=result.host, domainUUID=p.domain_uuid)
+        if result.failure_domain:
+            p.status["failureDomain"] = result.failure_domain
         await deps.kube.patch_libvirt_machine_status(p.namespace, p.name, {
-            "host": chosen, "domainUUID": p.domain_uuid, **({"failureDomain": failure_domain} if failure_domain else {})})
+            "host": result.host, "domainUUID": p.domain_uuid,
+            **({"failureDomain": result.failure_domain} if result.failure_domain else {})})
+    await _event(deps, p.body, "Normal", "Placed", f"placed on host {p.host}")
 
 
 async def check_networks(deps: Dependencies, p: MachinePass) -> None:

@@ -1,0 +1,85 @@
+"""Transport credentials from a Secret, on disk only while a connection is being opened.
+
+libvirt's transports read files: the ssh client its private key and known_hosts, the TLS client a folder with the
+CA, certificate and key. They are written into a private temporary folder (0700, files 0600), named in the URI's
+query, and removed as soon as the connection is open (or failed to open). Host-key and certificate verification is
+never turned off: a URI asking for it (`no_verify=1`) is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import tempfile
+import urllib.parse
+from typing import Iterator, Mapping
+
+SSH_KEY, SSH_KNOWN_HOSTS = "ssh-privatekey", "known_hosts"
+TLS_CA, TLS_CERT, TLS_KEY = "ca.crt", "tls.crt", "tls.key"
+
+
+class CredentialsError(ValueError):
+    """The URI and the Secret do not make a verified connection (missing keys, verification turned off)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Credentials:
+    """Secret data by key. Its repr never shows the values."""
+
+    data: Mapping[str, bytes]
+
+    def __repr__(self) -> str:
+        return f"Credentials(keys={sorted(self.data)})"
+
+
+def transport(uri: str) -> str:
+    scheme = urllib.parse.urlsplit(uri).scheme
+    return scheme.split("+", 1)[1] if "+" in scheme else "unix"
+
+
+def _write(folder: str, name: str, content: bytes) -> str:
+    path = os.path.join(folder, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(content)
+    return path
+
+
+def _with_query(uri: str, extra: dict[str, str]) -> str:
+    parts = urllib.parse.urlsplit(uri)
+    query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    if query.get("no_verify", "0") not in ("", "0"):
+        raise CredentialsError("no_verify is not allowed: host keys and certificates are always verified")
+    query.update(extra)
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query, safe="/")))
+
+
+@contextlib.contextmanager
+def materialized(uri: str, credentials: Credentials | None) -> Iterator[str]:
+    """The URI to open, with its credential files present for the duration of the block only."""
+    kind = transport(uri)
+    if credentials is None or kind not in ("ssh", "tls"):
+        yield _with_query(uri, {})
+        return
+    folder = tempfile.mkdtemp(prefix="capi-libvirt-cred-")  # mode 0700
+    try:
+        data = credentials.data
+        if kind == "ssh":
+            missing = [key for key in (SSH_KEY, SSH_KNOWN_HOSTS) if key not in data]
+            if missing:
+                raise CredentialsError(f"credentials Secret lacks {', '.join(missing)} for qemu+ssh")
+            yield _with_query(uri, {"keyfile": _write(folder, "id", data[SSH_KEY]),
+                                    "known_hosts": _write(folder, "known_hosts", data[SSH_KNOWN_HOSTS]),
+                                    "no_verify": "0"})
+        else:
+            missing = [key for key in (TLS_CA, TLS_CERT, TLS_KEY) if key not in data]
+            if missing:
+                raise CredentialsError(f"credentials Secret lacks {', '.join(missing)} for qemu+tls")
+            _write(folder, "cacert.pem", data[TLS_CA])
+            _write(folder, "clientcert.pem", data[TLS_CERT])
+            _write(folder, "clientkey.pem", data[TLS_KEY])
+            yield _with_query(uri, {"pkipath": folder})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

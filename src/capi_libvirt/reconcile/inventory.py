@@ -1,0 +1,93 @@
+"""The host inventory: every host the operator may place machines on, how it is reached, and what its last probe saw.
+
+Hosts come from LibvirtHost objects (and, for development, from `--host name=uri`). A probe reads each host's size,
+free memory and this provider's domains; placement (core.placement) decides from those numbers plus what the
+LibvirtMachines recorded in the API say is allocated, which counts machines placed a moment ago that have no domain
+yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from capi_libvirt.api import v1alpha1
+from capi_libvirt.core import placement
+from capi_libvirt.hypervisor import connection, credentials, errors, machines
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class InventoryHost:
+    name: str
+    spec: v1alpha1.LibvirtHostSpec
+    probe: machines.HostProbe | None = None
+    reachable: bool = False
+    problem: str | None = None  # why the last probe failed (safe text: no URI, no credentials)
+
+
+class Inventory:
+    def __init__(self, registry: connection.HostRegistry) -> None:
+        self.registry = registry
+        self.hosts: dict[str, InventoryHost] = {}
+        for name in registry.names():  # static hosts (--host): default spec, probed like the others
+            self.hosts[name] = InventoryHost(name, v1alpha1.LibvirtHostSpec(uri=registry.get(name).uri))
+
+    def upsert(self, name: str, spec: v1alpha1.LibvirtHostSpec,
+               secret: credentials.Credentials | None) -> connection.HostConnection | None:
+        """Add or update a host; returns a replaced connection for the caller to close off the event loop."""
+        current = self.hosts.get(name)
+        self.hosts[name] = InventoryHost(name, spec, current.probe if current else None,
+                                         current.reachable if current else False)
+        return self.registry.upsert(name, spec.uri, secret)
+
+    def remove(self, name: str) -> connection.HostConnection | None:
+        self.hosts.pop(name, None)
+        return self.registry.remove(name)
+
+    async def probe(self, name: str) -> InventoryHost:
+        host = self.hosts[name]
+        try:
+            host.probe = await self.registry.get(name).call(machines.probe_host, host.spec.storage_pool,
+                                                            doing="probe host")
+            host.reachable, host.problem = True, None
+        except errors.HypervisorError as error:
+            host.reachable, host.problem = False, error.message
+        return host
+
+    def loads(self, allocated: dict[str, tuple[int, int]]) -> list[placement.HostLoad]:
+        """Placement's view: capacity from the probe, allocation from the API (cpus, MiB per host)."""
+        loads = []
+        for host in self.hosts.values():
+            cpus, memory = allocated.get(host.name, (0, 0))
+            loads.append(placement.HostLoad(
+                name=host.name,
+                healthy=host.reachable and host.probe is not None and not host.spec.unschedulable,
+                cpus=host.probe.cpus if host.probe else 0,
+                memory_mib=host.probe.memory_mib if host.probe else 0,
+                allocated_cpus=cpus, allocated_memory_mib=memory,
+                cpu_overcommit=host.spec.overcommit.cpu, memory_overcommit=host.spec.overcommit.memory,
+                failure_domain=host.spec.failure_domain))
+        return loads
+
+    def failure_domains(self) -> list[dict]:
+        """LibvirtCluster.status.failureDomains: one per failure domain of the inventory."""
+        domains: dict[str, bool] = {}
+        for host in self.hosts.values():
+            if host.spec.failure_domain:
+                domains[host.spec.failure_domain] = domains.get(host.spec.failure_domain, False) or host.spec.control_plane
+        return [{"name": name, "controlPlane": control_plane} for name, control_plane in sorted(domains.items())]
+
+
+def host_status(host: InventoryHost, now: str) -> dict:
+    """LibvirtHost.status from the last probe."""
+    status: dict = {"reachable": host.reachable, "lastProbeTime": now}
+    if host.probe is not None and host.reachable:
+        p = host.probe
+        status.update(libvirtVersion=p.libvirt_version, hypervisorVersion=p.hypervisor_version, cpus=p.cpus,
+                      memoryMiB=p.memory_mib, freeMemoryMiB=p.free_memory_mib, machines=p.machines,
+                      allocatedCPUs=p.allocated_cpus, allocatedMemoryMiB=p.allocated_memory_mib,
+                      pool={k: v for k, v in {"name": host.spec.storage_pool, "capacityBytes": p.pool_capacity_bytes,
+                                              "availableBytes": p.pool_available_bytes}.items() if v is not None})
+    return status

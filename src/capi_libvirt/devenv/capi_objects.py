@@ -36,13 +36,16 @@ def marker_user_data(marker: str) -> str:
     )
 
 
-async def create_cluster(api: client.ApiClient, namespace: str, name: str) -> dict:
+async def create_cluster(api: client.ApiClient, namespace: str, name: str,
+                         infrastructure_kind: str = "LibvirtCluster") -> dict:
+    """A Cluster whose infrastructure is provisioned; `infrastructure_kind` may be another provider's (a Proxmox-based
+    cluster with libvirt workers): LibvirtMachines do not care."""
     objects = client.CustomObjectsApi(api)
     body = {
         "apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}",
         "kind": "Cluster",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"infrastructureRef": {"apiGroup": meta.GROUP, "kind": "LibvirtCluster", "name": name}},
+        "spec": {"infrastructureRef": {"apiGroup": meta.GROUP, "kind": infrastructure_kind, "name": name}},
     }
     cluster = await objects.create_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, namespace, "clusters", body)
     await objects.patch_namespaced_custom_object_status(
@@ -53,10 +56,11 @@ async def create_cluster(api: client.ApiClient, namespace: str, name: str) -> di
 
 async def create_machine(api: client.ApiClient, namespace: str, cluster: str, name: str, user_data: str,
                          libvirt_spec: dict, *, bootstrap_format: str = "cloud-config",
-                         create_secret: bool = True) -> MachineObjects:
-    """Bootstrap Secret, Machine and owned LibvirtMachine, in the order Cluster API creates them."""
+                         create_secret: bool = True, labels: dict[str, str] | None = None) -> MachineObjects:
+    """Bootstrap Secret, Machine and owned LibvirtMachine, in the order Cluster API creates them; `labels` go on the
+    Machine and the LibvirtMachine (as a MachineSet puts its deployment-name label on both)."""
     objects = client.CustomObjectsApi(api)
-    labels = {CLUSTER_NAME_LABEL: cluster}
+    labels = {CLUSTER_NAME_LABEL: cluster, **(labels or {})}
     secret = f"{name}-bootstrap"
     if create_secret:
         await create_bootstrap_secret(api, namespace, cluster, secret, user_data, bootstrap_format)

@@ -13,7 +13,7 @@ The client side lives in `client_dir`: the TLS `pkipath` folder (cacert.pem, cli
 SSH, the key `id` with its `known_hosts` beside it. libvirt's qemu+ssh transport runs OpenSSH's `ssh` and passes it
 `-i <keyfile>` but never the URI's `known_hosts` (that parameter is read only by the libssh/libssh2 transports): with
 plain `ssh` the host key would be checked against the user's ~/.ssh/known_hosts. So ssh_uri names a wrapper
-(`command=`, see SSH_WRAPPER) that checks strictly against the known_hosts file beside the key and never prompts.
+(`command=`, see hypervisor.credentials.SSH_WRAPPER) that checks strictly against the known_hosts file beside the key and never prompts.
 
 The key material never leaves the private folder (0700); stop() ends sshd by PID, removes the link, stops the host
 and removes the folder. Starting it again clears what a killed run left.
@@ -35,6 +35,7 @@ from types import TracebackType
 
 from capi_libvirt.devenv import paths
 from capi_libvirt.devenv.libvirt_host import LibvirtHost, LibvirtHostError, process_alive, run, terminate
+from capi_libvirt.hypervisor import credentials
 
 log = logging.getLogger(__name__)
 
@@ -43,30 +44,6 @@ TLS_PORT = 16514
 SSH_PORT = 22
 SSHD_START_TIMEOUT_S = 15.0
 CERT_DAYS = 7
-SSH_BINARY = "/usr/bin/ssh"
-
-# The ssh libvirt runs for qemu+ssh (URI parameter `command=`). libvirt calls it as
-#   <command> [-p port] [-l user] [-i keyfile] -T -e none [-o BatchMode=yes] [-o StrictHostKeyChecking=no] -- host cmd
-# The options given first win in OpenSSH, so even a URI with no_verify=1 cannot turn host key checking off here.
-# -F /dev/null: neither ~/.ssh/config nor /etc/ssh/ssh_config applies, and ssh does not create ~/.ssh.
-SSH_WRAPPER = """\
-#!/bin/sh
-# ssh for libvirt's qemu+ssh transport: the host key is checked against the known_hosts file beside the -i key file,
-# strictly (an unknown or different key fails), without prompts, with that key only.
-key=
-previous=
-for arg in "$@"; do
-  [ "$previous" = "-i" ] && key=$arg
-  previous=$arg
-done
-[ -n "$key" ] || { echo "ssh wrapper: no key file (-i) given" >&2; exit 255; }
-exec {ssh} -F /dev/null \\
-  -o UserKnownHostsFile="$(dirname -- "$key")/known_hosts" -o GlobalKnownHostsFile=/dev/null \\
-  -o StrictHostKeyChecking=yes -o UpdateHostKeys=no -o CheckHostIP=no -o BatchMode=yes \\
-  -o IdentitiesOnly=yes -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no \\
-  -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3 "$@"
-"""
-
 
 class RemoteAccessError(LibvirtHostError):
     pass
@@ -205,7 +182,7 @@ class RemoteAccess:
         shutil.copyfile(self.ssh_key.with_suffix(".pub"), server / "authorized_keys")
         self.known_hosts.write_text(known_hosts_line(self.address, server / "ssh_host_ed25519_key.pub"))
         (server / "sshd_config").write_text(self._sshd_config())
-        self.ssh_command.write_text(SSH_WRAPPER.replace("{ssh}", SSH_BINARY))
+        self.ssh_command.write_text(credentials.ssh_wrapper())
         self.ssh_command.chmod(0o700)
 
     def _libvirtd_tls_settings(self) -> dict[str, str | int | list[str]]:

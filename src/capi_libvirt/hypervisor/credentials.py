@@ -3,7 +3,8 @@
 libvirt's transports read files: the ssh client its private key and known_hosts, the TLS client a folder with the
 CA, certificate and key. They are written into a private temporary folder (0700, files 0600), named in the URI's
 query, and removed as soon as the connection is open (or failed to open). Host-key and certificate verification is
-never turned off: a URI asking for it (`no_verify=1`) is refused.
+never turned off: a URI asking for it (`no_verify=1`) is refused. libvirt 9's qemu+ssh does not hand known_hosts= to
+OpenSSH, so for qemu+ssh libvirt runs a small ssh wrapper (`command=`) that checks strictly against that file.
 """
 
 from __future__ import annotations
@@ -17,7 +18,32 @@ import urllib.parse
 from typing import Iterator, Mapping
 
 SSH_KEY, SSH_KNOWN_HOSTS = "ssh-privatekey", "known_hosts"
+SSH_BINARY = "/usr/bin/ssh"
+
 TLS_CA, TLS_CERT, TLS_KEY = "ca.crt", "tls.crt", "tls.key"
+
+
+# The ssh libvirt runs for qemu+ssh (URI parameter `command=`). libvirt calls it as
+#   <command> [-p port] [-l user] [-i keyfile] -T -e none [-o BatchMode=yes] [-o StrictHostKeyChecking=no] -- host cmd
+# The options given first win in OpenSSH, so even a URI with no_verify=1 cannot turn host key checking off here.
+# -F /dev/null: neither ~/.ssh/config nor /etc/ssh/ssh_config applies, and ssh does not create ~/.ssh.
+SSH_WRAPPER = """\
+#!/bin/sh
+# ssh for libvirt's qemu+ssh transport: the host key is checked against the known_hosts file beside the -i key file,
+# strictly (an unknown or different key fails), without prompts, with that key only.
+key=
+previous=
+for arg in "$@"; do
+  [ "$previous" = "-i" ] && key=$arg
+  previous=$arg
+done
+[ -n "$key" ] || { echo "ssh wrapper: no key file (-i) given" >&2; exit 255; }
+exec {ssh} -F /dev/null \\
+  -o UserKnownHostsFile="$(dirname -- "$key")/known_hosts" -o GlobalKnownHostsFile=/dev/null \\
+  -o StrictHostKeyChecking=yes -o UpdateHostKeys=no -o CheckHostIP=no -o BatchMode=yes \\
+  -o IdentitiesOnly=yes -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no \\
+  -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3 "$@"
+"""
 
 
 class CredentialsError(ValueError):
@@ -56,23 +82,34 @@ def _with_query(uri: str, extra: dict[str, str]) -> str:
     return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query, safe="/")))
 
 
+def ssh_wrapper(ssh: str = SSH_BINARY) -> str:
+    return SSH_WRAPPER.replace("{ssh}", ssh)
+
+
 @contextlib.contextmanager
 def materialized(uri: str, credentials: Credentials | None) -> Iterator[str]:
     """The URI to open, with its credential files present for the duration of the block only."""
     kind = transport(uri)
-    if credentials is None or kind not in ("ssh", "tls"):
+    if credentials is None or kind not in ("ssh", "libssh", "tls"):
         yield _with_query(uri, {})
         return
     folder = tempfile.mkdtemp(prefix="capi-libvirt-cred-")  # mode 0700
     try:
         data = credentials.data
-        if kind == "ssh":
+        if kind in ("ssh", "libssh"):
             missing = [key for key in (SSH_KEY, SSH_KNOWN_HOSTS) if key not in data]
             if missing:
-                raise CredentialsError(f"credentials Secret lacks {', '.join(missing)} for qemu+ssh")
-            yield _with_query(uri, {"keyfile": _write(folder, "id", data[SSH_KEY]),
-                                    "known_hosts": _write(folder, "known_hosts", data[SSH_KNOWN_HOSTS]),
-                                    "no_verify": "0"})
+                raise CredentialsError(f"credentials Secret lacks {', '.join(missing)} for qemu+{kind}")
+            keyfile = _write(folder, "id", data[SSH_KEY])
+            known_hosts = _write(folder, "known_hosts", data[SSH_KNOWN_HOSTS])
+            if kind == "libssh":  # libvirt's own SSH client reads known_hosts itself
+                yield _with_query(uri, {"keyfile": keyfile, "known_hosts": known_hosts,
+                                        "known_hosts_verify": "normal", "sshauth": "privkey"})
+            else:  # OpenSSH ignores known_hosts=: the wrapper makes it check strictly against that file
+                wrapper = _write(folder, "ssh", ssh_wrapper().encode())
+                os.chmod(wrapper, 0o700)
+                yield _with_query(uri, {"keyfile": keyfile, "known_hosts": known_hosts, "no_verify": "0",
+                                        "no_tty": "1", "command": wrapper})
         else:
             missing = [key for key in (TLS_CA, TLS_CERT, TLS_KEY) if key not in data]
             if missing:

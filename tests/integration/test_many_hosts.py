@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import logging
 import shutil
 import uuid
 from typing import AsyncIterator
@@ -70,8 +71,30 @@ def ssh_secret(access: ra.RemoteAccess) -> dict[str, bytes]:
     return {"ssh-privatekey": access.ssh_key.read_bytes(), "known_hosts": access.known_hosts.read_bytes()}
 
 
+class Collected(logging.Handler):
+    """Every log record of the module's run, formatted as it would be printed."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
 @pytest.fixture(scope="module")
-async def inventory(control_plane, api_client, remote_hosts) -> AsyncIterator[dict]:
+def collected_logs():
+    handler, root = Collected(), logging.getLogger()
+    previous = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    yield handler
+    root.removeHandler(handler)
+    root.setLevel(previous)
+
+
+@pytest.fixture(scope="module")
+async def inventory(control_plane, api_client, remote_hosts, collected_logs) -> AsyncIterator[dict]:
     """Two LibvirtHosts (kvm-tls in rack-a over qemu+tls, kvm-ssh in rack-b over qemu+ssh) and a running operator."""
     tls, ssh = remote_hosts
     secrets_ns = f"hosts-{uuid.uuid4().hex[:6]}"
@@ -215,3 +238,18 @@ async def test_the_cluster_reports_the_failure_domains_of_the_inventory(api_clie
     found = await wait_until("failure domains", domains, DEADLINE_S)
     assert {d["name"]: d["controlPlane"] for d in found if d["name"] in ("rack-a", "rack-b")} == \
         {"rack-a": True, "rack-b": True}
+
+
+async def test_no_private_key_in_the_logs_events_or_statuses_of_the_whole_run(api_client, inventory, collected_logs):
+    """Runs last in the module: everything the operator logged, every event, every status since the hosts came."""
+    tls, ssh = inventory["tls"], inventory["ssh"]
+    secrets = [tls.client_dir / "clientkey.pem", ssh.ssh_key]
+    key_lines = [line for path in secrets for line in path.read_text().strip().splitlines()[1:-1] if len(line) > 20]
+    assert key_lines
+    objects = client.CustomObjectsApi(api_client)
+    events = await client.CoreV1Api(api_client).list_event_for_all_namespaces()
+    seen = "\n".join(collected_logs.lines) + str([(e.reason, e.message) for e in events.items]) + \
+        str(await objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts")) + \
+        str(await objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirtmachines"))
+    assert len(collected_logs.lines) > 10  # the operator did log
+    assert not [line for line in key_lines if line in seen]

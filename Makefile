@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
-.PHONY: help system-deps venv upstream guest-image prerequisites manifests lint test test-fast run demo clean
+.PHONY: help system-deps venv upstream guest-image prerequisites manifests lint test test-fast run demo clean release-manifests
 
 help:
 	@echo "make demo       watch one VM go from a LibvirtMachine to booted and back to nothing (start here)"
@@ -36,6 +36,11 @@ prerequisites: venv upstream guest-image
 
 manifests: venv
 	$(BIN)/capi-libvirt manifests --dir config/crd
+
+RELEASE_VERSION ?= v0.1.0
+
+release-manifests: venv
+	$(BIN)/capi-libvirt release-manifests --out out --version $(RELEASE_VERSION)
 
 lint: venv
 	$(BIN)/ruff check src tests

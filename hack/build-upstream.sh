@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the upstream Go programs the test bed runs (etcd, kube-apiserver) from the Go module proxy and fetch the
-# Cluster API module whose CRDs the test API server installs. Everything is cached by version under
+# Build the upstream Go programs the test bed runs (etcd, kube-apiserver, clusterctl) from the Go module proxy and
+# fetch the Cluster API module whose CRDs the test API server installs. Everything is cached by version under
 # $CAPI_LIBVIRT_CACHE (default ~/.cache/capi-libvirt), outside the work tree; a second run only checks the cache.
 set -euo pipefail
 
@@ -33,6 +33,16 @@ go_build_in_scratch() {
   rm -rf "$scratch"
 }
 
+# go_install PACKAGE VERSION OUTPUT LDFLAGS: `go install PACKAGE@VERSION` into a throw-away GOBIN; for modules whose
+# go.mod has no replace directives (cluster-api).
+go_install() {
+  local package=$1 version=$2 output=$3 ldflags=$4
+  local gobin; gobin=$(mktemp -d)
+  GOBIN="$gobin" go install -trimpath -ldflags "-s -w $ldflags" "$package@$version"
+  mv "$gobin/${package##*/}" "$output"
+  rm -rf "$gobin"
+}
+
 etcd="$bin/etcd-$ETCD_VERSION"
 if [ ! -x "$etcd" ]; then
   log "building etcd $ETCD_VERSION (a few minutes on 2 cores, once)"
@@ -57,8 +67,19 @@ if [ ! -x "$apiserver" ]; then
     "$version_flags" "${replaces[@]}"
 fi
 
+clusterctl="$bin/clusterctl-$CLUSTER_API_VERSION"
+if [ ! -x "$clusterctl" ]; then
+  log "building clusterctl $CLUSTER_API_VERSION (a few minutes on 2 cores, once)"
+  # The version stamp: clusterctl compares its own version with the providers' contracts and prints it.
+  capi_minor=${CLUSTER_API_VERSION#v1.}; capi_minor=${capi_minor%%.*}
+  pkg=sigs.k8s.io/cluster-api/version
+  go_install sigs.k8s.io/cluster-api/cmd/clusterctl "$CLUSTER_API_VERSION" "$clusterctl" \
+    "-X $pkg.gitVersion=$CLUSTER_API_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$capi_minor -X $pkg.gitTreeState=clean"
+fi
+
 capi_dir=$(go mod download -json "sigs.k8s.io/cluster-api@$CLUSTER_API_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
 ln -sfn "$capi_dir" "$CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"
 ln -sfn "$etcd" "$bin/etcd"
 ln -sfn "$apiserver" "$bin/kube-apiserver"
-log "ready: $etcd $apiserver $CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"
+ln -sfn "$clusterctl" "$bin/clusterctl"
+log "ready: $etcd $apiserver $clusterctl $CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"

@@ -29,6 +29,24 @@ def _cmd_manifests(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_release_manifests(args: argparse.Namespace) -> int:
+    from capi_libvirt.api import manifests, release
+
+    config_dir = pathlib.Path(args.config)
+    stale = manifests.differences(config_dir / "crd")
+    if stale:
+        print(f"generated manifests are out of date in {config_dir / 'crd'}: {', '.join(stale)}; run `make manifests`")
+        return 1
+    try:
+        written = release.write(pathlib.Path(args.out), args.version, config_dir)
+    except release.ReleaseError as error:
+        print(f"release-manifests: {error}")
+        return 1
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from capi_libvirt.operator import config, main
 
@@ -67,6 +85,14 @@ def parser() -> argparse.ArgumentParser:
     manifests.add_argument("--dir", default="config/crd", help="output folder (default: config/crd)")
     manifests.add_argument("--check", action="store_true", help="only report whether the folder is current")
     manifests.set_defaults(func=_cmd_manifests)
+
+    release_manifests = sub.add_parser(
+        "release-manifests", help="write the clusterctl release (components, metadata, cluster template)")
+    release_manifests.add_argument("--out", default="out", help="output folder (default: out); the files go to "
+                                   "OUT/infrastructure-libvirt/VERSION/, a clusterctl local repository")
+    release_manifests.add_argument("--version", required=True, help="release version, e.g. v0.1.0")
+    release_manifests.add_argument("--config", default="config", help="the config/ folder (default: config)")
+    release_manifests.set_defaults(func=_cmd_release_manifests)
 
     dev = sub.add_parser("dev", help="run the operator; without a reachable cluster, on a local control plane + host")
     dev.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")

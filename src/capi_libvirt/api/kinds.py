@@ -123,6 +123,7 @@ LIBVIRT_HOST = Kind(
         AGE,
     ),
     scope="Cluster",
+    spec_validations=v1alpha1.host_spec_immutability,
 )
 
 ALL = (LIBVIRT_CLUSTER, LIBVIRT_CLUSTER_TEMPLATE, LIBVIRT_MACHINE, LIBVIRT_MACHINE_TEMPLATE, LIBVIRT_HOST)

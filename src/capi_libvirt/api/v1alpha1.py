@@ -256,8 +256,10 @@ class Overcommit(meta.Model):
 class LibvirtHostSpec(meta.Model):
     """A KVM/libvirt hypervisor machines can be placed on, and how to reach it."""
 
-    uri: str = pydantic.Field(min_length=3, max_length=2048, pattern=r"^[a-z][a-z0-9+]*://")
-    """libvirt URI: qemu+ssh://user@host/system, qemu+tls://host/system, qemu:///system, ..."""
+    uri: str = pydantic.Field(min_length=3, max_length=2048, pattern=r"^qemu(\+(unix|ssh|libssh|tls))?://[^?]*$")
+    """libvirt URI, without query parameters (the operator adds its own): qemu+ssh://user@host/system,
+    qemu+libssh://user@host/system, qemu+tls://host/system, or qemu:///system on the operator's own host.
+    Immutable: machines on the host are identified by its name, so another hypervisor needs another LibvirtHost."""
     credentials_secret_ref: SecretReference | None = None
     """Secret with the transport's credentials: for qemu+ssh `ssh-privatekey` and `known_hosts`; for qemu+tls
     `ca.crt`, `tls.crt` and `tls.key`. Written to private files only while connecting, then removed."""
@@ -311,3 +313,9 @@ class LibvirtHostStatus(meta.Model):
         default=None, max_length=32, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
     )
     """Conditions: Ready (reachable and probed)."""
+
+
+def host_spec_immutability(schema: dict) -> list[dict]:
+    """CEL: a host's URI never changes under the machines placed on it."""
+    del schema
+    return [{"rule": "self.uri == oldSelf.uri", "message": "uri is immutable: create another LibvirtHost"}]

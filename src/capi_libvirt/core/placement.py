@@ -1,10 +1,10 @@
 """Placement: which host a new machine goes to. Pure: hosts and their load in, a decision (or why none) out.
 
 A pinned host is taken as it is (if healthy and with room). Otherwise: healthy hosts in the requested failure
-domain, with room after overcommit (counting machines being placed at this moment, which the caller adds to the
-hosts' allocations), spread so that a group (a MachineDeployment, the control plane) lands in the failure domain and
-on the host where it has the fewest machines, then least loaded by free memory; ties broken by name, so the same
-inputs always give the same host.
+domain (control-plane machines only where the host allows them), with room after overcommit: capacity x ratio
+minus what the provider's machines are allocated there (the caller counts machines placed a moment ago), spread so
+that a group (a MachineDeployment, the control plane) lands in the failure domain and on the host where it has the
+fewest machines, then the most memory room; ties broken by name, so the same inputs always give the same host.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class HostLoad:
     cpu_overcommit: float = 4.0  # vCPUs allowed per CPU
     memory_overcommit: float = 1.0  # guest memory allowed per MiB of host memory
     failure_domain: str | None = None
+    control_plane: bool = True  # control-plane machines may go here
 
     @property
     def cpu_room(self) -> float:
@@ -42,6 +43,7 @@ class Request:
     memory_mib: int
     pinned_host: str | None = None
     failure_domain: str | None = None
+    control_plane: bool = False  # the machine is a control-plane machine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +87,13 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
             return NoHost(HOST_NOT_FOUND, f"pinned host {request.pinned_host} is not in the inventory")
         if not host.healthy:
             return NoHost(HOST_UNREACHABLE, f"pinned host {host.name} is not reachable")
+        if request.control_plane and not host.control_plane:
+            return NoHost(HOST_NOT_FOUND, f"pinned host {host.name} does not take control-plane machines")
         if not fits(host, request):
             return NoHost(INSUFFICIENT_CAPACITY, f"pinned host cannot take {wanted}: {_shortfall(host, request)}")
         return Placed(host.name, host.failure_domain)
 
-    candidates = [h for h in hosts if h.healthy]
+    candidates = [h for h in hosts if h.healthy and (h.control_plane or not request.control_plane)]
     if request.failure_domain is not None:
         candidates = [h for h in candidates if h.failure_domain == request.failure_domain]
         if not candidates:

@@ -197,13 +197,15 @@ class LocalControlPlane:
 
     # -- a minimal client, enough to install CRDs before any operator runs ------------------------------------
 
-    def request(self, method: str, path: str, body: Any = None, accept: str = "application/json") -> Any:
+    def request(self, method: str, path: str, body: Any = None, accept: str = "application/json",
+                content_type: str = "application/json") -> Any:
+        """`content_type` names the body's kind for PATCH, e.g. `application/apply-patch+yaml` (a JSON body is YAML)."""
         if self._ssl is None and self.ca_file.exists():
             self._ssl = ssl.create_default_context(cafile=str(self.ca_file))
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.server + path, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self.token}")
-        req.add_header("Content-Type", "application/json")
+        req.add_header("Content-Type", content_type)
         req.add_header("Accept", accept)
         try:
             with urllib.request.urlopen(req, context=self._ssl, timeout=10) as response:

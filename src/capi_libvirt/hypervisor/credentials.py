@@ -3,7 +3,7 @@
 libvirt's transports read files: the ssh client its private key and known_hosts, the TLS client a folder with the
 CA, certificate and key. They are written into a private temporary folder (0700, files 0600), named in the URI's
 query, and removed as soon as the connection is open (or failed to open). Host-key and certificate verification is
-never turned off: a URI asking for it (`no_verify=1`) is refused. libvirt 9's qemu+ssh does not hand known_hosts= to
+never turned off: a URI may only name its host, user, path and (locally) a socket; any other parameter is refused. libvirt 9's qemu+ssh does not hand known_hosts= to
 OpenSSH, so for qemu+ssh libvirt runs a small ssh wrapper (`command=`) that checks strictly against that file.
 """
 
@@ -19,6 +19,7 @@ from typing import Iterator, Mapping
 
 SSH_KEY, SSH_KNOWN_HOSTS = "ssh-privatekey", "known_hosts"
 SSH_BINARY = "/usr/bin/ssh"
+CREDENTIALS_PREFIX = "capi-libvirt-cred-"
 
 TLS_CA, TLS_CERT, TLS_KEY = "ca.crt", "tls.crt", "tls.key"
 
@@ -60,26 +61,49 @@ class Credentials:
         return f"Credentials(keys={sorted(self.data)})"
 
 
-def transport(uri: str) -> str:
-    scheme = urllib.parse.urlsplit(uri).scheme
-    return scheme.split("+", 1)[1] if "+" in scheme else "unix"
-
-
 def _write(folder: str, name: str, content: bytes) -> str:
     path = os.path.join(folder, name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as file:
-        file.write(content)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(content)
+    except OSError as error:
+        raise CredentialsError(f"cannot write credentials: {error.strerror}") from None
     return path
 
 
-def _with_query(uri: str, extra: dict[str, str]) -> str:
+def sweep_leftovers() -> None:
+    """Remove credential folders a crashed earlier run left in the temporary folder (at operator start)."""
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        if name.startswith(CREDENTIALS_PREFIX):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+
+
+# What a URI may say. Everything else in its query (command=, no_verify=, known_hosts_verify=, pkipath=, ...) could
+# turn verification off or run a program in the operator's pod, so it is refused; the operator adds its own.
+SCHEMES = {"qemu": "unix", "qemu+unix": "unix", "qemu+ssh": "ssh", "qemu+libssh": "libssh", "qemu+tls": "tls"}
+USER_PARAMETERS = {"unix": {"socket"}, "ssh": set(), "libssh": set(), "tls": set()}
+
+
+def check_uri(uri: str) -> str:
+    """The transport of an acceptable URI (unix, ssh, libssh, tls); CredentialsError naming what is not accepted."""
     parts = urllib.parse.urlsplit(uri)
-    query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
-    if query.get("no_verify", "0") not in ("", "0"):
-        raise CredentialsError("no_verify is not allowed: host keys and certificates are always verified")
-    query.update(extra)
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query, safe="/")))
+    kind = SCHEMES.get(parts.scheme.lower())
+    if kind is None:
+        raise CredentialsError(f"URI scheme {parts.scheme!r} is not supported; use one of {', '.join(sorted(SCHEMES))}")
+    names = {name.lower() for name, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)}
+    refused = sorted(names - USER_PARAMETERS[kind])
+    if refused:
+        raise CredentialsError(f"URI parameters {', '.join(refused)} are not accepted (the operator sets its own)")
+    return kind
+
+
+def _with_query(uri: str, extra: dict[str, str]) -> str:
+    """The URI with the operator's parameters appended (the user's part kept byte for byte)."""
+    if not extra:
+        return uri
+    return uri + ("&" if "?" in uri else "?") + urllib.parse.urlencode(extra, safe="/")
 
 
 def ssh_wrapper(ssh: str = SSH_BINARY) -> str:
@@ -89,11 +113,16 @@ def ssh_wrapper(ssh: str = SSH_BINARY) -> str:
 @contextlib.contextmanager
 def materialized(uri: str, credentials: Credentials | None) -> Iterator[str]:
     """The URI to open, with its credential files present for the duration of the block only."""
-    kind = transport(uri)
-    if credentials is None or kind not in ("ssh", "libssh", "tls"):
-        yield _with_query(uri, {})
+    kind = check_uri(uri)
+    if kind == "unix":
+        yield uri
         return
-    folder = tempfile.mkdtemp(prefix="capi-libvirt-cred-")  # mode 0700
+    if credentials is None:
+        raise CredentialsError(f"qemu+{kind} needs a credentials Secret (credentialsSecretRef)")
+    try:
+        folder = tempfile.mkdtemp(prefix=CREDENTIALS_PREFIX)  # mode 0700
+    except OSError as error:
+        raise CredentialsError(f"cannot write credentials: {error.strerror}") from None
     try:
         data = credentials.data
         if kind in ("ssh", "libssh"):

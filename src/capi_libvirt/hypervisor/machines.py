@@ -243,9 +243,14 @@ def probe_host(conn: libvirt.virConnect, pool_name: str) -> HostProbe:
     _model, memory_mib, cpus, *_ = conn.getInfo()
     machines = allocated_cpus = allocated_kib = 0
     for domain in conn.listAllDomains():
-        if domain_xml.parse_owner(domain.XMLDesc(0)) is None:
-            continue
-        _state, max_kib, _kib, vcpus, _time = domain.info()
+        try:
+            if domain_xml.parse_owner(domain.XMLDesc(0)) is None:
+                continue
+            _state, max_kib, _kib, vcpus, _time = domain.info()
+        except libvirt.libvirtError as error:
+            if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                continue  # undefined between the listing and the look: not there any more
+            raise
         machines, allocated_cpus, allocated_kib = machines + 1, allocated_cpus + vcpus, allocated_kib + max_kib
     capacity = available = None
     try:

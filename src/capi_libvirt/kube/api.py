@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
 import os
 from typing import Any
 
@@ -18,6 +19,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from capi_libvirt.api import meta
 
 CAPI_GROUP, CAPI_VERSION = meta.CAPI_GROUP, meta.CAPI_VERSION
+
+# The client logs whole response bodies at DEBUG, Secrets (bootstrap data, host keys) included: never below INFO,
+# whatever level the operator runs at.
+logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
 MERGE_PATCH = {"_content_type": "application/merge-patch+json"}
 
 

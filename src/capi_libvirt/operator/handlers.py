@@ -18,7 +18,7 @@ import kopf
 
 from capi_libvirt.api import kinds, meta, v1alpha1
 from capi_libvirt.core import capacity
-from capi_libvirt.hypervisor import connection
+from capi_libvirt.hypervisor import connection, credentials
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.reconcile import cluster as cluster_reconcile
@@ -65,6 +65,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="capi-libvirt.x-k8s.io")
     settings.posting.level = logging.WARNING  # kopf's own log lines; the reconciles post their events themselves
     cfg: operator_config.OperatorConfig = memo.get("config") or operator_config.from_environment()
+    credentials.sweep_leftovers()  # key files a crash in the middle of connecting may have left behind
     hosts = connection.HostRegistry(cfg.hosts)
     kube = api.KubeAPI(await api.new_api_client())
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=_post_event,
@@ -173,12 +174,19 @@ def cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> Non
 @kopf.on.create(meta.GROUP, meta.VERSION, HOSTS)
 @kopf.on.update(meta.GROUP, meta.VERSION, HOSTS, field="spec")
 async def host_changed(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
-    await hosts_reconcile.upsert_host(memo.runtime.deps, name, dict(spec))
+    try:
+        await hosts_reconcile.upsert_host(memo.runtime.deps, name, dict(spec))
+    except machine_reconcile.Wait as wait:
+        raise kopf.TemporaryError(wait.message, delay=wait.retry_after or 30) from None
 
 
-@kopf.on.delete(meta.GROUP, meta.VERSION, HOSTS, optional=True)
+@kopf.on.delete(meta.GROUP, meta.VERSION, HOSTS)
 async def host_deleted(name: str, memo: kopf.Memo, **_: Any) -> None:
-    await hosts_reconcile.remove_host(memo.runtime.deps, name)
+    """Behind the finalizer: the host leaves the inventory only once no machine is placed on it."""
+    try:
+        await hosts_reconcile.remove_host(memo.runtime.deps, name)
+    except machine_reconcile.Wait as wait:
+        raise kopf.TemporaryError(wait.message, delay=wait.retry_after or 30) from None
 
 
 # -- LibvirtMachineTemplate -------------------------------------------------------------------------------------

@@ -15,11 +15,11 @@ from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import conditions
 from capi_libvirt.hypervisor import connection, credentials
 from capi_libvirt.reconcile import inventory as inventory_
-from capi_libvirt.reconcile.machine import Dependencies
+from capi_libvirt.reconcile.machine import RECHECK_WAITING, Dependencies, Wait
 
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 30.0
-REACHABLE, UNREACHABLE, INVALID = "Reachable", "HostUnreachable", "InvalidSpec"
+REACHABLE, UNREACHABLE, INVALID, IN_USE = "Reachable", "HostUnreachable", "InvalidSpec", "HostInUse"
 
 
 async def _close(replaced: connection.HostConnection | None) -> None:
@@ -27,21 +27,29 @@ async def _close(replaced: connection.HostConnection | None) -> None:
         await asyncio.get_running_loop().run_in_executor(None, replaced.close)
 
 
+async def _refuse(deps: Dependencies, name: str, reason: str, message: str) -> None:
+    """Out of the inventory (no new machines, no stale credentials), with a condition; raises Wait to be retried."""
+    deps.object_hosts.discard(name)
+    await _close(deps.inventory.remove(name))
+    await _publish(deps, name, {"reachable": False}, "False", reason, message)
+    raise Wait(reason, message, RECHECK_WAITING)
+
+
 async def upsert_host(deps: Dependencies, name: str, spec_data: dict) -> None:
+    """Add or update the host; raises Wait (retried) while its spec or credentials Secret are not usable."""
     try:
         spec = v1alpha1.LibvirtHostSpec.model_validate(spec_data)
-    except pydantic.ValidationError as error:
-        fields = ", ".join(".".join(map(str, e["loc"])) for e in error.errors())
-        await _publish(deps, name, {"reachable": False}, "False", INVALID, f"invalid spec: {fields}")
-        return
+        credentials.check_uri(spec.uri)
+    except (pydantic.ValidationError, credentials.CredentialsError) as error:
+        problem = str(error) if isinstance(error, credentials.CredentialsError) else \
+            "invalid spec: " + ", ".join(".".join(map(str, e["loc"])) for e in error.errors())
+        await _refuse(deps, name, INVALID, problem)
     secret = None
     if spec.credentials_secret_ref is not None:
         ref = spec.credentials_secret_ref
         data = await deps.kube.get_secret_data(ref.namespace, ref.name)
         if data is None:
-            await _publish(deps, name, {"reachable": False}, "False", UNREACHABLE,
-                           f"credentials Secret {ref.namespace}/{ref.name} not found")
-            return
+            await _refuse(deps, name, UNREACHABLE, f"credentials Secret {ref.namespace}/{ref.name} not found")
         secret = credentials.Credentials(data)
     await _close(deps.inventory.upsert(name, spec, secret))
     deps.object_hosts.add(name)
@@ -49,14 +57,22 @@ async def upsert_host(deps: Dependencies, name: str, spec_data: dict) -> None:
 
 
 async def remove_host(deps: Dependencies, name: str) -> None:
+    """Take the host out of the inventory; raises Wait while machines are still placed on it."""
+    users = sorted(f"{m['metadata']['namespace']}/{m['metadata']['name']}" for m in await deps.kube.list_libvirt_machines()
+                   if (m.get("status") or {}).get("host") == name)
+    if users:
+        message = f"{len(users)} machine(s) still placed here: {', '.join(users[:5])}"
+        await _publish(deps, name, {}, "False", IN_USE, message)
+        raise Wait(IN_USE, message, RECHECK_WAITING)
     deps.object_hosts.discard(name)
+    deps.host_conditions.pop(name, None)
     await _close(deps.inventory.remove(name))
 
 
 async def probe_and_publish(deps: Dependencies, name: str) -> None:
     host = await deps.inventory.probe(name)
-    if name not in deps.object_hosts:
-        return  # a static (--host) host has no object to publish on
+    if host is None or name not in deps.object_hosts:
+        return  # gone meanwhile, or a static (--host) host with no object to publish on
     if host.reachable:
         await _publish(deps, name, inventory_.host_status(host, deps.now()), "True", REACHABLE, "")
     else:
@@ -73,7 +89,8 @@ async def _publish(deps: Dependencies, name: str, status: dict, ready: str, reas
 
 
 async def probe_forever(deps: Dependencies) -> None:
-    """Every host, every PROBE_INTERVAL_S, concurrently (a slow host delays only itself)."""
+    """Every host, every PROBE_INTERVAL_S, concurrently; a host that does not answer counts as unreachable after
+    inventory.PROBE_TIMEOUT_S, so one dead host delays a round by that much at most."""
     while True:
         names = list(deps.inventory.hosts)
         results = await asyncio.gather(*(probe_and_publish(deps, name) for name in names), return_exceptions=True)

@@ -8,6 +8,7 @@ yet.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 
@@ -16,6 +17,7 @@ from capi_libvirt.core import placement
 from capi_libvirt.hypervisor import connection, credentials, errors, machines
 
 log = logging.getLogger(__name__)
+PROBE_TIMEOUT_S = 20.0
 
 
 @dataclasses.dataclass
@@ -32,7 +34,8 @@ class Inventory:
         self.registry = registry
         self.hosts: dict[str, InventoryHost] = {}
         for name in registry.names():  # static hosts (--host): default spec, probed like the others
-            self.hosts[name] = InventoryHost(name, v1alpha1.LibvirtHostSpec(uri=registry.get(name).uri))
+            # Not validated as an object's spec: a local URI may carry ?socket=, which LibvirtHost objects may not.
+            self.hosts[name] = InventoryHost(name, v1alpha1.LibvirtHostSpec.model_construct(uri=registry.get(name).uri))
 
     def upsert(self, name: str, spec: v1alpha1.LibvirtHostSpec,
                secret: credentials.Credentials | None) -> connection.HostConnection | None:
@@ -46,14 +49,21 @@ class Inventory:
         self.hosts.pop(name, None)
         return self.registry.remove(name)
 
-    async def probe(self, name: str) -> InventoryHost:
-        host = self.hosts[name]
+    async def probe(self, name: str, timeout: float = PROBE_TIMEOUT_S) -> InventoryHost | None:
+        """Probe one host (None when it left the inventory meanwhile). Only an unreachable host counts as down."""
+        host = self.hosts.get(name)
+        if host is None:
+            return None
         try:
-            host.probe = await self.registry.get(name).call(machines.probe_host, host.spec.storage_pool,
-                                                            doing="probe host")
+            host.probe = await asyncio.wait_for(
+                self.registry.get(name).call(machines.probe_host, host.spec.storage_pool, doing="probe host"), timeout)
             host.reachable, host.problem = True, None
-        except errors.HypervisorError as error:
+        except errors.HostUnreachable as error:
             host.reachable, host.problem = False, error.message
+        except asyncio.TimeoutError:
+            host.reachable, host.problem = False, f"no answer within {timeout:.0f}s"
+        except errors.HypervisorError as error:  # reachable, but the probe failed: keep the last numbers
+            log.warning("probe of host %s failed: %s", name, error)
         return host
 
     def loads(self, allocated: dict[str, tuple[int, int]]) -> list[placement.HostLoad]:
@@ -68,7 +78,7 @@ class Inventory:
                 memory_mib=host.probe.memory_mib if host.probe else 0,
                 allocated_cpus=cpus, allocated_memory_mib=memory,
                 cpu_overcommit=host.spec.overcommit.cpu, memory_overcommit=host.spec.overcommit.memory,
-                failure_domain=host.spec.failure_domain))
+                failure_domain=host.spec.failure_domain, control_plane=host.spec.control_plane))
         return loads
 
     def failure_domains(self) -> list[dict]:
@@ -82,7 +92,10 @@ class Inventory:
 
 def host_status(host: InventoryHost, now: str) -> dict:
     """LibvirtHost.status from the last probe."""
-    status: dict = {"reachable": host.reachable, "lastProbeTime": now}
+    # Unreachable: the numbers are cleared (null in a merge patch), not left stale.
+    status: dict = {"reachable": host.reachable, "lastProbeTime": now, "libvirtVersion": None,
+                    "hypervisorVersion": None, "cpus": None, "memoryMiB": None, "freeMemoryMiB": None,
+                    "machines": None, "allocatedCPUs": None, "allocatedMemoryMiB": None, "pool": None}
     if host.probe is not None and host.reachable:
         p = host.probe
         status.update(libvirtVersion=p.libvirt_version, hypervisorVersion=p.hypervisor_version, cpus=p.cpus,

@@ -181,14 +181,15 @@ async def read_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
 
 GROUP_LABELS = ("cluster.x-k8s.io/deployment-name", "cluster.x-k8s.io/control-plane-name",
                 "cluster.x-k8s.io/set-name")
+CONTROL_PLANE_LABEL = "cluster.x-k8s.io/control-plane"
 
 
-def placement_group(body: dict) -> tuple[str, str] | None:
-    """The group a machine is spread with: its MachineDeployment, or its control plane."""
+def placement_group(body: dict) -> tuple[str, str, str] | None:
+    """The group a machine is spread with: its MachineDeployment, or its control plane, within its cluster."""
     labels = body["metadata"].get("labels") or {}
     for label in GROUP_LABELS:
         if labels.get(label):
-            return body["metadata"]["namespace"], f"{label}={labels[label]}"
+            return body["metadata"]["namespace"], labels.get(meta.CLUSTER_NAME_LABEL, ""), f"{label}={labels[label]}"
     return None
 
 
@@ -199,10 +200,10 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
         p.host = p.status["host"]
         deps.hosts.get(p.host)  # a host gone from the inventory raises HostUnreachable
         return
+    never_probed = [name for name, known in deps.inventory.hosts.items() if known.probe is None and not known.problem]
+    if never_probed:  # just added (or the operator just started): look before deciding, outside the lock
+        await asyncio.gather(*(deps.inventory.probe(name) for name in never_probed))
     async with deps.placement_lock:
-        for name, known in list(deps.inventory.hosts.items()):
-            if not known.reachable:  # never probed yet, or unreachable last time: look again before deciding
-                await deps.inventory.probe(name)
         allocated: dict[str, tuple[int, int]] = {}
         group_per_host: dict[str, int] = {}
         group = placement_group(p.body)
@@ -216,7 +217,8 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
             if group is not None and placement_group(other) == group:
                 group_per_host[host] = group_per_host.get(host, 0) + 1
         request = placement.Request(cpus=p.spec.cpus, memory_mib=p.spec.memory_mib, pinned_host=p.spec.host,
-                                    failure_domain=(p.machine or {}).get("spec", {}).get("failureDomain"))
+                                    failure_domain=(p.machine or {}).get("spec", {}).get("failureDomain"),
+                                    control_plane=CONTROL_PLANE_LABEL in (p.body["metadata"].get("labels") or {}))
         result = placement.choose_host(request, deps.inventory.loads(allocated), group_per_host)
         if isinstance(result, placement.NoHost):
             raise Wait(result.reason, result.message, RECHECK_WAITING)

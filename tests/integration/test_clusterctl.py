@@ -1,0 +1,279 @@
+"""The clusterctl release artifacts, read by the real clusterctl (a local repository, no network) and applied
+(server-side, dry-run) to a real API server with Cluster API's and the kubeadm providers' CRDs.
+
+What is proved: clusterctl accepts metadata.yaml and infrastructure-components.yaml (`generate provider`), the
+cluster template's variables are the documented ones (`generate cluster --list-variables`), and every object
+clusterctl makes of them is valid against the CRDs it will meet (types, required fields, v1beta2 references).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import uuid
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from capi_libvirt.api import meta, release
+from capi_libvirt.devenv import control_plane as cp
+from capi_libvirt.devenv import paths
+
+from prereq import require
+
+pytestmark = pytest.mark.integration
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+VERSION = "v0.1.0"
+CLUSTERCTL = paths.bin_dir() / f"clusterctl-{paths.CLUSTER_API_VERSION}"
+CAPI_MODULE = paths.cache_dir() / f"cluster-api-{paths.CLUSTER_API_VERSION}"
+KUBEADM_CRD_DIRS = [CAPI_MODULE / "bootstrap" / "kubeadm" / "config" / "crd" / "bases",
+                    CAPI_MODULE / "controlplane" / "kubeadm" / "config" / "crd" / "bases"]
+
+TEMPLATE_VARIABLES = {
+    "KUBERNETES_VERSION": "v1.34.1",
+    "CONTROL_PLANE_MACHINE_COUNT": "3",
+    "WORKER_MACHINE_COUNT": "2",
+    "CONTROL_PLANE_ENDPOINT_HOST": "192.0.2.10",
+    "LIBVIRT_BASE_IMAGE": "ubuntu-24.04.qcow2",
+}
+PROVIDER_LABEL = {"cluster.x-k8s.io/provider": "infrastructure-libvirt"}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The release written as a clusterctl local repository: <out>/infrastructure-libvirt/v0.1.0/..."""
+    require(CLUSTERCTL.exists(), f"clusterctl binary {CLUSTERCTL} (make upstream)")
+    out = tmp_path_factory.mktemp("release")
+    release.write(out, VERSION, REPO / "config")
+    return release.release_dir(out, VERSION)
+
+
+def clusterctl(tmp: pathlib.Path, repository: pathlib.Path, *args: str, config: dict | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """clusterctl with its own HOME (nothing read from or written to ~/.config), a clusterctl.yaml naming only the
+    local repository, no version check, and no variable from the caller's environment (nor a KUBECONFIG)."""
+    home = tmp / "home"
+    home.mkdir(exist_ok=True)
+    config_file = tmp / "clusterctl.yaml"
+    config_file.write_text(yaml.safe_dump({
+        "providers": [{"name": "libvirt", "type": "InfrastructureProvider",
+                       "url": (repository / release.COMPONENTS).as_uri()}],
+        **(config or {}),
+    }))
+    result = subprocess.run(
+        [str(CLUSTERCTL), *args, "--config", str(config_file)],
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+             "CLUSTERCTL_DISABLE_VERSIONCHECK": "true", **(env or {})},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, f"clusterctl {' '.join(args)} failed:\n{result.stderr}\n{result.stdout}"
+    return result
+
+
+# -- server-side apply, dry-run ------------------------------------------------------------------------------------
+
+def _resources(plane: cp.LocalControlPlane, api_version: str) -> dict[str, dict]:
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    listing = plane.request("GET", prefix)
+    return {r["kind"]: {**r, "prefix": prefix} for r in listing["resources"] if "/" not in r["name"]}
+
+
+def object_path(plane: cp.LocalControlPlane, document: dict, cache: dict) -> str:
+    if document["apiVersion"] not in cache:
+        cache[document["apiVersion"]] = _resources(plane, document["apiVersion"])
+    resource = cache[document["apiVersion"]][document["kind"]]
+    namespace = document["metadata"].get("namespace")
+    if resource["namespaced"]:
+        assert namespace, f"{document['kind']} {document['metadata']['name']} has no namespace"
+        return f"{resource['prefix']}/namespaces/{namespace}/{resource['name']}/{document['metadata']['name']}"
+    return f"{resource['prefix']}/{resource['name']}/{document['metadata']['name']}"
+
+
+def apply(plane: cp.LocalControlPlane, document: dict, cache: dict, dry_run: bool = True) -> dict:
+    """Server-side apply (dry-run unless told): the API server validates against the CRD's schema and CEL rules."""
+    query = "fieldManager=capi-libvirt-test" + ("&dryRun=All" if dry_run else "")
+    return plane.request("PATCH", f"{object_path(plane, document, cache)}?{query}", document,
+                         content_type="application/apply-patch+yaml")
+
+
+@pytest.fixture
+def target_namespace(control_plane: cp.LocalControlPlane) -> Iterator[str]:
+    name = f"clusterctl-{uuid.uuid4().hex[:8]}"
+    control_plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                         "metadata": {"name": name}})
+    yield name
+    control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture(scope="module")
+def kubeadm_crds(control_plane: cp.LocalControlPlane) -> None:
+    """The kubeadm bootstrap and control-plane CRDs (the test API server has only Cluster API's core ones)."""
+    for directory in KUBEADM_CRD_DIRS:
+        require(directory.is_dir(), f"kubeadm CRDs {directory} (make upstream)")
+    control_plane.install_crds(sorted(f for d in KUBEADM_CRD_DIRS for f in d.glob("*.yaml")))
+
+
+# -- the provider's components ---------------------------------------------------------------------------------------
+
+def test_generate_provider_describes_the_release(repository: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """clusterctl reads metadata.yaml (validated: apiVersion, kind, a release series with a contract it speaks) and
+    the components, and finds the target namespace, the image and no variables."""
+    out = clusterctl(tmp_path, repository, "generate", "provider", "--infrastructure", f"libvirt:{VERSION}",
+                     "--describe").stdout
+    described = dict(line.split(":", 1) for line in out.splitlines() if ":" in line and not line.startswith(" "))
+    assert described["Name"].strip() == "libvirt"
+    assert described["Type"].strip() == "InfrastructureProvider"
+    assert described["Version"].strip() == VERSION
+    assert described["TargetNamespace"].strip() == "capi-libvirt-system"
+    assert "Variables:" not in out  # clusterctl lists them only when there are some
+    assert out.split("Images:")[1].split() == ["-", f"{release.IMAGE_REPOSITORY}:{VERSION}"]
+
+    # clusterctl's image override (how users mirror or pin the image) reaches the manager.
+    mirrored = clusterctl(tmp_path, repository, "generate", "provider", "--infrastructure", f"libvirt:{VERSION}",
+                          "--describe",
+                          config={"images": {"infrastructure-libvirt": {"repository": "registry.example.org/m"}}})
+    assert mirrored.stdout.split("Images:")[1].split() == ["-", f"registry.example.org/m/capi-libvirt:{VERSION}"]
+
+
+def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: pathlib.Path,
+                                            control_plane: cp.LocalControlPlane) -> None:
+    """`generate provider --target-namespace` output: one Namespace, every object labelled, the CRDs byte-for-byte
+    what config/crd has (the `$` of their patterns survive variable substitution), everything moved to the target
+    namespace, and each object accepted by the API server (dry-run apply)."""
+    namespace = f"capi-libvirt-{uuid.uuid4().hex[:8]}"
+    out = clusterctl(tmp_path, repository, "generate", "provider", "--infrastructure", f"libvirt:{VERSION}",
+                     "--target-namespace", namespace).stdout
+    documents = [d for d in yaml.safe_load_all(out) if d]
+    kinds = collections.Counter(d["kind"] for d in documents)
+    assert kinds["Namespace"] == 1
+    assert kinds["CustomResourceDefinition"] == len(list((REPO / "config" / "crd").glob(f"{meta.GROUP}_*.yaml")))
+    assert kinds["Deployment"] == 1
+    for document in documents:
+        labels = document["metadata"].get("labels", {})
+        assert PROVIDER_LABEL.items() <= labels.items(), f"{document['kind']} {document['metadata']['name']}"
+
+    for document in documents:
+        if document["kind"] == "CustomResourceDefinition":
+            committed = yaml.safe_load((REPO / "config" / "crd" /
+                                        f"{meta.GROUP}_{document['spec']['names']['plural']}.yaml").read_text())
+            assert document["spec"] == committed["spec"]
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    assert deployment["metadata"]["namespace"] == namespace
+    [manager] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "manager"]
+    assert manager["image"] == f"{release.IMAGE_REPOSITORY}:{VERSION}"
+    assert "--namespace" in subprocess.run(  # the contract: the manager accepts --namespace
+        [sys.executable, "-m", "capi_libvirt.cli", *manager["args"], "--help"],
+        capture_output=True, text=True, timeout=60).stdout
+    binding = next(d for d in documents if d["kind"] == "ClusterRoleBinding")
+    assert {s["namespace"] for s in binding["subjects"]} == {namespace}
+
+    cache: dict[str, Any] = {}
+    [namespace_object] = [d for d in documents if d["kind"] == "Namespace"]
+    apply(control_plane, namespace_object, cache, dry_run=False)  # what the namespaced objects' dry-runs need
+    try:
+        for document in documents:
+            if document["kind"] != "Namespace":
+                applied = apply(control_plane, document, cache)
+                assert applied["metadata"]["name"] == document["metadata"]["name"]
+    finally:
+        control_plane.request("DELETE", f"/api/v1/namespaces/{namespace}")
+
+
+# -- the cluster template ----------------------------------------------------------------------------------------------
+
+def test_cluster_template_variables(repository: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    out = clusterctl(tmp_path, repository, "generate", "cluster", "demo", "--from",
+                     str(repository / release.CLUSTER_TEMPLATE), "--target-namespace", "demo", "--list-variables").stdout
+    required = out.split("Required Variables:")[1].split("Optional Variables:")[0].split()
+    assert [v for v in required if v != "-"] == ["CONTROL_PLANE_ENDPOINT_HOST", "KUBERNETES_VERSION",
+                                                 "LIBVIRT_BASE_IMAGE"]
+    optional = {line.split()[1]: line.split("(defaults to ")[1].rstrip(")")
+                for line in out.split("Optional Variables:")[1].splitlines() if line.strip().startswith("-")}
+    assert optional == {
+        "CLUSTER_NAME": "demo",  # the command's argument
+        "NAMESPACE": "demo",  # --target-namespace
+        "CONTROL_PLANE_MACHINE_COUNT": "1",  # clusterctl's own defaults
+        "WORKER_MACHINE_COUNT": "0",
+        "CONTROL_PLANE_ENDPOINT_PORT": '"6443"',  # the template's
+        "LIBVIRT_STORAGE_POOL": '"default"',
+        "LIBVIRT_NETWORK": '"default"',
+    }
+
+
+def _refs(value: Any) -> Iterator[dict]:
+    """Every v1beta2 contract reference ({apiGroup, kind, name}) in an object."""
+    if isinstance(value, dict):
+        if {"apiGroup", "kind", "name"} <= value.keys():
+            yield value
+        for item in value.values():
+            yield from _refs(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _refs(item)
+
+
+def test_generated_cluster_applies_to_the_api_server(repository: pathlib.Path, tmp_path: pathlib.Path,
+                                                     control_plane: cp.LocalControlPlane, kubeadm_crds: None,
+                                                     target_namespace: str) -> None:
+    """`generate cluster demo --from cluster-template.yaml` with every variable from the environment: the expected
+    objects, references that resolve among them, numbers that are numbers, the kubelet's providerID left to
+    cloud-init's Jinja, and every object accepted by the API server with the kubeadm CRDs (dry-run apply)."""
+    out = clusterctl(tmp_path, repository, "generate", "cluster", "demo", "--from",
+                     str(repository / release.CLUSTER_TEMPLATE), "--target-namespace", target_namespace,
+                     env=TEMPLATE_VARIABLES).stdout
+    documents = [d for d in yaml.safe_load_all(out) if d]
+    assert collections.Counter(d["kind"] for d in documents) == {
+        "Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
+        "MachineDeployment": 1, "KubeadmConfigTemplate": 1,
+    }
+    assert {d["metadata"]["namespace"] for d in documents} == {target_namespace}
+    by_kind = {d["kind"]: d for d in documents}
+    assert by_kind["Cluster"]["metadata"]["name"] == "demo"
+
+    present = {(d["apiVersion"].split("/")[0], d["kind"], d["metadata"]["name"]) for d in documents}
+    for document in documents:
+        for ref in _refs(document["spec"]):
+            assert (ref["apiGroup"], ref["kind"], ref["name"]) in present, f"{document['kind']}: {ref} dangles"
+
+    assert by_kind["KubeadmControlPlane"]["spec"]["replicas"] == 3
+    assert by_kind["KubeadmControlPlane"]["spec"]["version"] == "v1.34.1"
+    assert by_kind["MachineDeployment"]["spec"]["replicas"] == 2
+    assert by_kind["LibvirtCluster"]["spec"]["controlPlaneEndpoint"] == {"host": "192.0.2.10", "port": 6443}
+    machine_specs = [d["spec"]["template"]["spec"] for d in documents if d["kind"] == "LibvirtMachineTemplate"]
+    for spec in machine_specs:
+        assert spec["image"] == {"volume": "ubuntu-24.04.qcow2"}
+        assert spec["storagePool"] == "default"
+        assert spec["interfaces"] == [{"network": "default"}]
+    registrations = [
+        by_kind["KubeadmControlPlane"]["spec"]["kubeadmConfigSpec"]["initConfiguration"]["nodeRegistration"],
+        by_kind["KubeadmControlPlane"]["spec"]["kubeadmConfigSpec"]["joinConfiguration"]["nodeRegistration"],
+        by_kind["KubeadmConfigTemplate"]["spec"]["template"]["spec"]["joinConfiguration"]["nodeRegistration"],
+    ]
+    for registration in registrations:
+        assert {"name": "provider-id", "value": "{{ ds.meta_data.provider_id }}"} in registration["kubeletExtraArgs"]
+    assert by_kind["KubeadmControlPlane"]["spec"]["kubeadmConfigSpec"]["format"] == "cloud-config"
+
+    cache: dict[str, Any] = {}
+    for document in documents:
+        applied = apply(control_plane, document, cache)
+        assert applied["metadata"]["name"] == document["metadata"]["name"]
+        assert applied["kind"] == document["kind"]
+
+    # The dry-run does validate: a reference without its v1beta2 apiGroup is refused (422, a required field), and
+    # so is a field the schema does not declare (the v1beta1 apiVersion; server-side apply answers 500 for that).
+    broken = json.loads(json.dumps(by_kind["KubeadmControlPlane"]))
+    ref = broken["spec"]["machineTemplate"]["spec"]["infrastructureRef"]
+    group = ref.pop("apiGroup")
+    with pytest.raises(cp.ControlPlaneError) as refused:
+        apply(control_plane, broken, cache)
+    assert refused.value.status == 422 and "apiGroup" in str(refused.value)
+    ref["apiVersion"] = f"{group}/{meta.VERSION}"
+    with pytest.raises(cp.ControlPlaneError) as refused:
+        apply(control_plane, broken, cache)
+    assert "apiVersion: field not declared in schema" in str(refused.value)

@@ -1,0 +1,82 @@
+"""Transport credentials: on disk only inside the block, private, verification never switched off by the URI."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+import urllib.parse
+
+import pytest
+
+from capi_libvirt.hypervisor import credentials
+from capi_libvirt.hypervisor.credentials import Credentials, CredentialsError, materialized
+
+pytestmark = pytest.mark.unit
+
+SSH = Credentials({"ssh-privatekey": b"-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n", "known_hosts": b"h ssh-ed25519 AAA"})
+TLS = Credentials({"ca.crt": b"ca", "tls.crt": b"cert", "tls.key": b"-----BEGIN PRIVATE KEY-----\nsecret\n"})
+
+
+def query(uri: str) -> dict[str, str]:
+    return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(uri).query))
+
+
+def test_ssh_files_are_private_and_gone_after_the_block():
+    with materialized("qemu+ssh://root@kvm1/system", SSH) as uri:
+        params = query(uri)
+        folder = pathlib.Path(params["keyfile"]).parent
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert stat.S_IMODE(pathlib.Path(params["keyfile"]).stat().st_mode) == 0o600
+        assert pathlib.Path(params["keyfile"]).read_bytes() == SSH.data["ssh-privatekey"]
+        assert params["command"] == str(folder / "ssh") and os.access(params["command"], os.X_OK)
+        assert params["no_verify"] == "0" and params["no_tty"] == "1"
+        assert uri.startswith("qemu+ssh://root@kvm1/system?")
+    assert not folder.exists()
+
+
+def test_files_are_gone_when_the_connection_fails_inside_the_block():
+    with pytest.raises(RuntimeError):
+        with materialized("qemu+tls://kvm2/system", TLS) as uri:
+            folder = pathlib.Path(query(uri)["pkipath"])
+            assert sorted(p.name for p in folder.iterdir()) == ["cacert.pem", "clientcert.pem", "clientkey.pem"]
+            raise RuntimeError("connect failed")
+    assert not folder.exists()
+
+
+def test_libssh_checks_known_hosts_itself():
+    with materialized("qemu+libssh://root@kvm1/system", SSH) as uri:
+        params = query(uri)
+        assert params["known_hosts_verify"] == "normal" and "command" not in params
+
+
+@pytest.mark.parametrize("uri", [
+    "qemu+tls://kvm2/system?no_verify=1",
+    "qemu+tls://kvm2/system?NO_VERIFY=1",  # libvirt compares parameter names case-insensitively
+    "qemu+ssh://root@kvm1/system?command=/bin/sh",
+    "qemu+libssh://root@kvm1/system?known_hosts_verify=ignore",
+    "qemu+ext:///system?command=/bin/sh",
+    "qemu+tcp://kvm1/system",
+    "xen+ssh://kvm1/system",
+])
+def test_uris_that_could_switch_verification_off_or_run_programs_are_refused(uri):
+    with pytest.raises(CredentialsError):
+        with materialized(uri, SSH):
+            pass
+
+
+def test_remote_transports_need_credentials_and_the_right_keys():
+    with pytest.raises(CredentialsError, match="credentialsSecretRef"):
+        with materialized("qemu+ssh://root@kvm1/system", None):
+            pass
+    with pytest.raises(CredentialsError, match="known_hosts"):
+        with materialized("qemu+ssh://root@kvm1/system", Credentials({"ssh-privatekey": b"k"})):
+            pass
+
+
+def test_local_uris_pass_unchanged_and_the_repr_hides_values():
+    local = "qemu+unix:///system?socket=/run/x/libvirt-sock"
+    with materialized(local, None) as uri:
+        assert uri == local
+    assert "secret" not in repr(SSH) and "ssh-privatekey" in repr(SSH)
+    assert credentials.check_uri("qemu:///system") == "unix"

@@ -110,14 +110,10 @@ class KubeAPI:
             meta.GROUP, meta.VERSION, "libvirthosts", name, {"status": status}, **MERGE_PATCH)
 
     async def get_bootstrap_data(self, namespace: str, name: str) -> BootstrapData | None:
-        self.calls += 1
-        secret = await _or_none(self.core.read_namespaced_secret(name, namespace))
-        if secret is None:
+        data = await self.get_secret_data(namespace, name)
+        if data is None:
             return None
-        data = secret.data or {}
-        value = base64.b64decode(data.get("value", ""))
-        fmt = base64.b64decode(data["format"]).decode() if "format" in data else "cloud-config"
-        return BootstrapData(value=value, format=fmt)
+        return BootstrapData(value=data.get("value", b""), format=data.get("format", b"cloud-config").decode())
 
     async def patch_libvirt_machine(self, namespace: str, name: str, patch: dict) -> dict:
         self.calls += 1

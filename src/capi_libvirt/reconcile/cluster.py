@@ -12,7 +12,7 @@ import logging
 from capi_libvirt.api import meta
 from capi_libvirt.core import conditions
 from capi_libvirt.core.conditions import Reason
-from capi_libvirt.reconcile.machine import RECHECK_WAITING, WAITING_FOR_OWNER, Dependencies
+from capi_libvirt.reconcile.machine import RECHECK_WAITING, WAITING_FOR_OWNER, Dependencies, is_paused
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | No
     cluster = await deps.kube.get_cluster(namespace, cluster_name) if cluster_name else None
     if cluster is None:
         state, retry = ("False", WAITING_FOR_OWNER, "waiting for Cluster API to set the owner Cluster"), RECHECK_WAITING
-    elif (cluster.get("spec") or {}).get("paused") or meta.PAUSED_ANNOTATION in (body["metadata"].get("annotations") or {}):
+    elif is_paused(body, cluster):
         status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PAUSED, "True",
                                                         Reason.PAUSED, "reconciliation is paused", now=now,
                                                         observed_generation=generation)

@@ -29,7 +29,6 @@ async def _close(replaced: connection.HostConnection | None) -> None:
 
 async def _refuse(deps: Dependencies, name: str, reason: str, message: str) -> None:
     """Out of the inventory (no new machines, no stale credentials), with a condition; raises Wait to be retried."""
-    deps.object_hosts.discard(name)
     await _close(deps.inventory.remove(name))
     await _publish(deps, name, {"reachable": False}, "False", reason, message)
     raise Wait(reason, message, RECHECK_WAITING)
@@ -52,7 +51,6 @@ async def upsert_host(deps: Dependencies, name: str, spec_data: dict) -> None:
             await _refuse(deps, name, UNREACHABLE, f"credentials Secret {ref.namespace}/{ref.name} not found")
         secret = credentials.Credentials(data)
     await _close(deps.inventory.upsert(name, spec, secret))
-    deps.object_hosts.add(name)
     await probe_and_publish(deps, name)
 
 
@@ -64,14 +62,13 @@ async def remove_host(deps: Dependencies, name: str) -> None:
         message = f"{len(users)} machine(s) still placed here: {', '.join(users[:5])}"
         await _publish(deps, name, {}, "False", IN_USE, message)
         raise Wait(IN_USE, message, RECHECK_WAITING)
-    deps.object_hosts.discard(name)
-    deps.host_conditions.pop(name, None)
+    deps.inventory.conditions.pop(name, None)
     await _close(deps.inventory.remove(name))
 
 
 async def probe_and_publish(deps: Dependencies, name: str) -> None:
     host = await deps.inventory.probe(name)
-    if host is None or name not in deps.object_hosts:
+    if host is None or name in deps.inventory.static:
         return  # gone meanwhile, or a static (--host) host with no object to publish on
     if host.reachable:
         await _publish(deps, name, inventory_.host_status(host, deps.now()), "True", REACHABLE, "")
@@ -81,10 +78,10 @@ async def probe_and_publish(deps: Dependencies, name: str) -> None:
 
 
 async def _publish(deps: Dependencies, name: str, status: dict, ready: str, reason: str, message: str) -> None:
-    previous = deps.host_conditions.get(name)
+    previous = deps.inventory.conditions.get(name)
     status["conditions"] = conditions.set_condition(previous, conditions.READY, ready, reason, message,
                                                     now=deps.now(), observed_generation=None)
-    deps.host_conditions[name] = status["conditions"]
+    deps.inventory.conditions[name] = status["conditions"]
     await deps.kube.patch_libvirt_host_status(name, status)
 
 

@@ -33,6 +33,8 @@ class Inventory:
     def __init__(self, registry: connection.HostRegistry) -> None:
         self.registry = registry
         self.hosts: dict[str, InventoryHost] = {}
+        self.static = set(registry.names())  # from --host: no LibvirtHost object to publish on
+        self.conditions: dict[str, list[dict]] = {}  # last published on each LibvirtHost
         for name in registry.names():  # static hosts (--host): default spec, probed like the others
             # Not validated as an object's spec: a local URI may carry ?socket=, which LibvirtHost objects may not.
             self.hosts[name] = InventoryHost(name, v1alpha1.LibvirtHostSpec.model_construct(uri=registry.get(name).uri))

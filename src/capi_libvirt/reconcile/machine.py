@@ -56,8 +56,6 @@ class Dependencies:
     after_phase: Callable[[str], None] = lambda phase: None  # fault injection for crash-consistency tests
     failures: dict[tuple[str, ...], int] = dataclasses.field(default_factory=dict)  # per machine, for backoff
     placement_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one placement at a time
-    object_hosts: set[str] = dataclasses.field(default_factory=set)  # hosts that come from LibvirtHost objects
-    host_conditions: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # last published, per host
 
     @property
     def hosts(self) -> connection.HostRegistry:

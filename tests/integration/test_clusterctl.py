@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from capi_libvirt.api import meta, release
+from capi_libvirt.api import meta, release, templates
 from capi_libvirt.devenv import control_plane as cp
 from capi_libvirt.devenv import paths
 
@@ -121,24 +121,51 @@ def kubeadm_crds(control_plane: cp.LocalControlPlane) -> None:
 
 # -- the provider's components ---------------------------------------------------------------------------------------
 
-def test_generate_provider_describes_the_release(repository: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    """clusterctl reads metadata.yaml (validated: apiVersion, kind, a release series with a contract it speaks) and
-    the components, and finds the target namespace, the image and no variables."""
-    out = clusterctl(tmp_path, repository, "generate", "provider", "--infrastructure", f"libvirt:{VERSION}",
-                     "--describe").stdout
-    described = dict(line.split(":", 1) for line in out.splitlines() if ":" in line and not line.startswith(" "))
-    assert described["Name"].strip() == "libvirt"
-    assert described["Type"].strip() == "InfrastructureProvider"
-    assert described["Version"].strip() == VERSION
-    assert described["TargetNamespace"].strip() == "capi-libvirt-system"
-    assert "Variables:" not in out  # clusterctl lists them only when there are some
-    assert out.split("Images:")[1].split() == ["-", f"{release.IMAGE_REPOSITORY}:{VERSION}"]
+def _manager_image(documents: list[dict]) -> str:
+    [deployment] = [d for d in documents if d["kind"] == "Deployment"]
+    [manager] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "manager"]
+    return manager["image"]
 
-    # clusterctl's image override (how users mirror or pin the image) reaches the manager.
-    mirrored = clusterctl(tmp_path, repository, "generate", "provider", "--infrastructure", f"libvirt:{VERSION}",
-                          "--describe",
-                          config={"images": {"infrastructure-libvirt": {"repository": "registry.example.org/m"}}})
-    assert mirrored.stdout.split("Images:")[1].split() == ["-", f"registry.example.org/m/capi-libvirt:{VERSION}"]
+
+def test_generate_provider_reads_the_release(repository: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """clusterctl reads metadata.yaml (validated: apiVersion, kind, a release series with a contract it speaks) and
+    the components, as `clusterctl init` does; the image is this release's unless the user moves it with the
+    CAPI_LIBVIRT_IMAGE variable or clusterctl's own image override."""
+    def generate(**kwargs: Any) -> list[dict]:
+        out = clusterctl(tmp_path, repository, "generate", "provider", "--infrastructure", f"libvirt:{VERSION}",
+                         **kwargs).stdout
+        return [d for d in yaml.safe_load_all(out) if d]
+
+    documents = generate()
+    [namespace] = [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"]
+    assert namespace == "capi-libvirt-system"
+    assert _manager_image(documents) == f"{release.IMAGE_REPOSITORY}:{VERSION}"
+    assert _manager_image(generate(env={"CAPI_LIBVIRT_IMAGE": "registry.example.org/libvirt:dev"})) == \
+        "registry.example.org/libvirt:dev"
+    mirrored = generate(config={"images": {"infrastructure-libvirt": {"repository": "registry.example.org/m"}}})
+    assert _manager_image(mirrored) == f"registry.example.org/m/capi-libvirt:{VERSION}"
+
+
+def test_config_default_is_what_kustomize_builds(repository: pathlib.Path) -> None:
+    """config/ are kustomize bases: the real kustomize builds config/default into the same objects the release has
+    (but the manager's image, which the release sets to its clusterctl variable)."""
+    require(paths.kustomize_binary().exists(), f"kustomize {paths.kustomize_binary()} (make upstream)")
+    built = subprocess.run([str(paths.kustomize_binary()), "build", str(REPO / "config" / "default")],
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    by_key = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built) if d}
+    released = [d for d in yaml.safe_load_all((repository / release.COMPONENTS).read_text()) if d]
+    assert {(d["kind"], d["metadata"]["name"]) for d in released} == set(by_key)
+    assert _manager_image(released) == f"${{CAPI_LIBVIRT_IMAGE:={release.IMAGE_REPOSITORY}:{VERSION}}}"
+    for document in released:
+        expected = by_key[(document["kind"], document["metadata"]["name"])]
+        if document["kind"] == "Deployment":
+            _manager_container(expected)["image"] = _manager_image(released)
+        assert document == expected, f"{document['kind']} {document['metadata']['name']} differs from kustomize's"
+
+
+def _manager_container(deployment: dict) -> dict:
+    [manager] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "manager"]
+    return manager
 
 
 def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: pathlib.Path,
@@ -166,7 +193,7 @@ def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: 
     deployment = next(d for d in documents if d["kind"] == "Deployment")
     assert deployment["metadata"]["namespace"] == namespace
     [manager] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "manager"]
-    assert manager["image"] == f"{release.IMAGE_REPOSITORY}:{VERSION}"
+    assert manager["image"] == f"{release.IMAGE_REPOSITORY}:{VERSION}"  # the variable's default
     assert "--namespace" in subprocess.run(  # the contract: the manager accepts --namespace
         [sys.executable, "-m", "capi_libvirt.cli", *manager["args"], "--help"],
         capture_output=True, text=True, timeout=60).stdout
@@ -187,29 +214,56 @@ def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: 
 
 # -- the cluster template ----------------------------------------------------------------------------------------------
 
-def test_cluster_template_variables(repository: pathlib.Path, tmp_path: pathlib.Path) -> None:
+# Variables every flavor shares, with their defaults as `--list-variables` prints them.
+COMMON_OPTIONAL = {
+    "CLUSTER_NAME": "demo",  # the command's argument
+    "NAMESPACE": "demo",  # --target-namespace
+    "CONTROL_PLANE_MACHINE_COUNT": "1",  # clusterctl's own defaults
+    "CONTROL_PLANE_ENDPOINT_PORT": '"6443"',  # the templates'
+    "LIBVIRT_STORAGE_POOL": '"default"',
+    "LIBVIRT_NETWORK": '"default"',
+    "LIBVIRT_CONTROL_PLANE_CPUS": '"2"',
+    "LIBVIRT_CONTROL_PLANE_MEMORY_MIB": '"4096"',
+    "LIBVIRT_WORKER_CPUS": '"2"',
+    "LIBVIRT_WORKER_MEMORY_MIB": '"4096"',
+    "LIBVIRT_DISK_GIB": '"20"',
+}
+FLAVOR_OPTIONAL = {
+    "": {"WORKER_MACHINE_COUNT": "0"},
+    "clusterclass": {"WORKER_MACHINE_COUNT": "0"},
+    "autoscaler": {"WORKER_MACHINE_MIN_COUNT": '"0"', "WORKER_MACHINE_MAX_COUNT": '"5"'},
+}
+FLAVOR_KINDS = {
+    "": {"Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
+         "MachineDeployment": 1, "KubeadmConfigTemplate": 1},
+    "autoscaler": {"Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
+                   "MachineDeployment": 1, "KubeadmConfigTemplate": 1},
+    "clusterclass": {"ClusterClass": 1, "LibvirtClusterTemplate": 1, "KubeadmControlPlaneTemplate": 1,
+                     "LibvirtMachineTemplate": 2, "KubeadmConfigTemplate": 1, "Cluster": 1},
+}
+
+
+def test_every_flavor_is_released() -> None:
+    assert set(FLAVOR_KINDS) == set(FLAVOR_OPTIONAL) == set(templates.FLAVORS)
+
+
+@pytest.mark.parametrize("flavor", sorted(templates.FLAVORS))
+def test_cluster_template_variables(flavor: str, repository: pathlib.Path, tmp_path: pathlib.Path) -> None:
     out = clusterctl(tmp_path, repository, "generate", "cluster", "demo", "--from",
-                     str(repository / release.CLUSTER_TEMPLATE), "--target-namespace", "demo", "--list-variables").stdout
+                     str(repository / templates.file_name(flavor)), "--target-namespace", "demo",
+                     "--list-variables").stdout
     required = out.split("Required Variables:")[1].split("Optional Variables:")[0].split()
     assert [v for v in required if v != "-"] == ["CONTROL_PLANE_ENDPOINT_HOST", "KUBERNETES_VERSION",
                                                  "LIBVIRT_BASE_IMAGE"]
     optional = {line.split()[1]: line.split("(defaults to ")[1].rstrip(")")
                 for line in out.split("Optional Variables:")[1].splitlines() if line.strip().startswith("-")}
-    assert optional == {
-        "CLUSTER_NAME": "demo",  # the command's argument
-        "NAMESPACE": "demo",  # --target-namespace
-        "CONTROL_PLANE_MACHINE_COUNT": "1",  # clusterctl's own defaults
-        "WORKER_MACHINE_COUNT": "0",
-        "CONTROL_PLANE_ENDPOINT_PORT": '"6443"',  # the template's
-        "LIBVIRT_STORAGE_POOL": '"default"',
-        "LIBVIRT_NETWORK": '"default"',
-    }
+    assert optional == {**COMMON_OPTIONAL, **FLAVOR_OPTIONAL[flavor]}
 
 
 def _refs(value: Any) -> Iterator[dict]:
-    """Every v1beta2 contract reference ({apiGroup, kind, name}) in an object."""
+    """Every reference ({apiGroup or apiVersion, kind, name}) in an object."""
     if isinstance(value, dict):
-        if {"apiGroup", "kind", "name"} <= value.keys():
+        if {"kind", "name"} <= value.keys() and value.keys() & {"apiGroup", "apiVersion"}:
             yield value
         for item in value.values():
             yield from _refs(item)
@@ -218,55 +272,67 @@ def _refs(value: Any) -> Iterator[dict]:
             yield from _refs(item)
 
 
-def test_generated_cluster_applies_to_the_api_server(repository: pathlib.Path, tmp_path: pathlib.Path,
+def _generate(flavor: str, repository: pathlib.Path, tmp_path: pathlib.Path, namespace: str) -> list[dict]:
+    out = clusterctl(tmp_path, repository, "generate", "cluster", "demo", "--from",
+                     str(repository / templates.file_name(flavor)), "--target-namespace", namespace,
+                     env=TEMPLATE_VARIABLES).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.mark.parametrize("flavor", sorted(templates.FLAVORS))
+def test_generated_cluster_applies_to_the_api_server(flavor: str, repository: pathlib.Path, tmp_path: pathlib.Path,
                                                      control_plane: cp.LocalControlPlane, kubeadm_crds: None,
                                                      target_namespace: str) -> None:
-    """`generate cluster demo --from cluster-template.yaml` with every variable from the environment: the expected
-    objects, references that resolve among them, numbers that are numbers, the kubelet's providerID left to
-    cloud-init's Jinja, and every object accepted by the API server with the kubeadm CRDs (dry-run apply)."""
-    out = clusterctl(tmp_path, repository, "generate", "cluster", "demo", "--from",
-                     str(repository / release.CLUSTER_TEMPLATE), "--target-namespace", target_namespace,
-                     env=TEMPLATE_VARIABLES).stdout
-    documents = [d for d in yaml.safe_load_all(out) if d]
-    assert collections.Counter(d["kind"] for d in documents) == {
-        "Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
-        "MachineDeployment": 1, "KubeadmConfigTemplate": 1,
-    }
+    """`generate cluster demo --from <flavor>` with every variable from the environment: the expected objects,
+    references that resolve among them, numbers that are numbers, the kubelet's providerID left to cloud-init's
+    Jinja, and every object accepted by the API server with the kubeadm CRDs (server-side apply, dry-run)."""
+    documents = _generate(flavor, repository, tmp_path, target_namespace)
+    assert collections.Counter(d["kind"] for d in documents) == FLAVOR_KINDS[flavor]
     assert {d["metadata"]["namespace"] for d in documents} == {target_namespace}
-    by_kind = {d["kind"]: d for d in documents}
-    assert by_kind["Cluster"]["metadata"]["name"] == "demo"
-
     present = {(d["apiVersion"].split("/")[0], d["kind"], d["metadata"]["name"]) for d in documents}
     for document in documents:
         for ref in _refs(document["spec"]):
-            assert (ref["apiGroup"], ref["kind"], ref["name"]) in present, f"{document['kind']}: {ref} dangles"
-
-    assert by_kind["KubeadmControlPlane"]["spec"]["replicas"] == 3
-    assert by_kind["KubeadmControlPlane"]["spec"]["version"] == "v1.34.1"
-    assert by_kind["MachineDeployment"]["spec"]["replicas"] == 2
-    assert by_kind["LibvirtCluster"]["spec"]["controlPlaneEndpoint"] == {"host": "192.0.2.10", "port": 6443}
-    machine_specs = [d["spec"]["template"]["spec"] for d in documents if d["kind"] == "LibvirtMachineTemplate"]
-    for spec in machine_specs:
-        assert spec["image"] == {"volume": "ubuntu-24.04.qcow2"}
-        assert spec["storagePool"] == "default"
-        assert spec["interfaces"] == [{"network": "default"}]
-    registrations = [
-        by_kind["KubeadmControlPlane"]["spec"]["kubeadmConfigSpec"]["initConfiguration"]["nodeRegistration"],
-        by_kind["KubeadmControlPlane"]["spec"]["kubeadmConfigSpec"]["joinConfiguration"]["nodeRegistration"],
-        by_kind["KubeadmConfigTemplate"]["spec"]["template"]["spec"]["joinConfiguration"]["nodeRegistration"],
-    ]
+            group = ref.get("apiGroup") or ref["apiVersion"].split("/")[0]
+            assert (group, ref["kind"], ref["name"]) in present, f"{document['kind']}: {ref} dangles"
+    for spec in [d["spec"]["template"]["spec"] for d in documents if d["kind"] == "LibvirtMachineTemplate"]:
+        assert spec["storagePool"] == "default" and spec["interfaces"] == [{"network": "default"}]
+        assert (spec["cpus"], spec["memoryMiB"], spec["diskGiB"]) == (2, 4096, 20)
+    registrations = [r for d in documents for r in _node_registrations(d)]
+    assert len(registrations) == 3  # control plane init and join, workers join
     for registration in registrations:
         assert {"name": "provider-id", "value": "{{ ds.meta_data.provider_id }}"} in registration["kubeletExtraArgs"]
-    assert by_kind["KubeadmControlPlane"]["spec"]["kubeadmConfigSpec"]["format"] == "cloud-config"
+        assert registration["name"] == "{{ ds.meta_data.local_hostname }}"
 
     cache: dict[str, Any] = {}
     for document in documents:
         applied = apply(control_plane, document, cache)
-        assert applied["metadata"]["name"] == document["metadata"]["name"]
-        assert applied["kind"] == document["kind"]
+        assert (applied["kind"], applied["metadata"]["name"]) == (document["kind"], document["metadata"]["name"])
 
-    # The dry-run does validate: a reference without its v1beta2 apiGroup is refused (422, a required field), and
-    # so is a field the schema does not declare (the v1beta1 apiVersion; server-side apply answers 500 for that).
+
+def _node_registrations(document: dict) -> list[dict]:
+    spec = document["spec"]
+    config = {"KubeadmControlPlane": lambda: spec["kubeadmConfigSpec"],
+              "KubeadmControlPlaneTemplate": lambda: spec["template"]["spec"]["kubeadmConfigSpec"],
+              "KubeadmConfigTemplate": lambda: spec["template"]["spec"]}.get(document["kind"])
+    if config is None:
+        return []
+    return [c["nodeRegistration"] for key, c in config().items() if key in ("initConfiguration", "joinConfiguration")]
+
+
+def test_default_flavor_values(repository: pathlib.Path, tmp_path: pathlib.Path, control_plane: cp.LocalControlPlane,
+                               kubeadm_crds: None, target_namespace: str) -> None:
+    """The default flavor's numbers and endpoint; and the dry-run does validate: a reference without its v1beta2
+    apiGroup is refused (422, a required field), and so is a field the schema does not declare."""
+    by_kind = {d["kind"]: d for d in _generate("", repository, tmp_path, target_namespace)
+               if d["kind"] != "LibvirtMachineTemplate"}
+    assert by_kind["Cluster"]["metadata"]["name"] == "demo"
+    assert by_kind["KubeadmControlPlane"]["spec"]["replicas"] == 3
+    assert by_kind["KubeadmControlPlane"]["spec"]["version"] == "v1.34.1"
+    assert by_kind["KubeadmControlPlane"]["spec"]["kubeadmConfigSpec"]["format"] == "cloud-config"
+    assert by_kind["MachineDeployment"]["spec"]["replicas"] == 2
+    assert by_kind["LibvirtCluster"]["spec"]["controlPlaneEndpoint"] == {"host": "192.0.2.10", "port": 6443}
+
+    cache: dict[str, Any] = {}
     broken = json.loads(json.dumps(by_kind["KubeadmControlPlane"]))
     ref = broken["spec"]["machineTemplate"]["spec"]["infrastructureRef"]
     group = ref.pop("apiGroup")
@@ -277,3 +343,32 @@ def test_generated_cluster_applies_to_the_api_server(repository: pathlib.Path, t
     with pytest.raises(cp.ControlPlaneError) as refused:
         apply(control_plane, broken, cache)
     assert "apiVersion: field not declared in schema" in str(refused.value)
+
+
+def test_autoscaler_flavor_leaves_replicas_to_the_autoscaler(repository: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """The worker MachineDeployment carries the node-group bounds and no replicas, and no capacity annotations:
+    the autoscaler sizes it at zero from LibvirtMachineTemplate.status.capacity."""
+    documents = _generate("autoscaler", repository, tmp_path, "demo")
+    [deployment] = [d for d in documents if d["kind"] == "MachineDeployment"]
+    assert "replicas" not in deployment["spec"]
+    assert deployment["metadata"]["annotations"] == {
+        "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",
+        "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "5",
+    }
+
+
+def test_clusterclass_flavor_patches_variables_in(repository: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """The Cluster's topology names the class and gives the endpoint and image variables; each variable the class
+    declares has a patch that writes it into a template."""
+    documents = _generate("clusterclass", repository, tmp_path, "demo")
+    [cluster] = [d for d in documents if d["kind"] == "Cluster"]
+    [cluster_class] = [d for d in documents if d["kind"] == "ClusterClass"]
+    topology = cluster["spec"]["topology"]
+    assert topology["classRef"] == {"name": cluster_class["metadata"]["name"]}
+    assert {v["name"]: v["value"] for v in topology["variables"]} == {
+        "controlPlaneEndpoint": {"host": "192.0.2.10", "port": 6443}, "baseImage": "ubuntu-24.04.qcow2"}
+    assert topology["workers"]["machineDeployments"][0]["replicas"] == 2
+    declared = {v["name"] for v in cluster_class["spec"]["variables"]}
+    patched = {j["valueFrom"]["variable"] for p in cluster_class["spec"]["patches"] for d in p["definitions"]
+               for j in d["jsonPatches"]}
+    assert declared == patched == {"controlPlaneEndpoint", "baseImage"}

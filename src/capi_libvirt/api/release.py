@@ -1,4 +1,4 @@
-"""The clusterctl release artifacts: infrastructure-components.yaml, metadata.yaml and cluster-template.yaml.
+"""The clusterctl release artifacts: infrastructure-components.yaml, metadata.yaml and the cluster templates.
 
 Laid out as a clusterctl local repository, `<out>/infrastructure-libvirt/<version>/`, so
 `providers: [{name: libvirt, type: InfrastructureProvider, url: file://<out>/infrastructure-libvirt/<version>/
@@ -14,10 +14,11 @@ from typing import Iterable
 
 import yaml
 
-from capi_libvirt.api import meta
+from capi_libvirt.api import templates
 
 PROVIDER_LABEL = "infrastructure-libvirt"  # clusterctl's name for the provider: <type>-<name>
-LABELS = {"cluster.x-k8s.io/provider": PROVIDER_LABEL}
+PROVIDER_LABEL_KEY = "cluster.x-k8s.io/provider"
+IMAGE_VARIABLE = "CAPI_LIBVIRT_IMAGE"
 IMAGE_REPOSITORY = "ghcr.io/capi-libvirt/capi-libvirt"
 CONTRACT = "v1beta2"  # the Cluster API contract the release series implements (v1beta1 fields are kept too)
 
@@ -25,22 +26,7 @@ COMPONENTS = "infrastructure-components.yaml"
 METADATA = "metadata.yaml"
 CLUSTER_TEMPLATE = "cluster-template.yaml"
 
-# The folders under config/ whose kustomization.yaml lists what goes into the components, in apply order.
-CONFIG_FOLDERS = ("crd", "rbac", "manager")
-
 VERSION = re.compile(r"^v(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?$")
-
-BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
-CONTROLPLANE_GROUP = "controlplane.cluster.x-k8s.io"
-
-# The kubelet's providerID from the NoCloud meta-data (`provider-id`, which cloud-init's Jinja exposes as
-# provider_id); Cluster API's kubeadm bootstrap data starts with `## template: jinja`, so cloud-init renders it.
-PROVIDER_ID_FROM_METADATA = "{{ ds.meta_data.provider_id }}"
-HOSTNAME_FROM_METADATA = "{{ ds.meta_data.local_hostname }}"
-
-# Pods and services of the workload cluster: outside libvirt's default NAT network (192.168.122.0/24).
-POD_CIDR = "10.244.0.0/16"
-SERVICE_CIDR = "10.96.0.0/12"
 
 
 class ReleaseError(ValueError):
@@ -56,33 +42,70 @@ def parse_version(version: str) -> tuple[int, int]:
 
 
 def image(version: str) -> str:
-    """The manager's image, a literal: `clusterctl generate provider --describe` and `--raw` skip the variables but
-    still parse every image, so a `${VAR}` image fails there ("couldn't parse image name"). Users move it with
-    clusterctl's own override, `images: {infrastructure-libvirt: {repository: ..., tag: ...}}` in clusterctl.yaml."""
+    """This release's manager image."""
     return f"{IMAGE_REPOSITORY}:{version}"
+
+
+def image_variable(version: str) -> str:
+    """The manager's image in the components: a clusterctl variable defaulting to this release's image.
+
+    `clusterctl init` substitutes it before anything parses the image, so both ways of moving the image work there:
+    the variable and clusterctl's own `images:` override. (clusterctl 1.12's `generate provider --describe` and
+    `--raw` apply the image override to the unsubstituted text and fail to parse it; plain `generate provider`
+    works.)"""
+    return f"${{{IMAGE_VARIABLE}:={image(version)}}}"
 
 
 # -- infrastructure-components.yaml ----------------------------------------------------------------------------------
 
-def _kustomized(folder: pathlib.Path) -> list[dict]:
-    """The documents of the files a kustomization.yaml lists, in its order."""
+# Kinds kustomize's `namespace:` leaves alone (cluster-scoped); custom kinds count as namespaced, as in kustomize.
+CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+
+
+def _load_resource(folder: pathlib.Path, resource: str) -> list[dict]:
+    path = folder / resource
+    if path.is_dir():
+        return kustomize(path)
+    if not path.is_file():
+        raise ReleaseError(f"{folder / 'kustomization.yaml'} lists {resource}, which is neither a file nor a folder")
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _set_namespace(document: dict, namespace: str) -> None:
+    """kustomize's namespace transformer: namespaced objects move, and so do ServiceAccount subjects of bindings."""
+    if document.get("kind") not in CLUSTER_SCOPED:
+        document.setdefault("metadata", {})["namespace"] = namespace
+    for subject in document.get("subjects") or []:
+        if subject.get("kind") == "ServiceAccount":
+            subject["namespace"] = namespace
+
+
+def kustomize(folder: pathlib.Path) -> list[dict]:
+    """The objects `kustomize build <folder>` gives, for the subset of kustomize config/ uses: `resources` (files and
+    folders), `namespace`, and `labels` without selectors. Anything else in a kustomization.yaml is refused, so
+    config/ cannot drift into what this reader would silently ignore (a test compares it with the real kustomize)."""
     kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
-    documents = []
-    for resource in kustomization.get("resources", []):
-        path = folder / resource
-        if not path.is_file():
-            raise ReleaseError(f"{folder / 'kustomization.yaml'} lists {resource}, which is not a file")
-        documents.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    unknown = set(kustomization) - {"apiVersion", "kind", "resources", "namespace", "labels"}
+    if unknown:
+        raise ReleaseError(f"{folder / 'kustomization.yaml'} uses {sorted(unknown)}, which release.py does not read")
+    documents = [d for resource in kustomization.get("resources", []) for d in _load_resource(folder, resource)]
+    for label_set in kustomization.get("labels", []):
+        if label_set.get("includeSelectors"):
+            raise ReleaseError(f"{folder / 'kustomization.yaml'}: labels with includeSelectors are not read")
+        for document in documents:
+            document.setdefault("metadata", {}).setdefault("labels", {}).update(label_set["pairs"])
+    if "namespace" in kustomization:
+        for document in documents:
+            _set_namespace(document, kustomization["namespace"])
     return documents
 
 
 def components(config_dir: pathlib.Path, version: str) -> list[dict]:
-    """The provider's objects: CRDs, RBAC, the Namespace and the controller Deployment, each labelled as clusterctl
-    wants. The Namespace keeps its name (clusterctl moves everything to `--target-namespace` itself); the manager
-    runs this version's image. No variables: the one knob of config/manager, CAPI_LIBVIRT_HOSTS, is for development
-    and empty by default, and clusterctl would treat `${VAR:=}` (an empty default) as a required variable."""
+    """The provider's objects, config/default as kustomize builds it: CRDs, RBAC, the Namespace and the controller
+    Deployment, each labelled as clusterctl wants; the manager's image is `${CAPI_LIBVIRT_IMAGE:=<this release's>}`.
+    The Namespace keeps its name (clusterctl moves everything to `--target-namespace` itself)."""
     parse_version(version)
-    documents = [d for folder in CONFIG_FOLDERS for d in _kustomized(config_dir / folder)]
+    documents = kustomize(config_dir / "default")
     namespaces = [d for d in documents if d.get("kind") == "Namespace"]
     if len(namespaces) != 1:
         raise ReleaseError(f"clusterctl wants exactly one Namespace in the components, config/ has {len(namespaces)}")
@@ -90,9 +113,10 @@ def components(config_dir: pathlib.Path, version: str) -> list[dict]:
                 for c in d["spec"]["template"]["spec"]["containers"] if c.get("name") == "manager"]
     if len(managers) != 1:
         raise ReleaseError(f"clusterctl wants one controller container named `manager`, config/ has {len(managers)}")
-    managers[0]["image"] = image(version)
+    managers[0]["image"] = image_variable(version)
     for document in documents:
-        document.setdefault("metadata", {}).setdefault("labels", {}).update(LABELS)
+        if document["metadata"].get("labels", {}).get(PROVIDER_LABEL_KEY) != PROVIDER_LABEL:
+            raise ReleaseError(f"{document['kind']} {document['metadata']['name']} lacks the provider label")
     # Namespace first, then CRDs, then the rest (as in config/): what clusterctl and kubectl apply expect.
     order = {"Namespace": 0, "CustomResourceDefinition": 1}
     return sorted(documents, key=lambda d: order.get(d["kind"], 2))
@@ -110,109 +134,21 @@ def metadata(version: str) -> dict:
     }
 
 
-# -- cluster-template.yaml -------------------------------------------------------------------------------------------
-
-# Variables of the default flavor; those with `:=` have defaults, clusterctl requires the others.
-CLUSTER_NAME = "${CLUSTER_NAME}"
-NAMESPACE = "${NAMESPACE}"
-KUBERNETES_VERSION = "${KUBERNETES_VERSION}"
-CONTROL_PLANE_MACHINE_COUNT = "${CONTROL_PLANE_MACHINE_COUNT}"
-WORKER_MACHINE_COUNT = "${WORKER_MACHINE_COUNT}"
-CONTROL_PLANE_ENDPOINT_HOST = "${CONTROL_PLANE_ENDPOINT_HOST}"
-CONTROL_PLANE_ENDPOINT_PORT = "${CONTROL_PLANE_ENDPOINT_PORT:=6443}"
-LIBVIRT_BASE_IMAGE = "${LIBVIRT_BASE_IMAGE}"
-LIBVIRT_STORAGE_POOL = "${LIBVIRT_STORAGE_POOL:=default}"
-LIBVIRT_NETWORK = "${LIBVIRT_NETWORK:=default}"
-
-
-def _ref(group: str, kind: str, name: str) -> dict:
-    """A v1beta2 contract reference: apiGroup, kind, name (same namespace)."""
-    return {"apiGroup": group, "kind": kind, "name": name}
-
-
-def _object(api_version: str, kind: str, name: str, spec: dict) -> dict:
-    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
-
-
-def _node_registration() -> dict:
-    """The kubelet gets its providerID (and the node its name) from the machine's NoCloud meta-data."""
-    return {
-        "name": HOSTNAME_FROM_METADATA,
-        "kubeletExtraArgs": [{"name": "provider-id", "value": PROVIDER_ID_FROM_METADATA}],
-    }
-
-
-def _machine_template(name: str) -> dict:
-    return _object(meta.API_VERSION, "LibvirtMachineTemplate", name, {
-        "template": {"spec": {
-            "image": {"volume": LIBVIRT_BASE_IMAGE},
-            "storagePool": LIBVIRT_STORAGE_POOL,
-            "cpus": 2,
-            "memoryMiB": 4096,
-            "diskGiB": 20,
-            "interfaces": [{"network": LIBVIRT_NETWORK}],
-        }},
-    })
-
-
-def cluster_template() -> list[dict]:
-    """The default flavor: a Cluster on a LibvirtCluster, a KubeadmControlPlane of LibvirtMachines and one
-    MachineDeployment of workers, all in the Cluster API v1beta2 types."""
-    control_plane = f"{CLUSTER_NAME}-control-plane"
-    workers = f"{CLUSTER_NAME}-md-0"
-    capi = f"{meta.CAPI_GROUP}/{meta.CAPI_VERSION}"
-    return [
-        _object(capi, "Cluster", CLUSTER_NAME, {
-            "clusterNetwork": {"pods": {"cidrBlocks": [POD_CIDR]}, "services": {"cidrBlocks": [SERVICE_CIDR]}},
-            "infrastructureRef": _ref(meta.GROUP, "LibvirtCluster", CLUSTER_NAME),
-            "controlPlaneRef": _ref(CONTROLPLANE_GROUP, "KubeadmControlPlane", control_plane),
-        }),
-        _object(meta.API_VERSION, "LibvirtCluster", CLUSTER_NAME, {
-            # The provider supplies the endpoint (Cluster API copies it to the Cluster): an address the user
-            # provides, e.g. a load balancer or a virtual IP in front of the control-plane machines.
-            "controlPlaneEndpoint": {"host": CONTROL_PLANE_ENDPOINT_HOST, "port": CONTROL_PLANE_ENDPOINT_PORT},
-        }),
-        _object(f"{CONTROLPLANE_GROUP}/{meta.CAPI_VERSION}", "KubeadmControlPlane", control_plane, {
-            "replicas": CONTROL_PLANE_MACHINE_COUNT,
-            "version": KUBERNETES_VERSION,
-            "machineTemplate": {"spec": {
-                "infrastructureRef": _ref(meta.GROUP, "LibvirtMachineTemplate", control_plane),
-            }},
-            "kubeadmConfigSpec": {
-                "format": "cloud-config",
-                "initConfiguration": {"nodeRegistration": _node_registration()},
-                "joinConfiguration": {"nodeRegistration": _node_registration()},
-            },
-        }),
-        _machine_template(control_plane),
-        _object(capi, "MachineDeployment", workers, {
-            "clusterName": CLUSTER_NAME,
-            "replicas": WORKER_MACHINE_COUNT,
-            "selector": {"matchLabels": {}},  # Cluster API's defaulting adds the cluster and deployment labels
-            "template": {"spec": {
-                "clusterName": CLUSTER_NAME,
-                "version": KUBERNETES_VERSION,
-                "bootstrap": {"configRef": _ref(BOOTSTRAP_GROUP, "KubeadmConfigTemplate", workers)},
-                "infrastructureRef": _ref(meta.GROUP, "LibvirtMachineTemplate", workers),
-            }},
-        }),
-        _object(f"{BOOTSTRAP_GROUP}/{meta.CAPI_VERSION}", "KubeadmConfigTemplate", workers, {
-            "template": {"spec": {
-                "format": "cloud-config",
-                "joinConfiguration": {"nodeRegistration": _node_registration()},
-            }},
-        }),
-        _machine_template(workers),
-    ]
-
-
 # -- writing ---------------------------------------------------------------------------------------------------------
 
 HEADER = "# Generated by `capi-libvirt release-manifests` from config/ and src/capi_libvirt/api; do not edit.\n"
 
 
+class _Dumper(yaml.SafeDumper):
+    """pyyaml's safe dumper, writing templates.Quoted values double-quoted."""
+
+
+_Dumper.add_representer(templates.Quoted, lambda dumper, value: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", str(value), style='"'))
+
+
 def _dump_all(documents: Iterable[dict]) -> str:
-    return HEADER + yaml.safe_dump_all(list(documents), sort_keys=False, width=120, explicit_start=True)
+    return HEADER + yaml.dump_all(list(documents), Dumper=_Dumper, sort_keys=False, width=120, explicit_start=True)
 
 
 def rendered(config_dir: pathlib.Path, version: str) -> dict[str, str]:
@@ -220,7 +156,7 @@ def rendered(config_dir: pathlib.Path, version: str) -> dict[str, str]:
     return {
         COMPONENTS: _dump_all(components(config_dir, version)),
         METADATA: HEADER + yaml.safe_dump(metadata(version), sort_keys=False),
-        CLUSTER_TEMPLATE: _dump_all(cluster_template()),
+        **{templates.file_name(flavor): _dump_all(build()) for flavor, build in templates.FLAVORS.items()},
     }
 
 

@@ -9,6 +9,7 @@ import pathlib
 KUBERNETES_VERSION = os.environ.get("KUBERNETES_VERSION", "v1.35.4")
 ETCD_VERSION = os.environ.get("ETCD_VERSION", "v3.6.16")
 CLUSTER_API_VERSION = os.environ.get("CLUSTER_API_VERSION", "v1.12.8")
+KUSTOMIZE_VERSION = os.environ.get("KUSTOMIZE_VERSION", "v5.8.1")
 
 
 def cache_dir() -> pathlib.Path:
@@ -23,6 +24,10 @@ def bin_dir() -> pathlib.Path:
 
 def etcd_binary() -> pathlib.Path:
     return bin_dir() / f"etcd-{ETCD_VERSION}"
+
+
+def kustomize_binary() -> pathlib.Path:
+    return bin_dir() / f"kustomize-{KUSTOMIZE_VERSION}"
 
 
 def kube_apiserver_binary() -> pathlib.Path:

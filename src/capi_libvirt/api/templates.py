@@ -1,0 +1,279 @@
+"""The cluster templates (flavors) users give `clusterctl generate cluster`: plain, ClusterClass and autoscaler.
+
+Every object is a Python dict; clusterctl's variables (`${VAR}`, `${VAR:=default}`) are plain string values in them.
+All use the Cluster API v1beta2 types and Kubeadm bootstrap and control plane. The kubelet takes its providerID and
+the node its name from the NoCloud meta-data the provider writes, through cloud-init's Jinja (Kubeadm's bootstrap
+data starts with `## template: jinja`).
+
+The control-plane endpoint is an address the user gives: a load balancer in front of the control-plane machines, or
+a virtual IP on the libvirt network that something the user runs on them (kube-vip, keepalived) holds.
+"""
+
+from __future__ import annotations
+
+from capi_libvirt.api import meta
+
+BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
+CONTROLPLANE_GROUP = "controlplane.cluster.x-k8s.io"
+CAPI = f"{meta.CAPI_GROUP}/{meta.CAPI_VERSION}"
+BOOTSTRAP = f"{BOOTSTRAP_GROUP}/{meta.CAPI_VERSION}"
+CONTROLPLANE = f"{CONTROLPLANE_GROUP}/{meta.CAPI_VERSION}"
+
+PROVIDER_ID_FROM_METADATA = "{{ ds.meta_data.provider_id }}"
+HOSTNAME_FROM_METADATA = "{{ ds.meta_data.local_hostname }}"
+
+# Pods and services of the workload cluster: outside libvirt's default NAT network (192.168.122.0/24).
+POD_CIDR = "10.244.0.0/16"
+SERVICE_CIDR = "10.96.0.0/12"
+
+# The autoscaler's node-group bounds (cluster-autoscaler's clusterapi provider reads these annotations).
+AUTOSCALER_MIN = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"
+AUTOSCALER_MAX = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size"
+
+# Variables; those with `:=` have defaults, clusterctl requires the others.
+CLUSTER_NAME = "${CLUSTER_NAME}"
+NAMESPACE = "${NAMESPACE}"
+KUBERNETES_VERSION = "${KUBERNETES_VERSION}"
+CONTROL_PLANE_MACHINE_COUNT = "${CONTROL_PLANE_MACHINE_COUNT}"
+WORKER_MACHINE_COUNT = "${WORKER_MACHINE_COUNT}"
+
+
+class Quoted(str):
+    """A value that must stay a string once clusterctl puts a number in it (an annotation): written quoted."""
+
+
+WORKER_MACHINE_MIN_COUNT = Quoted("${WORKER_MACHINE_MIN_COUNT:=0}")
+WORKER_MACHINE_MAX_COUNT = Quoted("${WORKER_MACHINE_MAX_COUNT:=5}")
+CONTROL_PLANE_ENDPOINT_HOST = "${CONTROL_PLANE_ENDPOINT_HOST}"
+CONTROL_PLANE_ENDPOINT_PORT = "${CONTROL_PLANE_ENDPOINT_PORT:=6443}"
+LIBVIRT_BASE_IMAGE = "${LIBVIRT_BASE_IMAGE}"
+LIBVIRT_STORAGE_POOL = "${LIBVIRT_STORAGE_POOL:=default}"
+LIBVIRT_NETWORK = "${LIBVIRT_NETWORK:=default}"
+CONTROL_PLANE_CPUS = "${LIBVIRT_CONTROL_PLANE_CPUS:=2}"
+CONTROL_PLANE_MEMORY_MIB = "${LIBVIRT_CONTROL_PLANE_MEMORY_MIB:=4096}"
+WORKER_CPUS = "${LIBVIRT_WORKER_CPUS:=2}"
+WORKER_MEMORY_MIB = "${LIBVIRT_WORKER_MEMORY_MIB:=4096}"
+DISK_GIB = "${LIBVIRT_DISK_GIB:=20}"
+
+CLUSTER_CLASS = "libvirt-kubeadm-v0.1.0"  # versioned, so a changed class is a new class clusters move to
+
+
+def _ref(group: str, kind: str, name: str) -> dict:
+    """A v1beta2 contract reference: apiGroup, kind, name (same namespace)."""
+    return {"apiGroup": group, "kind": kind, "name": name}
+
+
+def _template_ref(api_version: str, kind: str, name: str) -> dict:
+    """A ClusterClass template reference: v1beta2 ClusterClasses name templates by apiVersion."""
+    return {"apiVersion": api_version, "kind": kind, "name": name}
+
+
+def _object(api_version: str, kind: str, name: str, spec: dict, annotations: dict | None = None) -> dict:
+    metadata: dict = {"name": name, "namespace": NAMESPACE}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
+
+
+def node_registration() -> dict:
+    """The kubelet gets its providerID (and the node its name) from the machine's NoCloud meta-data."""
+    return {
+        "name": HOSTNAME_FROM_METADATA,
+        "kubeletExtraArgs": [{"name": "provider-id", "value": PROVIDER_ID_FROM_METADATA}],
+    }
+
+
+def machine_spec(cpus: str, memory_mib: str) -> dict:
+    return {
+        "image": {"volume": LIBVIRT_BASE_IMAGE},
+        "storagePool": LIBVIRT_STORAGE_POOL,
+        "cpus": cpus,
+        "memoryMiB": memory_mib,
+        "diskGiB": DISK_GIB,
+        "interfaces": [{"network": LIBVIRT_NETWORK}],
+    }
+
+
+def _machine_template(name: str, cpus: str, memory_mib: str) -> dict:
+    spec = {"template": {"spec": machine_spec(cpus, memory_mib)}}
+    return _object(meta.API_VERSION, "LibvirtMachineTemplate", name, spec)
+
+
+def _kubeadm_config_spec() -> dict:
+    return {
+        "format": "cloud-config",
+        "initConfiguration": {"nodeRegistration": node_registration()},
+        "joinConfiguration": {"nodeRegistration": node_registration()},
+    }
+
+
+def _worker_bootstrap_template(name: str) -> dict:
+    return _object(BOOTSTRAP, "KubeadmConfigTemplate", name, {
+        "template": {"spec": {"format": "cloud-config", "joinConfiguration": {"nodeRegistration": node_registration()}}},
+    })
+
+
+def _endpoint() -> dict:
+    return {"host": CONTROL_PLANE_ENDPOINT_HOST, "port": CONTROL_PLANE_ENDPOINT_PORT}
+
+
+def _cluster_network() -> dict:
+    return {"pods": {"cidrBlocks": [POD_CIDR]}, "services": {"cidrBlocks": [SERVICE_CIDR]}}
+
+
+# -- the default flavor ----------------------------------------------------------------------------------------------
+
+def _machine_deployment(name: str, replicas: str | None, annotations: dict | None = None) -> dict:
+    spec: dict = {
+        "clusterName": CLUSTER_NAME,
+        "selector": {"matchLabels": {}},  # Cluster API's defaulting adds the cluster and deployment labels
+        "template": {"spec": {
+            "clusterName": CLUSTER_NAME,
+            "version": KUBERNETES_VERSION,
+            "bootstrap": {"configRef": _ref(BOOTSTRAP_GROUP, "KubeadmConfigTemplate", name)},
+            "infrastructureRef": _ref(meta.GROUP, "LibvirtMachineTemplate", name),
+        }},
+    }
+    if replicas is not None:
+        spec["replicas"] = replicas
+    return _object(CAPI, "MachineDeployment", name, spec, annotations)
+
+
+def cluster_template(worker_annotations: dict | None = None, worker_replicas: str | None = WORKER_MACHINE_COUNT
+                     ) -> list[dict]:
+    """The default flavor: a Cluster on a LibvirtCluster, a KubeadmControlPlane of LibvirtMachines and one
+    MachineDeployment of workers."""
+    control_plane = f"{CLUSTER_NAME}-control-plane"
+    workers = f"{CLUSTER_NAME}-md-0"
+    return [
+        _object(CAPI, "Cluster", CLUSTER_NAME, {
+            "clusterNetwork": _cluster_network(),
+            "infrastructureRef": _ref(meta.GROUP, "LibvirtCluster", CLUSTER_NAME),
+            "controlPlaneRef": _ref(CONTROLPLANE_GROUP, "KubeadmControlPlane", control_plane),
+        }),
+        # The provider supplies the endpoint (Cluster API copies it to the Cluster).
+        _object(meta.API_VERSION, "LibvirtCluster", CLUSTER_NAME, {"controlPlaneEndpoint": _endpoint()}),
+        _object(CONTROLPLANE, "KubeadmControlPlane", control_plane, {
+            "replicas": CONTROL_PLANE_MACHINE_COUNT,
+            "version": KUBERNETES_VERSION,
+            "machineTemplate": {"spec": {
+                "infrastructureRef": _ref(meta.GROUP, "LibvirtMachineTemplate", control_plane),
+            }},
+            "kubeadmConfigSpec": _kubeadm_config_spec(),
+        }),
+        _machine_template(control_plane, CONTROL_PLANE_CPUS, CONTROL_PLANE_MEMORY_MIB),
+        _machine_deployment(workers, worker_replicas, worker_annotations),
+        _worker_bootstrap_template(workers),
+        _machine_template(workers, WORKER_CPUS, WORKER_MEMORY_MIB),
+    ]
+
+
+def autoscaler_template() -> list[dict]:
+    """The default flavor with cluster-autoscaler owning the workers' replicas: min/max annotations and no
+    `replicas` (Cluster API then starts the MachineDeployment at the minimum and leaves the count to the
+    autoscaler). No capacity annotations: the autoscaler sizes a node group at zero from
+    LibvirtMachineTemplate.status.capacity, which the provider fills."""
+    return cluster_template({AUTOSCALER_MIN: WORKER_MACHINE_MIN_COUNT, AUTOSCALER_MAX: WORKER_MACHINE_MAX_COUNT},
+                            worker_replicas=None)
+
+
+# -- the ClusterClass flavor -----------------------------------------------------------------------------------------
+
+def _variable(name: str, schema: dict, required: bool = True) -> dict:
+    return {"name": name, "required": required, "schema": {"openAPIV3Schema": schema}}
+
+
+def _patch(name: str, api_version: str, kind: str, match: dict, path: str, variable: str) -> dict:
+    return {"name": name, "definitions": [{
+        "selector": {"apiVersion": api_version, "kind": kind, "matchResources": match},
+        "jsonPatches": [{"op": "add", "path": path, "valueFrom": {"variable": variable}}],
+    }]}
+
+
+def cluster_class() -> list[dict]:
+    """A ClusterClass of a kubeadm control plane and a `default-worker` MachineDeployment class on libvirt, its
+    templates, and two variables: the control-plane endpoint and the base image volume (patched in)."""
+    name = CLUSTER_CLASS
+    control_plane, worker = f"{name}-control-plane", f"{name}-default-worker"
+    machine = {"controlPlane": True}
+    workers = {"machineDeploymentClass": {"names": ["default-worker"]}}
+    image_path = "/spec/template/spec/image/volume"
+    return [
+        _object(CAPI, "ClusterClass", name, {
+            "controlPlane": {
+                "templateRef": _template_ref(CONTROLPLANE, "KubeadmControlPlaneTemplate", control_plane),
+                "machineInfrastructure": {
+                    "templateRef": _template_ref(meta.API_VERSION, "LibvirtMachineTemplate", control_plane)},
+            },
+            "infrastructure": {"templateRef": _template_ref(meta.API_VERSION, "LibvirtClusterTemplate", name)},
+            "workers": {"machineDeployments": [{
+                "class": "default-worker",
+                "bootstrap": {"templateRef": _template_ref(BOOTSTRAP, "KubeadmConfigTemplate", worker)},
+                "infrastructure": {"templateRef": _template_ref(meta.API_VERSION, "LibvirtMachineTemplate", worker)},
+            }]},
+            "variables": [
+                _variable("controlPlaneEndpoint", {
+                    "type": "object", "required": ["host"],
+                    "properties": {"host": {"type": "string", "minLength": 1},
+                                   "port": {"type": "integer", "default": 6443, "minimum": 1, "maximum": 65535}},
+                }),
+                _variable("baseImage", {"type": "string", "minLength": 1, "maxLength": 255,
+                                        "description": "The libvirt volume the machines' disks are overlays of."}),
+            ],
+            "patches": [
+                _patch("controlPlaneEndpoint", meta.API_VERSION, "LibvirtClusterTemplate",
+                       {"infrastructureCluster": True}, "/spec/template/spec/controlPlaneEndpoint",
+                       "controlPlaneEndpoint"),
+                _patch("controlPlaneImage", meta.API_VERSION, "LibvirtMachineTemplate", machine, image_path,
+                       "baseImage"),
+                _patch("workerImage", meta.API_VERSION, "LibvirtMachineTemplate", workers, image_path, "baseImage"),
+            ],
+        }),
+        # The endpoint and image are patched in from the Cluster's variables; the templates carry placeholders
+        # the schemas accept.
+        _object(meta.API_VERSION, "LibvirtClusterTemplate", name, {"template": {"spec": {}}}),
+        _object(CONTROLPLANE, "KubeadmControlPlaneTemplate", control_plane, {
+            "template": {"spec": {"kubeadmConfigSpec": _kubeadm_config_spec()}},
+        }),
+        _class_machine_template(control_plane, CONTROL_PLANE_CPUS, CONTROL_PLANE_MEMORY_MIB),
+        _worker_bootstrap_template(worker),
+        _class_machine_template(worker, WORKER_CPUS, WORKER_MEMORY_MIB),
+    ]
+
+
+def _class_machine_template(name: str, cpus: str, memory_mib: str) -> dict:
+    spec = machine_spec(cpus, memory_mib)
+    spec["image"] = {"volume": "set-by-the-baseImage-variable"}
+    return _object(meta.API_VERSION, "LibvirtMachineTemplate", name, {"template": {"spec": spec}})
+
+
+def clusterclass_template() -> list[dict]:
+    """The ClusterClass flavor: the class and its templates, and a Cluster whose topology uses it."""
+    cluster = _object(CAPI, "Cluster", CLUSTER_NAME, {
+        "clusterNetwork": _cluster_network(),
+        "topology": {
+            "classRef": {"name": CLUSTER_CLASS},
+            "version": KUBERNETES_VERSION,
+            "controlPlane": {"replicas": CONTROL_PLANE_MACHINE_COUNT},
+            "workers": {"machineDeployments": [
+                {"class": "default-worker", "name": "md-0", "replicas": WORKER_MACHINE_COUNT},
+            ]},
+            "variables": [
+                {"name": "controlPlaneEndpoint", "value": _endpoint()},
+                {"name": "baseImage", "value": LIBVIRT_BASE_IMAGE},
+            ],
+        },
+    })
+    return [*cluster_class(), cluster]
+
+
+# Flavor name ("" is the default) -> the objects of `cluster-template[-<flavor>].yaml`.
+FLAVORS = {
+    "": cluster_template,
+    "clusterclass": clusterclass_template,
+    "autoscaler": autoscaler_template,
+}
+
+
+def file_name(flavor: str) -> str:
+    return f"cluster-template-{flavor}.yaml" if flavor else "cluster-template.yaml"

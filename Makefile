@@ -44,6 +44,7 @@ release-manifests: venv
 
 lint: venv
 	$(BIN)/ruff check src tests
+	$(BIN)/hadolint Dockerfile
 
 test: prerequisites lint
 	$(BIN)/pytest tests

@@ -1,0 +1,226 @@
+"""The test API server, reachable from a libvirt host's guests through that host's network namespace only.
+
+The local kube-apiserver listens on 127.0.0.1 of the machine's own network namespace, which guests cannot reach.
+ApiGateway is a TCP forwarder whose listening socket is made INSIDE the libvirt host's namespace (on the NAT
+network's bridge address, port 6443 by default): a short-lived thread enters the namespace with setns(2), creates and
+binds the socket there and ends, and a socket keeps the namespace it was made in for life. The accepted connections
+are relayed, from ordinary threads of this process, to the API server's loopback address. So:
+
+- nothing listens on a private address in the machine's own namespace (`ss -ltn` there shows no trace of it);
+- this process never sends a packet to a private address: its one outgoing connection is to loopback;
+- a guest reaches the API server only while the gateway runs; the namespace has no other way out.
+
+TLS is not terminated here: bytes are relayed as they are, and the guest verifies the API server's own certificate
+(against its CA, for a name in its SAN, kubernetes.default.svc, as kubeconfig's tls-server-name does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import logging
+import os
+import socket
+import threading
+import urllib.parse
+from types import TracebackType
+from typing import Callable, TypeVar
+
+from capi_libvirt.devenv.control_plane import LocalControlPlane
+from capi_libvirt.devenv.libvirt_host import LibvirtHost
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CLONE_NEWNET = 0x40000000  # <sched.h>; os.setns exists only from Python 3.12
+DEFAULT_PORT = 6443
+# In the SAN of the certificate kube-apiserver makes for itself (with kubernetes.default, kubernetes, 127.0.0.1 and
+# the service IP; not `localhost` once --advertise-address is set): the name in-cluster clients use.
+TLS_SERVER_NAME = "kubernetes.default.svc"
+ACCEPT_POLL_S = 0.25  # how often the accept loop looks at the stop flag
+RELAY_CHUNK = 65536
+
+
+class ApiGatewayError(RuntimeError):
+    pass
+
+
+class ApiGateway:
+    """Forwards <bridge address>:<port> inside `host`'s network namespace to the control plane's loopback port.
+
+    Use as a context manager; `url` (with `tls_server_name`) is what a guest of the host connects to."""
+
+    def __init__(self, host: LibvirtHost, control_plane: LocalControlPlane, port: int = DEFAULT_PORT) -> None:
+        self.netns = host.netns
+        self.address = host.bridge_address
+        self.port = port
+        self.upstream = loopback_endpoint(control_plane.server)
+        self.tls_server_name = TLS_SERVER_NAME
+        self._listener: socket.socket | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self.connections = 0  # accepted so far
+
+    @property
+    def url(self) -> str:
+        """The API server as the host's guests reach it (an address in the host's namespace)."""
+        return f"https://{self.address}:{self.port}"
+
+    def __enter__(self) -> ApiGateway:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Bind the listening socket inside the namespace and start accepting."""
+        self._listener = in_netns(self.netns, lambda: listening_socket(str(self.address), self.port))
+        self._listener.settimeout(ACCEPT_POLL_S)
+        self._spawn(self._accept_loop, "accept")
+        log.info("API gateway: %s in netns %s -> %s:%d", self.url, self.netns, *self.upstream)
+
+    def stop(self) -> None:
+        """Stop accepting, cut every relayed connection and wait for the threads."""
+        self._stopping.set()
+        for thread in self._threads[:1]:  # the accept loop: no new connection after it
+            thread.join(timeout=10)
+        with self._lock:
+            for sock in self._open:
+                shutdown_quietly(sock)
+        for thread in self._threads[1:]:
+            thread.join(timeout=10)
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        log.info("API gateway %s in netns %s stopped after %d connections", self.url, self.netns, self.connections)
+
+    def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
+        """A thread of the gateway; the first one spawned is the accept loop, kept first (finished ones are dropped)."""
+        thread = threading.Thread(target=target, args=args, name=f"api-gateway-{name}", daemon=True)
+        self._threads = self._threads[:1] + [t for t in self._threads[1:] if t.is_alive()] + [thread]
+        thread.start()
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stopping.is_set():
+            try:
+                client, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as error:
+                if not self._stopping.is_set():
+                    log.warning("API gateway: accept failed: %s", error)
+                return
+            self.connections += 1
+            self._spawn(self._connect_and_relay, "conn", client, peer)
+
+    def _connect_and_relay(self, client: socket.socket, peer: tuple[str, int]) -> None:
+        """One guest connection: open the upstream one, then relay both ways until both sides are done."""
+        client.settimeout(None)
+        self._track(client)
+        try:
+            upstream = socket.create_connection(self.upstream, timeout=10)
+        except OSError as error:
+            log.warning("API gateway: %s:%d -> upstream failed: %s", *peer, error)
+            self._untrack(client)
+            return
+        upstream.settimeout(None)
+        self._track(upstream)
+        log.debug("API gateway: relaying %s:%d", *peer)
+        back = threading.Thread(target=relay, args=(upstream, client), name="api-gateway-back", daemon=True)
+        back.start()
+        relay(client, upstream)
+        back.join()
+        self._untrack(client)
+        self._untrack(upstream)
+
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open.add(sock)
+        if self._stopping.is_set():
+            shutdown_quietly(sock)
+
+    def _untrack(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open.discard(sock)
+        sock.close()
+
+
+def loopback_endpoint(server: str) -> tuple[str, int]:
+    """(host, port) of an https:// server URL; refused unless the host is a loopback address (the network rule)."""
+    url = urllib.parse.urlsplit(server)
+    if url.hostname is None or url.port is None or not ipaddress.ip_address(url.hostname).is_loopback:
+        raise ApiGatewayError(f"the gateway forwards to a loopback address only, not {server}")
+    return url.hostname, url.port
+
+
+def listening_socket(address: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address, port))
+        sock.listen(16)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def in_netns(netns: str, make: Callable[[], T]) -> T:
+    """make() run by a thread that has entered network namespace `netns` (named by `ip netns`), then ends.
+
+    setns(2) with CLONE_NEWNET moves only the calling thread, so the rest of the process stays where it is; sockets
+    made by make() belong to `netns` for good."""
+    outcome: dict[str, object] = {}
+
+    def enter_and_make() -> None:
+        try:
+            setns_net(f"/run/netns/{netns}")
+            outcome["value"] = make()
+        except BaseException as error:  # handed to the caller
+            outcome["error"] = error
+
+    thread = threading.Thread(target=enter_and_make, name=f"netns-{netns}")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]
+
+
+def setns_net(path: str) -> None:
+    """Move the calling thread into the network namespace bound at `path`."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns({path}): {os.strerror(errno)}")
+    finally:
+        os.close(fd)
+
+
+def relay(source: socket.socket, target: socket.socket) -> None:
+    """Copy until `source` ends (or either side breaks), then tell `target` that no more is coming."""
+    try:
+        while chunk := source.recv(RELAY_CHUNK):
+            target.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        try:
+            target.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def shutdown_quietly(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

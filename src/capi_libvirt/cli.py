@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import pathlib
+import re
 import sys
 from typing import Sequence
 
@@ -48,12 +49,56 @@ def _cmd_release_manifests(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from capi_libvirt.operator import config, main
+    from capi_libvirt.operator import config, logs, main
 
+    logs.configure(args.log_format, verbose=args.verbose)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
-    asyncio.run(main.run_operator(args.namespace, operator_config=config.from_environment(args.host)))
+    operator = main.run_operator(args.namespace, operator_config=config.from_environment(args.host),
+                                 peering=None if args.standalone else args.peering,
+                                 health_address=args.health_address, metrics_address=args.metrics_address)
+    try:
+        asyncio.run(operator)  # SIGTERM/SIGINT: kopf stops gracefully (it handles them in the main thread)
+    except asyncio.CancelledError:  # how kopf ends its root task after a signal: a clean stop
+        pass
     return 0
+
+
+def _address(value: str) -> str:
+    from capi_libvirt.operator import endpoints
+
+    try:
+        endpoints.parse_address(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
+PEERING_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def _peering_name(value: str) -> str:
+    if not PEERING_NAME.match(value):
+        raise argparse.ArgumentTypeError(f"peering name {value!r}: must be a lowercase DNS subdomain name")
+    return value
+
+
+def _add_run_arguments(run: argparse.ArgumentParser) -> None:
+    """Leader election, endpoints and log format of `run` (the Deployment's args: config/manager/manager.yaml)."""
+    from capi_libvirt.operator import logs
+
+    election = run.add_mutually_exclusive_group()
+    election.add_argument("--peering", default="capi-libvirt", type=_peering_name, metavar="NAME",
+                          help="elect a leader among the replicas in the ClusterKopfPeering NAME (default: "
+                               "capi-libvirt, from config/peering)")
+    election.add_argument("--standalone", action="store_true",
+                          help="no leader election: run as if alone (development)")
+    run.add_argument("--health-address", default="0.0.0.0:8081", type=_address, metavar="HOST:PORT",
+                     help="serve /healthz and /readyz here (default: 0.0.0.0:8081; 0: off)")
+    run.add_argument("--metrics-address", default=":8080", type=_address, metavar="HOST:PORT",
+                     help="serve Prometheus /metrics here (default: :8080, every interface; 0: off)")
+    run.add_argument("--log-format", choices=logs.FORMATS, default=logs.default_format(),
+                     help="json (one object per line) or plain text (default: json in a pod, plain elsewhere)")
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
@@ -79,6 +124,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     run.add_argument("--host", action="append", default=[], metavar="NAME=URI",
                      help="a libvirt host, e.g. kvm1=qemu+ssh://root@kvm1/system (repeatable; also $CAPI_LIBVIRT_HOSTS)")
+    _add_run_arguments(run)
     run.set_defaults(func=_cmd_run)
 
     manifests = sub.add_parser("manifests", help="generate the CRDs under config/crd from the API models")

@@ -145,6 +145,15 @@ def test_generate_provider_reads_the_release(repository: pathlib.Path, tmp_path:
     mirrored = generate(config={"images": {"infrastructure-libvirt": {"repository": "registry.example.org/m"}}})
     assert _manager_image(mirrored) == f"registry.example.org/m/capi-libvirt:{VERSION}"
 
+    # The other settings: replicas (they elect a leader) and the log format.
+    [deployment] = [d for d in documents if d["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] == 1
+    assert "--log-format=json" in _manager_container(deployment)["args"]
+    [deployment] = [d for d in generate(env={"CAPI_LIBVIRT_REPLICAS": "2", "CAPI_LIBVIRT_LOG_FORMAT": "plain"})
+                    if d["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    assert "--log-format=plain" in _manager_container(deployment)["args"]
+
 
 def test_config_default_is_what_kustomize_builds(repository: pathlib.Path) -> None:
     """config/ are kustomize bases: the real kustomize builds config/default into the same objects the release has
@@ -179,7 +188,8 @@ def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: 
     documents = [d for d in yaml.safe_load_all(out) if d]
     kinds = collections.Counter(d["kind"] for d in documents)
     assert kinds["Namespace"] == 1
-    assert kinds["CustomResourceDefinition"] == len(list((REPO / "config" / "crd").glob(f"{meta.GROUP}_*.yaml")))
+    assert kinds["CustomResourceDefinition"] == len(list((REPO / "config" / "crd").glob(f"{meta.GROUP}_*.yaml"))) + 1
+    assert kinds["ClusterKopfPeering"] == 1  # leader election (config/peering), with its CRD
     assert kinds["Deployment"] == 1
     for document in documents:
         labels = document["metadata"].get("labels", {})
@@ -187,8 +197,9 @@ def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: 
 
     for document in documents:
         if document["kind"] == "CustomResourceDefinition":
-            committed = yaml.safe_load((REPO / "config" / "crd" /
-                                        f"{meta.GROUP}_{document['spec']['names']['plural']}.yaml").read_text())
+            folder = "crd" if document["spec"]["group"] == meta.GROUP else "peering"
+            committed = yaml.safe_load((REPO / "config" / folder / f"{document['spec']['group']}_"
+                                        f"{document['spec']['names']['plural']}.yaml").read_text())
             assert document["spec"] == committed["spec"]
     deployment = next(d for d in documents if d["kind"] == "Deployment")
     assert deployment["metadata"]["namespace"] == namespace
@@ -203,6 +214,9 @@ def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: 
     cache: dict[str, Any] = {}
     [namespace_object] = [d for d in documents if d["kind"] == "Namespace"]
     apply(control_plane, namespace_object, cache, dry_run=False)  # what the namespaced objects' dry-runs need
+    # The peering CRD for real (ours are installed already): what the peering object's dry-run needs.
+    control_plane.install_crd_documents(d for d in documents if d["kind"] == "CustomResourceDefinition"
+                                        and d["spec"]["group"] != meta.GROUP)
     try:
         for document in documents:
             if document["kind"] != "Namespace":

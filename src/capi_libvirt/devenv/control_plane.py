@@ -220,13 +220,16 @@ class LocalControlPlane:
 
     def install_crds(self, files: Iterable[pathlib.Path]) -> None:
         """Create (or replace) every CRD in the files and wait until each is established."""
+        self.install_crd_documents(d for file in files for d in yaml.safe_load_all(file.read_text()))
+
+    def install_crd_documents(self, documents: Iterable[dict | None]) -> None:
+        """Create (or replace) every CRD among the documents and wait until each is established."""
         names = []
-        for file in files:
-            for document in yaml.safe_load_all(file.read_text()):
-                if not document or document.get("kind") != "CustomResourceDefinition":
-                    continue
-                names.append(document["metadata"]["name"])
-                self._create_or_replace("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", document)
+        for document in documents:
+            if not document or document.get("kind") != "CustomResourceDefinition":
+                continue
+            names.append(document["metadata"]["name"])
+            self._create_or_replace("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", document)
         for name in names:
             self._wait_established(name)
         log.info("installed %d CRDs", len(names))

@@ -10,6 +10,7 @@ duplicate event or a restart in the middle converges on the same single domain. 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -45,6 +46,16 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class Observer:
+    """What a reconcile reports as it goes, for the operator's metrics (operator.metrics); by default nothing."""
+
+    def phase(self, kind: str, phase: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # around one phase: its duration
+
+    def machine_outcome(self, body: dict, status: dict, wait: Wait | None, paused: bool) -> None:
+        """One pass's result, as `_write_status` writes it."""
+
+
 @dataclasses.dataclass
 class Dependencies:
     """What a reconcile talks to, passed in (never globals): the API, the hosts, the clock, the event sink."""
@@ -54,6 +65,7 @@ class Dependencies:
     post_event: EventSink
     now: Callable[[], str] = utc_now
     after_phase: Callable[[str], None] = lambda phase: None  # fault injection for crash-consistency tests
+    observe: Observer = dataclasses.field(default_factory=Observer)  # metrics: phase durations, pass outcomes
     failures: dict[tuple[str, ...], int] = dataclasses.field(default_factory=dict)  # per machine, for backoff
     placement_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one placement at a time
 
@@ -360,7 +372,8 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
         for phase in PHASES:
             if cancelled():
                 return None
-            await phase(deps, p)
+            with deps.observe.phase("LibvirtMachine", phase.__name__):
+                await phase(deps, p)
             deps.after_phase(phase.__name__)
     except Paused:
         await _write_status(deps, body, p.status, None, paused=True)
@@ -407,6 +420,7 @@ async def _write_status(deps: Dependencies, body: dict, status: dict, wait: Wait
     status["conditions"] = conditions.summarize_ready(status.get("conditions"), now, generation,
                                                       order=(conditions.PROVISIONED,))
     status["observedGeneration"] = generation
+    deps.observe.machine_outcome(body, status, wait, paused)
     if status != (body.get("status") or {}):
         await deps.kube.patch_libvirt_machine_status(body["metadata"]["namespace"], body["metadata"]["name"], status)
     current = conditions.get_condition(status["conditions"], conditions.PROVISIONED)

@@ -1,0 +1,45 @@
+"""The operator's log output: JSON lines (one object per record) in the container, plain text at a terminal.
+
+Both go through kopf's formatters (kopf.configure), so kopf's per-object records carry the object: as an "object"
+field in JSON, as a `[namespace/name]` prefix in plain text. JSON records also name their logger. What is logged is
+the same in both formats: messages never hold Secret data (bootstrap data, host keys), and the only extra fields
+are the logger's name and kopf's object reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+JSON, PLAIN = "json", "plain"
+FORMATS = (JSON, PLAIN)
+PLAIN_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+def default_format() -> str:
+    """JSON in a pod (Kubernetes sets KUBERNETES_SERVICE_HOST there), plain text elsewhere."""
+    return JSON if os.environ.get("KUBERNETES_SERVICE_HOST") else PLAIN
+
+
+class _LoggerName(logging.Filter):
+    """Adds the logger's name as a field of JSON records (kopf's JSON formatter leaves it out)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.logger = record.name
+        return True
+
+
+def configure(log_format: str, verbose: bool = False) -> None:
+    """Replace the root logger's handlers with one writing `log_format` to stderr."""
+    import kopf  # here, not at the top: the command line builds its parser without loading kopf
+    if log_format not in FORMATS:
+        raise ValueError(f"log format {log_format!r}: expected one of {', '.join(FORMATS)}")
+    root = logging.getLogger()
+    for handler in list(root.handlers):  # logging.basicConfig's, from the command line's start
+        root.removeHandler(handler)
+    if log_format == JSON:
+        kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON, log_prefix=False)
+        for handler in root.handlers:
+            handler.addFilter(_LoggerName())
+    else:
+        kopf.configure(verbose=verbose, log_format=PLAIN_FORMAT, log_prefix=True)

@@ -1,0 +1,173 @@
+"""The operator's Prometheus metrics: what they are, how the reconciles record them, and their exposition.
+
+Counters and the histogram are recorded as things happen: by the machine reconcile through `Observer` (it is the
+reconcile's `Dependencies.observe`: phase durations, each pass's outcome) and by the handlers around the other
+reconciles (`reconcile_pass`). The gauges (machines per host and phase, host reachability and connections, leader)
+are read at scrape time from the running operators' state, so they cannot drift from it.
+
+Label values are bounded: kinds, phase names, condition reasons and exception class names, host names. Never a
+message, a URI or anything from a Secret.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from capi_libvirt.operator import election
+from capi_libvirt.reconcile import inventory as inventory_
+from capi_libvirt.reconcile import machine as machine_reconcile
+
+PREFIX = "capi_libvirt"
+RECONCILES = Counter(f"{PREFIX}_reconciles", "Reconcile passes, by kind and result "
+                     "(success, waiting, failed, paused, error).", ["kind", "result"])
+DURATION = Histogram(f"{PREFIX}_reconcile_duration_seconds", "Duration of reconcile phases (a machine's phases by "
+                     "name) and of whole passes (phase=pass, phase=delete), by kind.", ["kind", "phase"],
+                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+ERRORS = Counter(f"{PREFIX}_reconcile_errors", "Failed reconciles, by kind and reason (a condition reason, or the "
+                 "class of an unexpected exception).", ["kind", "reason"])
+MACHINES = f"{PREFIX}_machines"
+HOST_REACHABLE = f"{PREFIX}_host_reachable"
+HOST_CONNECTIONS = f"{PREFIX}_host_connections_opened"
+LEADER = f"{PREFIX}_leader"
+NAMES = [f"{PREFIX}_reconciles_total", f"{PREFIX}_reconcile_duration_seconds", f"{PREFIX}_reconcile_errors_total",
+         MACHINES, HOST_REACHABLE, f"{HOST_CONNECTIONS}_total", LEADER]
+
+MACHINE = "LibvirtMachine"
+SUCCESS, WAITING, FAILED, PAUSED, ERROR = "success", "waiting", "failed", "paused", "error"
+
+
+def record(kind: str, result: str, reason: str | None = None) -> None:
+    RECONCILES.labels(kind, result).inc()
+    if reason is not None:
+        ERRORS.labels(kind, reason).inc()
+
+
+@contextlib.contextmanager
+def reconcile_pass(kind: str, phase: str = "pass", count_success: bool = True) -> Iterator[None]:
+    """Around one reconcile in the handlers: its duration, and its result unless the reconcile reports it itself
+    (count_success=False: the machine reconcile does, through Observer, for every pass that does not raise)."""
+    started = time.monotonic()
+    try:
+        yield
+    except machine_reconcile.Wait as wait:
+        record(kind, FAILED if wait.failure else WAITING, wait.reason if wait.failure else None)
+        raise
+    except Exception as error:
+        record(kind, ERROR, type(error).__name__)
+        raise
+    else:
+        if count_success:
+            record(kind, SUCCESS)
+    finally:
+        DURATION.labels(kind, phase).observe(time.monotonic() - started)
+
+
+def machine_phase(status: dict, wait: machine_reconcile.Wait | None, paused: bool) -> str:
+    """Where a machine stands after a pass: Pending (no host yet), Provisioning, Provisioned, Failed or Paused."""
+    if paused:
+        return "Paused"
+    if wait is None:
+        return "Provisioned"
+    if wait.failure:
+        return "Failed"
+    return "Provisioning" if status.get("host") else "Pending"
+
+
+class Observer(machine_reconcile.Observer):
+    """The machine reconcile's observer: phase durations and outcomes, and each machine's last host and phase."""
+
+    def __init__(self) -> None:
+        self.machines: dict[tuple[str, str], tuple[str, str]] = {}  # (namespace, name) -> (host, phase)
+
+    def phase(self, kind: str, phase: str) -> contextlib.AbstractContextManager:
+        return DURATION.labels(kind, phase).time()
+
+    def machine_outcome(self, body: dict, status: dict, wait: machine_reconcile.Wait | None, paused: bool) -> None:
+        result = PAUSED if paused else SUCCESS if wait is None else FAILED if wait.failure else WAITING
+        record(MACHINE, result, wait.reason if result == FAILED and wait is not None else None)
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        self.machines[key] = (status.get("host") or "", machine_phase(status, wait, paused))
+
+    def machine_deleting(self, namespace: str, name: str, host: str | None) -> None:
+        self.machines[(namespace, name)] = (host or "", "Deleting")
+
+    def machine_gone(self, namespace: str, name: str) -> None:
+        self.machines.pop((namespace, name), None)
+
+
+@dataclasses.dataclass(eq=False)
+class Source:
+    """One running operator's state, for the gauges."""
+
+    observer: Observer
+    inventory: inventory_.Inventory
+    state: election.State
+
+
+class StateCollector(Collector):
+    """The gauges, from the operators running in this process (one in production; tests may run several)."""
+
+    def __init__(self) -> None:
+        self.sources: list[Source] = []
+
+    def collect(self) -> Iterator:
+        machines = GaugeMetricFamily(MACHINES, "LibvirtMachines this replica reconciles, by host (empty: not placed) "
+                                     "and phase.", labels=["host", "phase"])
+        reachable = GaugeMetricFamily(HOST_REACHABLE, "1 when the last probe of the libvirt host reached it.",
+                                      labels=["host"])
+        opened = CounterMetricFamily(HOST_CONNECTIONS, "libvirt connections opened to the host (1 in a healthy "
+                                     "life; more: the connection broke and was re-opened).", labels=["host"])
+        leader = GaugeMetricFamily(LEADER, "1 when this replica does the work (it leads, or runs standalone), "
+                                   "0 while it stands by.")
+        for labels, count in sorted(self._machine_counts().items()):
+            machines.add_metric(list(labels), count)
+        for name, (up, connections) in sorted(self._hosts().items()):
+            reachable.add_metric([name], up)
+            opened.add_metric([name], connections)
+        leader.add_metric([], max((1 if s.state.active else 0 for s in self.sources), default=0))
+        return iter([machines, reachable, opened, leader])
+
+    def _machine_counts(self) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for source in self.sources:
+            if source.state.active:  # a standby's view is from before it stood by
+                for host_and_phase in list(source.observer.machines.values()):
+                    counts[host_and_phase] = counts.get(host_and_phase, 0) + 1
+        return counts
+
+    def _hosts(self) -> dict[str, tuple[int, int]]:
+        hosts: dict[str, tuple[int, int]] = {}
+        for source in self.sources:
+            for name, host in list(source.inventory.hosts.items()):
+                try:
+                    connections = source.inventory.registry.get(name).opened
+                except Exception:  # noqa: BLE001  removed meanwhile
+                    connections = 0
+                up, before = hosts.get(name, (0, 0))
+                hosts[name] = (max(up, int(host.reachable)), before + connections)
+        return hosts
+
+
+COLLECTOR = StateCollector()
+REGISTRY.register(COLLECTOR)
+
+
+def attach(source: Source) -> None:
+    COLLECTOR.sources.append(source)
+
+
+def detach(source: Source) -> None:
+    if source in COLLECTOR.sources:
+        COLLECTOR.sources.remove(source)
+
+
+def exposition() -> tuple[bytes, str]:
+    """The text format of every metric of the process (with prometheus_client's process and GC metrics)."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -1,0 +1,289 @@
+"""The manager as users run it: `capi-libvirt run` in a process of its own, as the user bound only to the shipped
+ClusterRole, against the real API server. Probes and metrics answer, replicas elect one leader over kopf's peering
+(config/peering) and the next one takes over when it goes, SIGTERM stops an operator cleanly, and JSON logs hold no
+credentials.
+
+The operators watch the whole cluster, as the Deployment runs them (with `--namespace`, kopf first retries listing
+namespaces, which the ClusterRole does not allow, for about a minute). What they are checked on is their own: the
+objects of the test's namespace, their metrics, their peering records. The election tests use a peering object of
+their own, so they cannot see one another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import uuid
+from typing import AsyncIterator
+
+import aiohttp
+import pytest
+import yaml
+from kubernetes_asyncio import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from capi_libvirt.api import meta
+from capi_libvirt.devenv import control_plane as cp
+from capi_libvirt.operator import election, metrics
+
+from fixtures_control_plane import OPERATOR_USER, REPO
+from waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+DEADLINE_S = 90.0  # generous: covers a peering lifetime (60 s) and a slow machine
+EXIT_TIMEOUT_S = 60.0
+CLUSTER = "LibvirtCluster"
+PEERING_DIR = REPO / "config" / "peering"
+MARKER = "c2VjcmV0LWtleS1tYXRlcmlhbA-json-logs-marker"
+FAKE_PEM = f"-----BEGIN PRIVATE KEY-----\n{MARKER}\n-----END PRIVATE KEY-----\n".encode()
+
+
+class OperatorProcess:
+    """`python -m capi_libvirt.cli run ...` with the restricted user's kubeconfig, its log in a file."""
+
+    def __init__(self, plane: cp.LocalControlPlane, log: pathlib.Path, *args: str, verbose: bool = False) -> None:
+        self.health, self.metrics_port, self.log = cp.free_port(), cp.free_port(), log
+        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig_for(OPERATOR_USER))}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        with log.open("wb") as output:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "capi_libvirt.cli", *(["-v"] if verbose else []), "run", *args,
+                 "--health-address", f"127.0.0.1:{self.health}", "--metrics-address", f"127.0.0.1:{self.metrics_port}"],
+                stdout=output, stderr=subprocess.STDOUT, env=env)
+
+    async def get(self, port: int, path: str) -> tuple[int, str]:
+        """(HTTP status, body); (0, why) while nothing answers."""
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+                async with session.get(f"http://127.0.0.1:{port}{path}") as response:
+                    return response.status, await response.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            return 0, type(error).__name__
+
+    async def readiness(self) -> tuple[int, dict]:
+        status, body = await self.get(self.health, "/readyz")
+        return status, json.loads(body) if status else {"problem": body}
+
+    async def wait_ready(self) -> dict:
+        async def ready() -> dict | None:
+            assert self.process.poll() is None, f"the operator exited:\n{self.tail()}"
+            status, report = await self.readiness()
+            return report if status == 200 else None
+        return await wait_until("the operator to be ready", ready, DEADLINE_S)
+
+    async def reconciles(self, kind: str) -> float:
+        """capi_libvirt_reconciles_total of the kind, all results together."""
+        status, text = await self.get(self.metrics_port, "/metrics")
+        assert status == 200, text
+        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                   if sample.name == "capi_libvirt_reconciles_total" and sample.labels.get("kind") == kind)
+
+    async def reconciled_since(self, before: float) -> bool:
+        return await self.reconciles(CLUSTER) > before
+
+    def terminate(self) -> int:
+        """SIGTERM, then the exit code (a failure if it does not exit in EXIT_TIMEOUT_S)."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            pytest.fail(f"the operator did not exit within {EXIT_TIMEOUT_S:.0f}s of SIGTERM:\n{self.tail()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture(scope="module")
+def peering_crd(control_plane: cp.LocalControlPlane) -> cp.LocalControlPlane:
+    """The shipped peering CRD and ClusterKopfPeering (config/peering), as an installer would apply them."""
+    control_plane.install_crds(sorted(PEERING_DIR.glob("*.yaml")))
+    for document in yaml.safe_load_all((PEERING_DIR / "peering.yaml").read_text()):
+        control_plane.apply(f"/apis/{election.GROUP}/{election.VERSION}/{election.PLURAL}", document)
+    return control_plane
+
+
+@pytest.fixture
+def peering(peering_crd: cp.LocalControlPlane) -> str:
+    """A peering object of the test's own."""
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    peering_crd.apply(f"/apis/{election.GROUP}/{election.VERSION}/{election.PLURAL}", {
+        "apiVersion": f"{election.GROUP}/{election.VERSION}", "kind": "ClusterKopfPeering",
+        "metadata": {"name": name}})
+    yield name
+    peering_crd.request("DELETE", f"/apis/{election.GROUP}/{election.VERSION}/{election.PLURAL}/{name}")
+
+
+@pytest.fixture
+def operators(control_plane: cp.LocalControlPlane, tmp_path: pathlib.Path):
+    """Start operators with `start(*args)`; whatever still runs at the end is killed."""
+    started: list[OperatorProcess] = []
+
+    def start(*args: str, verbose: bool = False) -> OperatorProcess:
+        log = tmp_path / f"operator-{len(started)}.log"
+        started.append(OperatorProcess(control_plane, log, *args, verbose=verbose))
+        return started[-1]
+    yield start
+    for operator in started:
+        operator.stop()
+
+
+def peering_records(plane: cp.LocalControlPlane, name: str) -> dict:
+    body = plane.request("GET", f"/apis/{election.GROUP}/{election.VERSION}/{election.PLURAL}/{name}")
+    return body.get("status") or {}
+
+
+async def create_libvirt_cluster(api_client: client.ApiClient, namespace: str, name: str) -> None:
+    """No owner Cluster: the reconcile only writes a status that says it waits for one (no libvirt involved)."""
+    await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        meta.GROUP, meta.VERSION, namespace, "libvirtclusters",
+        {"apiVersion": meta.API_VERSION, "kind": "LibvirtCluster", "metadata": {"name": name}, "spec": {}})
+
+
+async def wait_for_status(api_client: client.ApiClient, namespace: str, name: str) -> dict:
+    async def status() -> dict | None:
+        body = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            meta.GROUP, meta.VERSION, namespace, "libvirtclusters", name)
+        return body.get("status", {}).get("conditions")
+    return await wait_until(f"LibvirtCluster {name} to get a status", status, DEADLINE_S)
+
+
+# -- probes and metrics -----------------------------------------------------------------------------------------------
+
+async def test_restricted_operator_with_peering_is_ready_and_serves_its_metrics(peering_crd, operators) -> None:
+    operator = operators("--log-format", "json")  # the default peering: the shipped capi-libvirt
+    report = await operator.wait_ready()
+    assert report["role"] == election.LEADER and report["peering"] == election.DEFAULT_PEERING
+    assert report["identity"] in peering_records(peering_crd, election.DEFAULT_PEERING)
+    assert await operator.get(operator.health, "/healthz") == (200, '{"alive": true}')
+
+    status, text = await operator.get(operator.metrics_port, "/metrics")
+    assert status == 200
+    exposed = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")}
+    assert set(metrics.NAMES) <= exposed, f"missing: {set(metrics.NAMES) - exposed}"
+    assert f"{metrics.LEADER} 1.0" in text.splitlines()
+    assert operator.terminate() == 0
+
+
+# -- leader election ---------------------------------------------------------------------------------------------------
+
+async def roles(*operators: OperatorProcess) -> list[str | None]:
+    return [(await operator.readiness())[1].get("role") for operator in operators]
+
+
+async def test_one_of_two_replicas_works_and_the_other_takes_over_when_it_stops(
+        api_client, control_plane, peering, operators, namespace) -> None:
+    pair = [operators("--peering", peering, "--log-format", "json") for _ in range(2)]
+    for operator in pair:
+        await operator.wait_ready()
+
+    async def one_leader() -> list[OperatorProcess] | None:
+        found = await roles(*pair)
+        if sorted(found, key=str) != [election.LEADER, election.STANDBY]:
+            return None
+        return pair if found[0] == election.LEADER else pair[::-1]
+    leader, standby = await wait_until("one leader and one standby", one_leader, DEADLINE_S)
+    before = {operator: await operator.reconciles(CLUSTER) for operator in pair}
+
+    await create_libvirt_cluster(api_client, namespace, "first")
+    await wait_for_status(api_client, namespace, "first")
+    await wait_until("the leader to reconcile it", lambda: leader.reconciled_since(before[leader]), DEADLINE_S)
+    assert await standby.reconciles(CLUSTER) == before[standby]  # the standby's daemons do not run
+
+    leader_identity = (await leader.readiness())[1]["identity"]
+    assert leader.terminate() == 0
+    assert leader_identity not in peering_records(control_plane, peering)  # removed on exit, not left to expire
+
+    async def took_over() -> bool:
+        return (await roles(standby)) == [election.LEADER]
+    await wait_until("the standby to lead", took_over, DEADLINE_S)
+    await create_libvirt_cluster(api_client, namespace, "second")
+    await wait_for_status(api_client, namespace, "second")
+    await wait_until("the new leader to reconcile", lambda: standby.reconciled_since(before[standby]), DEADLINE_S)
+    assert standby.terminate() == 0
+
+
+async def test_without_its_peering_object_the_operator_is_not_ready_and_says_why(peering_crd, operators) -> None:
+    operator = operators("--peering", f"missing-{uuid.uuid4().hex[:8]}")
+
+    async def explained() -> dict | None:
+        assert operator.process.poll() is None, operator.tail()
+        status, report = await operator.readiness()
+        return report if status == 503 and "not found" in report.get("problem", "") else None
+    report = await wait_until("a 503 that names the missing ClusterKopfPeering", explained, DEADLINE_S)
+    assert report["role"] is None and "apply config/peering" in report["problem"]
+    assert (await operator.get(operator.health, "/healthz"))[0] == 200  # alive all the same: no restart loop
+    assert operator.terminate() == 0
+
+
+# -- graceful shutdown -------------------------------------------------------------------------------------------------
+
+async def test_sigterm_stops_the_operator_cleanly(control_plane, peering, operators) -> None:
+    operator = operators("--peering", peering, "--log-format", "plain")
+    identity = (await operator.wait_ready())["identity"]
+    assert identity in peering_records(control_plane, peering)
+    assert operator.terminate() == 0
+    assert identity not in peering_records(control_plane, peering)
+    log = operator.log.read_text()
+    assert "Signal SIGTERM is received. Operator is stopping." in log
+    assert "Traceback" not in log, operator.tail()
+
+
+# -- structured logs ---------------------------------------------------------------------------------------------------
+
+@contextlib.asynccontextmanager
+async def host_with_credentials(api_client: client.ApiClient, namespace: str) -> AsyncIterator[str]:
+    """A LibvirtHost over qemu+tls to a closed port, its credentials Secret holding MARKER in every key; removed
+    at the end, which needs a running operator to take its finalizer off."""
+    name = f"json-logs-{uuid.uuid4().hex[:6]}"
+    await client.CoreV1Api(api_client).create_namespaced_secret(namespace, client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name),
+        data={key: base64.b64encode(FAKE_PEM).decode() for key in ("ca.crt", "tls.crt", "tls.key")}))
+    objects = client.CustomObjectsApi(api_client)
+    await objects.create_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", {
+        "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": name},
+        "spec": {"uri": f"qemu+tls://127.0.0.1:{cp.free_port()}/system",
+                 "credentialsSecretRef": {"name": name, "namespace": namespace}}})
+    try:
+        yield name
+    finally:
+        await objects.delete_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name)
+        await wait_until("the LibvirtHost to be removed", lambda: _host_gone(objects, name), DEADLINE_S)
+
+
+async def _host_gone(objects: client.CustomObjectsApi, name: str) -> bool:
+    hosts = await objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts")
+    return name not in {h["metadata"]["name"] for h in hosts["items"]}
+
+
+async def test_json_logs_are_json_lines_without_credentials(api_client, operators, namespace) -> None:
+    operator = operators("--standalone", "--log-format", "json", verbose=True)
+    assert (await operator.wait_ready())["role"] == election.STANDALONE
+    async with host_with_credentials(api_client, namespace) as name:
+        async def refused() -> dict | None:
+            body = await client.CustomObjectsApi(api_client).get_cluster_custom_object(
+                meta.GROUP, meta.VERSION, "libvirthosts", name)
+            return body.get("status") if body.get("status", {}).get("reachable") is False else None
+        await wait_until("the host's credentials to be used and the host found unreachable", refused, DEADLINE_S)
+        await operator.wait_ready()
+    assert operator.terminate() == 0
+    lines = operator.log.read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert all({"message", "severity", "timestamp", "logger"} <= record.keys() for record in records)
+    assert any(record.get("object", {}).get("kind") == "LibvirtHost" for record in records)  # kopf's object field
+    secret_text = [MARKER, base64.b64encode(FAKE_PEM).decode()[:40]]  # as is, and as the API returns Secrets
+    assert not [line for line in lines if any(text in line for text in secret_text)]

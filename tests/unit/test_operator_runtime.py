@@ -1,0 +1,261 @@
+"""The operator process's own parts, without a cluster: `run`'s flags, endpoint addresses, the election rule and
+readiness, the metrics registry and what the reconciles record in it, and the JSON log format."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import types
+
+import pytest
+from prometheus_client import REGISTRY
+
+from capi_libvirt import cli
+from capi_libvirt.operator import election, endpoints, logs, metrics
+from capi_libvirt.reconcile import machine as machine_reconcile
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
+ME = election.Peering(name="capi-libvirt", identity="pod-a/1/aaaaaa", priority=500)
+
+
+# -- flags ------------------------------------------------------------------------------------------------------------
+
+def test_run_defaults_elect_a_leader_and_serve_probes_and_metrics(monkeypatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    args = cli.parser().parse_args(["run"])
+    assert (args.peering, args.standalone) == ("capi-libvirt", False)
+    assert (args.health_address, args.metrics_address) == ("0.0.0.0:8081", ":8080")
+    assert args.log_format == "plain"
+
+
+def test_logs_are_json_by_default_in_a_pod(monkeypatch) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    assert cli.parser().parse_args(["run"]).log_format == "json"
+
+
+def test_run_flags_as_tests_and_the_deployment_give_them() -> None:
+    args = cli.parser().parse_args(["run", "--standalone", "--health-address", "127.0.0.1:18081",
+                                    "--metrics-address", "0", "--log-format", "json", "--namespace", "a"])
+    assert args.standalone and args.health_address == "127.0.0.1:18081" and args.metrics_address == "0"
+    assert args.log_format == "json" and args.namespace == ["a"]
+    assert cli.parser().parse_args(["run", "--peering", "other-peering"]).peering == "other-peering"
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--standalone", "--peering", "capi-libvirt"],  # one or the other
+    ["run", "--health-address", "8081"],  # no colon
+    ["run", "--metrics-address", "localhost:http"],
+    ["run", "--peering", "Not_A_Name"],
+    ["run", "--log-format", "xml"],
+])
+def test_bad_run_flags_are_refused(argv) -> None:
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(argv)
+
+
+@pytest.mark.parametrize("address, expected", [
+    (":8080", ("0.0.0.0", 8080)),
+    ("0.0.0.0:8081", ("0.0.0.0", 8081)),
+    ("127.0.0.1:0", ("127.0.0.1", 0)),
+    ("[::1]:9000", ("::1", 9000)),
+    ("0", None),
+    ("", None),
+])
+def test_addresses(address, expected) -> None:
+    assert endpoints.parse_address(address) == expected
+
+
+@pytest.mark.parametrize("address", ["8080", "host:", "host:65536", "host:-1"])
+def test_bad_addresses(address) -> None:
+    with pytest.raises(ValueError):
+        endpoints.parse_address(address)
+
+
+# -- election ----------------------------------------------------------------------------------------------------------
+
+def record(priority: int, seconds_ago: float = 1, lifetime: int = 60) -> dict:
+    return {"priority": priority, "lifetime": lifetime,
+            "lastseen": (NOW - datetime.timedelta(seconds=seconds_ago)).isoformat()}
+
+
+@pytest.mark.parametrize("others, expected", [
+    ({}, election.LEADER),
+    ({"pod-b": record(100)}, election.LEADER),  # a lower priority stands by for us
+    ({"pod-b": record(900)}, election.STANDBY),
+    ({"pod-b": record(500)}, election.STANDBY),  # kopf pauses on an equal priority too
+    ({"pod-b": record(900, seconds_ago=61)}, election.LEADER),  # expired: taken for dead
+    ({"pod-b": record(900, seconds_ago=5, lifetime=0)}, election.LEADER),  # what kopf writes as it exits
+    ({"pod-b": {"priority": 900}}, election.LEADER),  # no lastseen: not alive
+])
+def test_role_follows_kopfs_rule(others, expected) -> None:
+    assert election.role({ME.identity: record(ME.priority), **others}, ME, NOW) == expected
+
+
+def test_no_role_until_our_own_record_is_there_and_alive() -> None:
+    assert election.role({}, ME, NOW) is None
+    assert election.role({ME.identity: record(ME.priority, seconds_ago=120)}, ME, NOW) is None
+
+
+def test_each_replica_draws_its_own_identity_and_priority() -> None:
+    peers = [election.Peering.new("capi-libvirt") for _ in range(50)]
+    assert len({p.identity for p in peers}) == 50
+    assert len({p.priority for p in peers}) > 45
+    assert all(1 <= p.priority <= election.MAX_PRIORITY for p in peers)
+
+
+def test_readiness_needs_kopf_started_and_a_role() -> None:
+    state = election.State(ME)
+    assert state.readiness()[0] is False and state.readiness()[1]["problem"] == "starting"
+    state.started.set()
+    ready, report = state.readiness()
+    assert not ready and report["problem"] == "not seen in the peering object yet" and report["role"] is None
+    state.set_role(election.STANDBY)
+    assert state.readiness() == (True, {"ready": True, "role": "standby", "peering": "capi-libvirt",
+                                        "identity": ME.identity, "priority": 500})
+    assert not state.active and state.not_leading.is_set() and not state.leading.is_set()
+    state.set_role(election.LEADER)
+    assert state.active and state.leading.is_set() and not state.not_leading.is_set()
+    state.stopping()
+    assert state.readiness()[0] is False
+
+
+def test_standalone_is_active_and_ready_once_started() -> None:
+    state = election.State(None)
+    assert state.active and state.leading.is_set() and not state.readiness()[0]
+    state.started.set()
+    assert state.readiness() == (True, {"ready": True, "role": "standalone"})
+
+
+# -- metrics -----------------------------------------------------------------------------------------------------------
+
+def value(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_every_metric_is_registered_and_exposed() -> None:
+    text = metrics.exposition()[0].decode()
+    helped = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")}
+    assert set(metrics.NAMES) <= helped
+
+
+def test_a_pass_is_timed_and_counted_by_its_result() -> None:
+    kind = "UnitTestKind"
+    with metrics.reconcile_pass(kind):
+        pass
+    with pytest.raises(machine_reconcile.Wait):
+        with metrics.reconcile_pass(kind):
+            raise machine_reconcile.Wait("HostUnreachable", "down", failure=True)
+    with pytest.raises(machine_reconcile.Wait):
+        with metrics.reconcile_pass(kind):
+            raise machine_reconcile.Wait("WaitingForOwner", "no owner")
+    with pytest.raises(KeyError):
+        with metrics.reconcile_pass(kind, count_success=False):
+            raise KeyError("x")
+    with metrics.reconcile_pass(kind, count_success=False):
+        pass
+    results = {r: value("capi_libvirt_reconciles_total", kind=kind, result=r) for r in ("success", "failed",
+                                                                                         "waiting", "error")}
+    assert results == {"success": 1, "failed": 1, "waiting": 1, "error": 1}
+    assert value("capi_libvirt_reconcile_errors_total", kind=kind, reason="HostUnreachable") == 1
+    assert value("capi_libvirt_reconcile_errors_total", kind=kind, reason="KeyError") == 1
+    assert value("capi_libvirt_reconcile_duration_seconds_count", kind=kind, phase="pass") == 5
+
+
+def fake_source(observer: metrics.Observer, state: election.State) -> metrics.Source:
+    """An inventory of two hosts (one reachable), without libvirt."""
+    connections = {"kvm1": types.SimpleNamespace(opened=2), "kvm2": types.SimpleNamespace(opened=0)}
+    inventory = types.SimpleNamespace(
+        hosts={"kvm1": types.SimpleNamespace(reachable=True), "kvm2": types.SimpleNamespace(reachable=False)},
+        registry=types.SimpleNamespace(get=connections.__getitem__))
+    return metrics.Source(observer, inventory, state)
+
+
+def body(name: str) -> dict:
+    return {"metadata": {"namespace": "unit", "name": name}}
+
+
+def test_the_machine_reconcile_reports_outcomes_and_phases_per_host() -> None:
+    observer, state = metrics.Observer(), election.State(None)
+    source = fake_source(observer, state)
+    failed_before = value("capi_libvirt_reconcile_errors_total", kind="LibvirtMachine", reason="ImageNotFound")
+    observer.machine_outcome(body("a"), {"host": "kvm1"}, None, False)
+    observer.machine_outcome(body("b"), {"host": "kvm1"}, None, False)
+    observer.machine_outcome(body("c"), {}, machine_reconcile.Wait("WaitingForBootstrapData", "..."), False)
+    observer.machine_outcome(body("d"), {"host": "kvm2"}, machine_reconcile.Wait("ImageNotFound", "...",
+                                                                                 failure=True), False)
+    observer.machine_outcome(body("e"), {"host": "kvm2"}, None, True)
+    observer.machine_deleting("unit", "b", "kvm1")
+    observer.machine_gone("unit", "e")
+    assert value("capi_libvirt_reconcile_errors_total", kind="LibvirtMachine", reason="ImageNotFound") \
+        == failed_before + 1
+    with observer.phase("LibvirtMachine", "unit_phase"):
+        pass
+    assert value("capi_libvirt_reconcile_duration_seconds_count", kind="LibvirtMachine", phase="unit_phase") >= 1
+    metrics.attach(source)
+    try:
+        assert value("capi_libvirt_machines", host="kvm1", phase="Provisioned") == 1
+        assert value("capi_libvirt_machines", host="kvm1", phase="Deleting") == 1
+        assert value("capi_libvirt_machines", host="", phase="Pending") == 1
+        assert value("capi_libvirt_machines", host="kvm2", phase="Failed") == 1
+        assert value("capi_libvirt_machines", host="kvm2", phase="Paused") == 0
+        assert value("capi_libvirt_host_reachable", host="kvm1") == 1
+        assert value("capi_libvirt_host_reachable", host="kvm2") == 0
+        assert value("capi_libvirt_host_connections_opened_total", host="kvm1") == 2
+        assert value("capi_libvirt_leader") == 1
+    finally:
+        metrics.detach(source)
+    assert value("capi_libvirt_host_reachable", host="kvm1") == 0  # gone with its operator
+
+
+def test_a_standby_reports_no_machines_and_no_leadership() -> None:
+    observer, state = metrics.Observer(), election.State(ME)
+    state.set_role(election.STANDBY)
+    observer.machine_outcome(body("a"), {"host": "kvm1"}, None, False)
+    source = fake_source(observer, state)
+    metrics.attach(source)
+    try:
+        assert value("capi_libvirt_machines", host="kvm1", phase="Provisioned") == 0
+        assert value("capi_libvirt_leader") == 0
+    finally:
+        metrics.detach(source)
+
+
+@pytest.mark.parametrize("status, wait, paused, phase", [
+    ({}, None, True, "Paused"),
+    ({"host": "kvm1"}, None, False, "Provisioned"),
+    ({"host": "kvm1"}, machine_reconcile.Wait("HostUnreachable", "", failure=True), False, "Failed"),
+    ({"host": "kvm1"}, machine_reconcile.Wait("WaitingForAddress", ""), False, "Provisioning"),
+    ({}, machine_reconcile.Wait("WaitingForOwner", ""), False, "Pending"),
+])
+def test_machine_phase(status, wait, paused, phase) -> None:
+    assert metrics.machine_phase(status, wait, paused) == phase
+
+
+# -- logs --------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def root_logger():
+    """The root logger's handlers and level, restored after the test reconfigures them."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield root
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_json_logs_are_one_object_per_line_naming_the_logger(root_logger, capsys) -> None:
+    logs.configure(logs.JSON)
+    logging.getLogger("capi_libvirt.unit").info("placed on host %s", "kvm1")
+    [line] = [line for line in capsys.readouterr().err.splitlines() if "placed on host" in line]
+    record = json.loads(line)
+    assert record["message"] == "placed on host kvm1" and record["logger"] == "capi_libvirt.unit"
+    assert record["severity"] == "info" and "timestamp" in record
+
+
+def test_plain_logs_are_text(root_logger, capsys) -> None:
+    logs.configure(logs.PLAIN)
+    logging.getLogger("capi_libvirt.unit").warning("host %s unreachable", "kvm2")
+    assert "WARNING capi_libvirt.unit: host kvm2 unreachable" in capsys.readouterr().err

@@ -10,6 +10,9 @@ KUBERNETES_VERSION = os.environ.get("KUBERNETES_VERSION", "v1.35.4")
 ETCD_VERSION = os.environ.get("ETCD_VERSION", "v3.6.16")
 CLUSTER_API_VERSION = os.environ.get("CLUSTER_API_VERSION", "v1.12.8")
 KUSTOMIZE_VERSION = os.environ.get("KUSTOMIZE_VERSION", "v5.8.1")
+KWOK_VERSION = os.environ.get("KWOK_VERSION", "v0.8.0")
+# A pseudo-version: the Go module proxy serves no tagged cluster-autoscaler release.
+CLUSTER_AUTOSCALER_VERSION = os.environ.get("CLUSTER_AUTOSCALER_VERSION", "v0.0.0-20250613073258-1959f5f61f6c")
 
 
 def cache_dir() -> pathlib.Path:
@@ -32,6 +35,24 @@ def kustomize_binary() -> pathlib.Path:
 
 def kube_apiserver_binary() -> pathlib.Path:
     return bin_dir() / f"kube-apiserver-{KUBERNETES_VERSION}"
+
+
+def kube_scheduler_binary() -> pathlib.Path:
+    return bin_dir() / f"kube-scheduler-{KUBERNETES_VERSION}"
+
+
+def kwok_binary() -> pathlib.Path:
+    return bin_dir() / f"kwok-{KWOK_VERSION}"
+
+
+def cluster_autoscaler_binary() -> pathlib.Path:
+    """Named by the commit of its pseudo-version (the part after the last '-'), as hack/build-upstream.sh names it."""
+    return bin_dir() / f"cluster-autoscaler-{CLUSTER_AUTOSCALER_VERSION.rsplit('-', 1)[-1]}"
+
+
+def cluster_api_manager_binary() -> pathlib.Path:
+    """The Cluster API core controller manager (the module's root main.go), built by hack/build-upstream.sh."""
+    return bin_dir() / f"cluster-api-manager-{CLUSTER_API_VERSION}"
 
 
 def cluster_api_crd_dir() -> pathlib.Path:

@@ -1,0 +1,314 @@
+"""The real Cluster API core controller manager, run out of cluster against a LocalControlPlane.
+
+It is installed the way clusterctl installs the core provider (the module's config/default), webhooks on, with these
+differences: the manager is a child process (hack/build-upstream.sh builds it), authenticated as the control plane's
+admin; the API server reaches its webhook server by URL, https://127.0.0.1:<port>, instead of through a Service; the
+serving certificate is issued by a CA made here (openssl), where cert-manager would issue and inject one.
+
+start() adds to the API server CAPI's Mutating/ValidatingWebhookConfigurations (config/webhook/manifests.yaml, named
+and labelled as kustomize names them) and the conversion webhook of every CRD config/crd/patches enables; stop() removes
+both and restores each CRD's conversion and the annotation CAPI's CRD migrator writes on it, so a shared API server is
+left with CAPI's CRDs as it had them. What the controllers did to Cluster API objects (finalizers, owner references,
+status) stays: delete the objects while the controller still runs.
+
+Only one may run per API server at a time (the webhook configurations have fixed names), and it reconciles every
+Cluster API object in every namespace, as a real installation does.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Mapping
+
+import yaml
+
+from capi_libvirt.devenv import paths
+from capi_libvirt.devenv.control_plane import ControlPlaneError, LocalControlPlane, free_port
+from capi_libvirt.devenv.remote_access import issue_certificate, make_ca
+
+log = logging.getLogger(__name__)
+
+ADDRESS = "127.0.0.1"
+DEFAULT_FEATURE_GATES: Mapping[str, bool] = {"ClusterTopology": True, "MachinePool": True}
+NAME_PREFIX = "capi-"  # kustomize's namePrefix in config/default
+PROVIDER_LABEL = {"cluster.x-k8s.io/provider": "cluster-api"}
+MIGRATION_ANNOTATION = "crd-migration.cluster.x-k8s.io/observed-generation"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+WEBHOOK_COLLECTIONS = {
+    "MutatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+}
+PROBE_VERSION = "1.35.0"  # the Machine webhook prefixes a "v": the probe's proof of a webhook round trip
+
+
+class CapiControllerError(RuntimeError):
+    """The manager could not be started, or did not become ready; the message ends with the tail of its log."""
+
+
+def module_dir() -> pathlib.Path:
+    """The Cluster API module's source, which hack/build-upstream.sh links into the cache."""
+    return paths.cache_dir() / f"cluster-api-{paths.CLUSTER_API_VERSION}"
+
+
+def conversion_crd_names(module: pathlib.Path) -> list[str]:
+    """The CRDs whose conversion webhook the core provider enables (config/crd/patches/webhook_in_*.yaml)."""
+    patches = sorted((module / "config" / "crd" / "patches").glob("webhook_in_*.yaml"))
+    return [yaml.safe_load(patch.read_text())["metadata"]["name"] for patch in patches]
+
+
+def webhook_configurations(manifests: pathlib.Path, base_url: str, ca_bundle: str) -> list[dict]:
+    """CAPI's webhook configurations, each webhook's Service replaced by `base_url` + its path, with `ca_bundle`."""
+    configurations = []
+    for document in yaml.safe_load_all(manifests.read_text()):
+        if not document or document.get("kind") not in WEBHOOK_COLLECTIONS:
+            continue
+        metadata = {"name": NAME_PREFIX + document["metadata"]["name"], "labels": dict(PROVIDER_LABEL)}
+        webhooks = [{**webhook, "clientConfig": {"url": base_url + webhook["clientConfig"]["service"]["path"],
+                                                 "caBundle": ca_bundle}}
+                    for webhook in document["webhooks"]]
+        configurations.append({**document, "metadata": metadata, "webhooks": webhooks})
+    return configurations
+
+
+def conversion_patch(base_url: str, ca_bundle: str) -> dict:
+    """A merge patch: the CRD's conversion by the manager's /convert, as config/crd/patches sets it."""
+    return {"spec": {"conversion": {"strategy": "Webhook", "webhook": {
+        "conversionReviewVersions": ["v1", "v1beta1"],
+        "clientConfig": {"url": f"{base_url}/convert", "caBundle": ca_bundle},
+    }}}}
+
+
+def restore_patch(original: dict) -> dict:
+    """A merge patch putting back a CRD's conversion and the CRD migrator's annotation as `original` had them."""
+    conversion = original["spec"].get("conversion", {"strategy": "None"})
+    annotation = original["metadata"].get("annotations", {}).get(MIGRATION_ANNOTATION)
+    return {"metadata": {"annotations": {MIGRATION_ANNOTATION: annotation}},
+            "spec": {"conversion": {"webhook": None, **conversion}}}
+
+
+def probe_machine() -> dict:
+    """A v1beta1 Machine for a dry-run create: converted to v1beta2 and back, defaulted by the mutating webhook."""
+    return {
+        "apiVersion": "cluster.x-k8s.io/v1beta1",
+        "kind": "Machine",
+        "metadata": {"name": "capi-controller-probe", "namespace": "default"},
+        "spec": {
+            "clusterName": "capi-controller-probe",
+            "version": PROBE_VERSION,
+            "bootstrap": {"dataSecretName": "capi-controller-probe"},
+            "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
+                                  "name": "capi-controller-probe"},
+        },
+    }
+
+
+class CapiController:
+    """The CAPI core manager as a child process, with its webhooks installed; a context manager like
+    LocalControlPlane. `start()` returns when its readyz answers and a webhook round trip works."""
+
+    def __init__(self, plane: LocalControlPlane, *, feature_gates: Mapping[str, bool] = DEFAULT_FEATURE_GATES,
+                 timeout: float = 180.0) -> None:
+        self.plane = plane
+        self.feature_gates = dict(feature_gates)
+        self.timeout = timeout
+        self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="cluster-api-manager-", dir=plane.workdir))
+        self.webhook_port = free_port()
+        self.health_port = free_port()
+        self.diagnostics_port = free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._webhooks: list[tuple[str, str]] = []  # (collection, name) created by start()
+        self._crds: dict[str, dict] = {}  # name -> the CRD as it was before start() patched it
+
+    @property
+    def base_url(self) -> str:
+        return f"https://{ADDRESS}:{self.webhook_port}"
+
+    @property
+    def cert_dir(self) -> pathlib.Path:
+        return self.workdir / "certs"
+
+    @property
+    def log_path(self) -> pathlib.Path:
+        return self.workdir / "cluster-api-manager.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def argv(self) -> list[str]:
+        gates = ",".join(f"{gate}={str(enabled).lower()}" for gate, enabled in sorted(self.feature_gates.items()))
+        return [
+            str(paths.cluster_api_manager_binary()),
+            f"--kubeconfig={self.plane.kubeconfig_path}",
+            "--leader-elect=false",
+            f"--webhook-port={self.webhook_port}",
+            f"--webhook-cert-dir={self.cert_dir}",
+            f"--health-addr={ADDRESS}:{self.health_port}",
+            f"--diagnostics-address={ADDRESS}:{self.diagnostics_port}",
+            f"--feature-gates={gates}",
+        ]
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    def start(self) -> CapiController:
+        binary = paths.cluster_api_manager_binary()
+        if not binary.exists():
+            raise CapiControllerError(f"{binary} is missing: run `make upstream` (hack/build-upstream.sh)")
+        started = time.monotonic()
+        try:
+            ca_bundle = self._write_certificates()
+            self._install_webhooks(ca_bundle)
+            self._patch_crds(ca_bundle)
+            self._spawn()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("cluster-api-manager ready in %.1fs (pid %d)", time.monotonic() - started, self.pid)
+        return self
+
+    def stop(self) -> None:
+        """Webhook configurations out first (nothing calls a stopping server), the manager next (its CRD migrator
+        would annotate the CRDs again), the CRDs' conversion and annotation last. The manager is stopped even when
+        the API server no longer answers."""
+        try:
+            self._remove_webhooks()
+        finally:
+            self._terminate()
+            self._restore_crds()
+
+    def __enter__(self) -> CapiController:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- certificates and API server configuration -----------------------------------------------------------------
+
+    def _write_certificates(self) -> str:
+        """A CA and a serving certificate for 127.0.0.1 (tls.crt, tls.key: the manager's default names); the CA's
+        PEM, base64-encoded, is the caBundle."""
+        self.cert_dir.mkdir(mode=0o700)
+        ca_key, ca_cert = self.cert_dir / "ca.key", self.cert_dir / "ca.crt"
+        make_ca(ca_key, ca_cert, "capi-libvirt cluster-api webhooks")
+        issue_certificate(ca_cert, ca_key, self.cert_dir / "tls.key", self.cert_dir / "tls.crt",
+                          f"CN={ADDRESS},O=capi-libvirt", ip=ADDRESS)
+        return base64.b64encode(ca_cert.read_bytes()).decode()
+
+    def _install_webhooks(self, ca_bundle: str) -> None:
+        manifests = module_dir() / "config" / "webhook" / "manifests.yaml"
+        for configuration in webhook_configurations(manifests, self.base_url, ca_bundle):
+            collection = WEBHOOK_COLLECTIONS[configuration["kind"]]
+            self.plane.apply(collection, configuration)
+            self._webhooks.append((collection, configuration["metadata"]["name"]))
+        log.info("installed %d webhook configurations for %s", len(self._webhooks), self.base_url)
+
+    def _patch_crds(self, ca_bundle: str) -> None:
+        patch = conversion_patch(self.base_url, ca_bundle)
+        for name in conversion_crd_names(module_dir()):
+            try:
+                original = self.plane.request("GET", f"{CRDS}/{name}")
+            except ControlPlaneError as error:
+                if error.status != 404:
+                    raise
+                log.warning("CRD %s is not installed: no conversion webhook for it", name)
+                continue
+            self._crds[name] = original
+            self._merge_patch(f"{CRDS}/{name}", patch)
+        log.info("conversion webhook set on %d CRDs", len(self._crds))
+
+    def _remove_webhooks(self) -> None:
+        if self._webhooks:
+            log.info("removing %d webhook configurations", len(self._webhooks))
+        while self._webhooks:
+            collection, name = self._webhooks.pop()
+            try:
+                self.plane.request("DELETE", f"{collection}/{name}")
+            except ControlPlaneError as error:
+                if error.status != 404:
+                    raise
+
+    def _restore_crds(self) -> None:
+        restored = 0
+        while self._crds:
+            name, original = self._crds.popitem()
+            self._merge_patch(f"{CRDS}/{name}", restore_patch(original))
+            restored += 1
+        if restored:
+            log.info("conversion and CRD-migrator annotation of %d CRDs restored", restored)
+
+    def _merge_patch(self, path: str, patch: dict) -> Any:
+        return self.plane.request("PATCH", path, patch, content_type="application/merge-patch+json")
+
+    # -- the process -------------------------------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        env = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}  # --kubeconfig says which
+        with open(self.log_path, "wb") as logfile:
+            self._process = subprocess.Popen(self.argv(), stdout=logfile, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        log.info("started cluster-api-manager (pid %d), log %s", self._process.pid, self.log_path)
+
+    def _terminate(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        log.info("stopped cluster-api-manager (pid %d, exit %s)", process.pid, process.returncode)
+
+    def _wait_ready(self) -> None:
+        """readyz (the webhook server serves), then a webhook round trip through the API server."""
+        process = self._process
+        if process is None:
+            raise CapiControllerError("cluster-api-manager is not started")
+        deadline = time.monotonic() + self.timeout
+        last_error = "not started"
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise self._failure(f"cluster-api-manager exited with {process.returncode}")
+            try:
+                self._check_readyz()
+                self._probe_webhooks()
+                return
+            except (OSError, ControlPlaneError, CapiControllerError) as error:
+                last_error = str(error)
+            time.sleep(0.5)
+        raise self._failure(f"cluster-api-manager not ready after {self.timeout:.0f}s: {last_error}")
+
+    def _check_readyz(self) -> None:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
+        try:
+            with opener.open(f"http://{ADDRESS}:{self.health_port}/readyz", timeout=5) as response:
+                response.read()
+        except urllib.error.HTTPError as error:
+            raise CapiControllerError(f"readyz: {error.code}") from None
+
+    def _probe_webhooks(self) -> None:
+        """A dry-run create of a v1beta1 Machine: converted by /convert, defaulted by the Machine webhook."""
+        machine = probe_machine()
+        created = self.plane.request("POST", "/apis/cluster.x-k8s.io/v1beta1/namespaces/default/machines?dryRun=All",
+                                     machine)
+        if created["spec"].get("version") != f"v{PROBE_VERSION}":
+            raise CapiControllerError(f"the probe Machine was not defaulted: {created['spec']}")
+
+    def _failure(self, message: str) -> CapiControllerError:
+        try:
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+        except OSError:
+            tail = "(no log)"
+        return CapiControllerError(f"{message}; log {self.log_path}:\n{tail}")

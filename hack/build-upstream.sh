@@ -7,6 +7,9 @@ set -euo pipefail
 : "${KUBERNETES_VERSION:=v1.35.4}"
 : "${ETCD_VERSION:=v3.6.16}"
 : "${CLUSTER_API_VERSION:=v1.12.8}"
+: "${KUSTOMIZE_VERSION:=v5.8.1}"
+: "${KWOK_VERSION:=v0.8.0}"
+: "${CLUSTER_AUTOSCALER_VERSION:=v0.0.0-20250613073258-1959f5f61f6c}"
 : "${CAPI_LIBVIRT_CACHE:=$HOME/.cache/capi-libvirt}"
 
 bin="$CAPI_LIBVIRT_CACHE/bin"
@@ -39,7 +42,7 @@ go_install() {
   local package=$1 version=$2 output=$3 ldflags=$4
   local gobin; gobin=$(mktemp -d)
   GOBIN="$gobin" go install -trimpath -ldflags "-s -w $ldflags" "$package@$version"
-  mv "$gobin/${package##*/}" "$output"
+  mv "$gobin"/* "$output"  # the one program built (named after the package, minus a /vN suffix)
   rm -rf "$gobin"
 }
 
@@ -49,22 +52,35 @@ if [ ! -x "$etcd" ]; then
   go_build_in_scratch go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3 "$etcd" ""
 fi
 
-apiserver="$bin/kube-apiserver-$KUBERNETES_VERSION"
-if [ ! -x "$apiserver" ]; then
-  log "building kube-apiserver $KUBERNETES_VERSION (10-20 minutes on 2 cores, once)"
-  gomod=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
-  staging_version="v0.${KUBERNETES_VERSION#v1.}"
-  mapfile -t replaces < <(awk '$2=="=>" && $3 ~ /^\.\/staging\// {print $1" => "$1" '"$staging_version"'"}' "$gomod")
+# build_kubernetes_command NAME OUTPUT: k8s.io/kubernetes/cmd/NAME at $KUBERNETES_VERSION, in a scratch module that
+# copies the k8s.io staging replaces of kubernetes' go.mod, with the version stamp.
+build_kubernetes_command() {
+  local name=$1 output=$2
+  local gomod; gomod=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  local staging_version="v0.${KUBERNETES_VERSION#v1.}"
+  local replaces; mapfile -t replaces < <(awk '$2=="=>" && $3 ~ /^\.\/staging\// {print $1" => "$1" '"$staging_version"'"}' "$gomod")
   [ "${#replaces[@]}" -gt 0 ] || { log "no staging replaces found in $gomod"; exit 1; }
   # The version stamp: clients (clusterctl among them) check the server's version.
-  minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
-  version_flags=""
+  local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+  local version_flags="" pkg
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     version_flags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     version_flags+=" -X $pkg.gitTreeState=clean"
   done
-  go_build_in_scratch k8s.io/kubernetes "$KUBERNETES_VERSION" k8s.io/kubernetes/cmd/kube-apiserver "$apiserver" \
+  go_build_in_scratch k8s.io/kubernetes "$KUBERNETES_VERSION" "k8s.io/kubernetes/cmd/$name" "$output" \
     "$version_flags" "${replaces[@]}"
+}
+
+kustomize="$bin/kustomize-$KUSTOMIZE_VERSION"
+if [ ! -x "$kustomize" ]; then
+  log "building kustomize $KUSTOMIZE_VERSION (under a minute, once): the tests check config/ builds with it"
+  go_install sigs.k8s.io/kustomize/kustomize/v5 "$KUSTOMIZE_VERSION" "$kustomize" ""
+fi
+
+apiserver="$bin/kube-apiserver-$KUBERNETES_VERSION"
+if [ ! -x "$apiserver" ]; then
+  log "building kube-apiserver $KUBERNETES_VERSION (10-20 minutes on 2 cores, once)"
+  build_kubernetes_command kube-apiserver "$apiserver"
 fi
 
 clusterctl="$bin/clusterctl-$CLUSTER_API_VERSION"
@@ -77,9 +93,102 @@ if [ ! -x "$clusterctl" ]; then
     "-X $pkg.gitVersion=$CLUSTER_API_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$capi_minor -X $pkg.gitTreeState=clean"
 fi
 
+capi_manager="$bin/cluster-api-manager-$CLUSTER_API_VERSION"
+if [ ! -x "$capi_manager" ]; then
+  log "building the Cluster API core manager $CLUSTER_API_VERSION (a few minutes on 2 cores, once)"
+  # The same version stamp as clusterctl's: the manager logs it at start ("Version: v1.12.8").
+  capi_minor=${CLUSTER_API_VERSION#v1.}; capi_minor=${capi_minor%%.*}
+  pkg=sigs.k8s.io/cluster-api/version
+  # The root main.go of the module; its go.mod has no replace directives, so `go install` builds it.
+  go_install sigs.k8s.io/cluster-api "$CLUSTER_API_VERSION" "$capi_manager" \
+    "-X $pkg.gitVersion=$CLUSTER_API_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$capi_minor -X $pkg.gitTreeState=clean"
+fi
+ln -sfn "$capi_manager" "$bin/cluster-api-manager"
+
 capi_dir=$(go mod download -json "sigs.k8s.io/cluster-api@$CLUSTER_API_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
 ln -sfn "$capi_dir" "$CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"
 ln -sfn "$etcd" "$bin/etcd"
 ln -sfn "$apiserver" "$bin/kube-apiserver"
 ln -sfn "$clusterctl" "$bin/clusterctl"
 log "ready: $etcd $apiserver $clusterctl $CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"
+
+scheduler="$bin/kube-scheduler-$KUBERNETES_VERSION"
+if [ ! -x "$scheduler" ]; then
+  log "building kube-scheduler $KUBERNETES_VERSION (about 5 minutes on 2 cores, 1 after kube-apiserver, once)"
+  build_kubernetes_command kube-scheduler "$scheduler"
+fi
+
+# kube-controller-manager: the e2e runs only its node lifecycle controller (it lifts the not-ready taint the API server
+# puts on every new Node once the Node is Ready), as a real cluster does.
+controller_manager="$bin/kube-controller-manager-$KUBERNETES_VERSION"
+if [ ! -x "$controller_manager" ]; then
+  log "building kube-controller-manager $KUBERNETES_VERSION (a few minutes on 2 cores after kube-apiserver, once)"
+  build_kubernetes_command kube-controller-manager "$controller_manager"
+fi
+
+kwok="$bin/kwok-$KWOK_VERSION"
+if [ ! -x "$kwok" ]; then
+  log "building kwok $KWOK_VERSION (a few minutes on 2 cores, once)"
+  go_install sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "$kwok" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
+fi
+# kwok's stage definitions (what it does to Nodes and Pods) live in its module, not in the binary.
+kwok_dir=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+ln -sfn "$kwok_dir" "$CAPI_LIBVIRT_CACHE/kwok-$KWOK_VERSION"
+
+# cluster-autoscaler, with only the Cluster API cloud provider compiled in (build tag clusterapi). Its go.mod pins k8s.io
+# staging modules with replace directives (copied into the scratch module) and replaces its nested module
+# k8s.io/autoscaler/cluster-autoscaler/apis (the ProvisioningRequest API) with ./apis, which the proxy does not serve at
+# this commit: the only version it serves (June 2024) has that API as v1beta1 only, so a copy of it renamed to v1 (plus
+# the two v1 constants added since) stands in. The autoscaler only handles ProvisioningRequests when
+# --enable-provisioning-requests is given. The proxy serves this pseudo-version, but the checksum database does not know
+# it, hence GONOSUMDB for k8s.io/autoscaler only.
+# The binary's name says it carries the backport below.
+autoscaler="$bin/cluster-autoscaler-${CLUSTER_AUTOSCALER_VERSION##*-}-setsize0"
+if [ ! -x "$autoscaler" ]; then
+  log "building cluster-autoscaler $CLUSTER_AUTOSCALER_VERSION (clusterapi provider only; 3-5 minutes on 2 cores, once)"
+  ca_module=k8s.io/autoscaler/cluster-autoscaler
+  ca_sumdb="${GONOSUMDB:+$GONOSUMDB,}k8s.io/autoscaler"
+  gomod=$(GONOSUMDB=$ca_sumdb go mod download -json "$ca_module@$CLUSTER_AUTOSCALER_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  apis_version=$(awk '$1=="'"$ca_module"'/apis" && $2 ~ /^v/ {print $2}' "$gomod")
+  apis_dir=$(GONOSUMDB=$ca_sumdb go mod download -json "$ca_module/apis@$apis_version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  apis_shim=$(mktemp -d)
+  cp -r "$apis_dir/." "$apis_shim"; chmod -R u+w "$apis_shim"
+  if [ ! -d "$apis_shim/provisioningrequest/autoscaling.x-k8s.io/v1" ]; then
+    find "$apis_shim" -depth -type d -name v1beta1 -execdir mv v1beta1 v1 \;
+    # Paths, package clauses, version strings and exported names go to v1; the Go qualifiers stay v1beta1 (bare imports
+    # of the renamed packages get that as an alias), as v1 is already the generated code's alias of metav1.
+    find "$apis_shim" -name '*.go' -exec sed -i \
+      -e 's#^\(\s*\)\("k8s.io/autoscaler/cluster-autoscaler/apis/[^"]*/v1beta1"\)$#\1v1beta1 \2#' \
+      -e 's#autoscaling.x-k8s.io/v1beta1#autoscaling.x-k8s.io/v1#g' -e 's/^package v1beta1/package v1/' \
+      -e 's/"v1beta1"/"v1"/g' -e 's/V1beta1/V1/g' {} +
+    cat >> "$apis_shim/provisioningrequest/autoscaling.x-k8s.io/v1/types.go" <<'EOF'
+
+const (
+	ProvisioningRequestPodAnnotationKey = "autoscaling.x-k8s.io/consume-provisioning-request"
+	ProvisioningClassPodAnnotationKey   = "autoscaling.x-k8s.io/provisioning-class-name"
+)
+EOF
+  fi
+  mapfile -t replaces < <(awk '$1=="replace" && $3=="=>" {print $2" => "($4=="./apis" ? "'"$apis_shim"'" : $4" "$5)}' "$gomod")
+  [ "${#replaces[@]}" -gt 0 ] || { log "no replaces found in $gomod"; exit 1; }
+  # Backport of upstream kubernetes/autoscaler#8412 (Aug 2025): SetSize marshals an autoscaling/v1 Scale whose replicas
+  # is omitempty, so scaling a node group to 0 patched nothing. The fix writes the count explicitly.
+  ca_dir=$(GONOSUMDB=$ca_sumdb go mod download -json "$ca_module@$CLUSTER_AUTOSCALER_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  ca_copy=$(mktemp -d)
+  cp -r "$ca_dir/." "$ca_copy"; chmod -R u+w "$ca_copy"
+  python3 - "$ca_copy/cloudprovider/clusterapi/clusterapi_unstructured.go" <<'PATCH'
+import re, sys
+path = sys.argv[1]
+source = open(path).read()
+broken = re.compile(r"\tspec := autoscalingv1\.Scale\{.*?could not marshal json patch for scaling: %w\", err\)\n\t\}\n", re.S)
+fixed = '\tpatch := []byte(fmt.Sprintf(`{"spec":{"replicas":%d}}`, nreplicas))\n'
+source, count = broken.subn(fixed, source)
+assert count == 1, "SetSize is not the code the backport expects"
+source = source.replace('\t"encoding/json"\n', "").replace('\tautoscalingv1 "k8s.io/api/autoscaling/v1"\n', "")
+open(path, "w").write(source)
+PATCH
+  replaces+=("$ca_module => $ca_copy")
+  GONOSUMDB=$ca_sumdb GOFLAGS="$GOFLAGS -tags=clusterapi" go_build_in_scratch \
+    "$ca_module" "$CLUSTER_AUTOSCALER_VERSION" "$ca_module" "$autoscaler" "" "${replaces[@]}"
+  rm -rf "$apis_shim" "$ca_copy"
+fi

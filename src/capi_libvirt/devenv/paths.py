@@ -41,13 +41,23 @@ def kube_scheduler_binary() -> pathlib.Path:
     return bin_dir() / f"kube-scheduler-{KUBERNETES_VERSION}"
 
 
+def kube_controller_manager_binary() -> pathlib.Path:
+    return bin_dir() / f"kube-controller-manager-{KUBERNETES_VERSION}"
+
+
 def kwok_binary() -> pathlib.Path:
     return bin_dir() / f"kwok-{KWOK_VERSION}"
 
 
+def kwok_stages_dir() -> pathlib.Path:
+    """kwok's stage definitions, from its module (hack/build-upstream.sh links it)."""
+    return cache_dir() / f"kwok-{KWOK_VERSION}" / "kustomize" / "stage"
+
+
 def cluster_autoscaler_binary() -> pathlib.Path:
-    """Named by the commit of its pseudo-version (the part after the last '-'), as hack/build-upstream.sh names it."""
-    return bin_dir() / f"cluster-autoscaler-{CLUSTER_AUTOSCALER_VERSION.rsplit('-', 1)[-1]}"
+    """Named by the commit of its pseudo-version (the part after the last '-') and the backport it carries, as
+    hack/build-upstream.sh names it."""
+    return bin_dir() / f"cluster-autoscaler-{CLUSTER_AUTOSCALER_VERSION.rsplit('-', 1)[-1]}-setsize0"
 
 
 def cluster_api_manager_binary() -> pathlib.Path:

@@ -40,6 +40,7 @@ the certificate must be valid for), caFile, token. Exit 0 once the Node exists w
 """
 import http.client
 import json
+import os
 import socket
 import ssl
 import sys
@@ -94,9 +95,19 @@ def request(config, context, method, path, body=None):
         return response.status, {}
 
 
+def resources():
+    """What kubelet reports of the machine: its CPUs, its memory and a pod count."""
+    with open("/proc/meminfo") as file:
+        memory_kib = next(int(line.split()[1]) for line in file if line.startswith("MemTotal:"))
+    return {"cpu": str(os.cpu_count() or 1), "memory": f"{memory_kib}Ki", "pods": "110"}
+
+
 def register(config, context, hostname, provider_id):
     """True once the Node is there with our provider ID, False to try again; raises when it never can be."""
-    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": hostname}, "spec": {"providerID": provider_id}}
+    labels = {"kubernetes.io/hostname": hostname, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": hostname, "labels": labels},
+            "spec": {"providerID": provider_id},
+            "status": {"capacity": resources(), "allocatable": resources()}}
     status, answer = request(config, context, "POST", "/api/v1/nodes", node)
     if status == 201:
         log(f"created Node {hostname} with providerID {provider_id}")

@@ -37,7 +37,7 @@ async def test_template_capacity_follows_the_spec(api_client, namespace, running
     await objects.create_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachinetemplates",
                                                   template)
     status = await wait_for_status(objects, namespace, "workers", lambda s: "capacity" in s)
-    assert status["capacity"] == {"cpu": "2", "memory": "4096Mi", "ephemeral-disk": "20Gi"}
+    assert status["capacity"] == {"cpu": "2", "memory": "4096Mi", "ephemeral-storage": "20Gi"}
     assert status["nodeInfo"] == {"architecture": "amd64", "operatingSystem": "linux"}
 
     await objects.patch_namespaced_custom_object(
@@ -45,4 +45,4 @@ async def test_template_capacity_follows_the_spec(api_client, namespace, running
         {"spec": {"template": {"spec": {"cpus": 8}}}}, **MERGE,
     )
     status = await wait_for_status(objects, namespace, "workers", lambda s: s.get("capacity", {}).get("cpu") == "8")
-    assert status["capacity"] == {"cpu": "8", "memory": "4096Mi", "ephemeral-disk": "20Gi"}
+    assert status["capacity"] == {"cpu": "8", "memory": "4096Mi", "ephemeral-storage": "20Gi"}

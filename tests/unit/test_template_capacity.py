@@ -14,6 +14,6 @@ def test_capacity_is_quantity_strings_from_the_spec():
     spec = v1alpha1.LibvirtMachineSpec.model_validate(
         {"image": {"volume": "base"}, "cpus": 4, "memoryMiB": 8192, "diskGiB": 40}
     )
-    assert capacity.template_capacity(spec) == {"cpu": "4", "memory": "8192Mi", "ephemeral-disk": "40Gi"}
+    assert capacity.template_capacity(spec) == {"cpu": "4", "memory": "8192Mi", "ephemeral-storage": "40Gi"}
     assert all(isinstance(v, str) for v in capacity.template_capacity(spec).values())
     assert capacity.template_node_info(spec) == {"architecture": "amd64", "operatingSystem": "linux"}

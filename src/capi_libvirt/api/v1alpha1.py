@@ -188,7 +188,7 @@ class LibvirtMachineTemplateStatus(meta.Model):
     """Capacity of a machine made from the template, read by cluster-autoscaler to scale from zero."""
 
     capacity: dict[str, str] | None = None
-    """Resources of one machine (cpu, memory, ephemeral-disk) as quantity STRINGS, the way cluster-autoscaler reads them."""
+    """One machine's ResourceList (cpu, memory, ephemeral-storage), quantities as strings for cluster-autoscaler."""
     node_info: NodeInfo | None = None
     """Architecture and operating system of the nodes."""
     conditions: list[meta.Condition] | None = pydantic.Field(

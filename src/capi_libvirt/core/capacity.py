@@ -10,7 +10,7 @@ def template_capacity(spec: v1alpha1.LibvirtMachineSpec) -> dict[str, str]:
     return {
         "cpu": str(spec.cpus),
         "memory": f"{spec.memory_mib}Mi",
-        "ephemeral-disk": f"{spec.disk_gib}Gi",
+        "ephemeral-storage": f"{spec.disk_gib}Gi",
     }
 
 

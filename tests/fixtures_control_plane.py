@@ -32,7 +32,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.Local
     plane = cp.LocalControlPlane(
         workdir=tmp_path_factory.mktemp("control-plane"),
         crd_dirs=[REPO / "config" / "crd", paths.cluster_api_crd_dir()],
-        users=[OPERATOR_USER, KUBELET_USER],
+        users=[OPERATOR_USER, KUBELET_USER, AUTOSCALER_USER],
     )
     with plane:
         bind_operator_role(plane)
@@ -40,6 +40,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.Local
 
 
 OPERATOR_USER = "capi-libvirt-operator"
+AUTOSCALER_USER = "e2e-cluster-autoscaler"  # bound only to config/autoscaler's ClusterRole (tests/e2e/test_autoscaler.py)
 KUBELET_USER = "e2e-kubelet"  # the stand-in for kubelet in guests' bootstrap data (devenv.node_registration)
 
 

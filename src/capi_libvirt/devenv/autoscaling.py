@@ -1,0 +1,202 @@
+"""The workload-cluster side of autoscaling, run against a LocalControlPlane: kube-scheduler, kube-controller-manager's
+node lifecycle controller, kwok and cluster-autoscaler (its clusterapi provider), each a child process built by
+hack/build-upstream.sh.
+
+- kube-scheduler binds pending Pods to Nodes, as in any cluster; the node lifecycle controller lifts the not-ready
+  taint of new Nodes once they are Ready.
+- kwok stands in for the kubelets: it keeps the Nodes our guests register Ready (heartbeats) and runs the Pods bound
+  to them (status Running, and deletion completed), by its "fast" stages (from its module). The Nodes themselves come
+  from the guests, with the capacity they report.
+- cluster-autoscaler with `--cloud-provider=clusterapi` scales MachineDeployments between their min/max annotations;
+  the management and the workload cluster are the same API server. It authenticates as the user given (the tests
+  bind it only to config/autoscaler's ClusterRole, so a missing rule shows as a refusal in its log).
+
+All listen on 127.0.0.1 only; the Pod IPs kwok writes come from a documentation range, not a private one.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import signal
+import subprocess
+import time
+from typing import Mapping, Sequence
+
+from capi_libvirt.devenv import paths
+from capi_libvirt.devenv.control_plane import LocalControlPlane, free_port
+
+log = logging.getLogger(__name__)
+
+KWOK_POD_CIDR = "198.18.128.0/24"  # written into Pod statuses only; no traffic goes there
+
+# cluster-autoscaler's clusterapi provider reads `infrastructureRef.apiVersion` of MachineDeployments (the v1beta1
+# shape), so it talks v1beta1, which Cluster API's conversion webhook serves from the v1beta2 storage.
+AUTOSCALER_ENV = {"CAPI_VERSION": "v1beta1"}
+
+# Quick but sane timings for a test: a scan every 5 s, a node unneeded for 20 s goes.
+AUTOSCALER_TIMINGS = {
+    "scan-interval": "5s",
+    "scale-down-unneeded-time": "20s",
+    "scale-down-delay-after-add": "20s",
+    "scale-down-delay-after-delete": "0s",
+    "scale-down-delay-after-failure": "10s",
+    "max-node-provision-time": "15m",
+}
+
+
+class UpstreamProcessError(RuntimeError):
+    """An upstream program did not start, or died."""
+
+
+class UpstreamProcess:
+    """One upstream program as a child process, its output in a log file; a context manager."""
+
+    name = "upstream"
+
+    def __init__(self, workdir: pathlib.Path, env: Mapping[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.env = dict(env or {})
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def log_path(self) -> pathlib.Path:
+        return self.workdir / f"{self.name}.log"
+
+    def binary(self) -> pathlib.Path:
+        raise NotImplementedError
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self) -> UpstreamProcess:
+        binary = self.binary()
+        if not binary.exists():
+            raise UpstreamProcessError(f"{binary} is missing: run `make upstream` (hack/build-upstream.sh)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as output:
+            self.process = subprocess.Popen([str(binary), *self.argv()], stdout=output, stderr=subprocess.STDOUT,
+                                            env={"PATH": "/usr/bin:/bin", **self.env}, start_new_session=True)
+        log.info("started %s (pid %d), log %s", self.name, self.process.pid, self.log_path)
+        time.sleep(0.5)
+        self.check_alive()
+        return self
+
+    def check_alive(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            raise UpstreamProcessError(f"{self.name} exited; the end of its log:\n{self.log_tail()}")
+
+    def log_tail(self, size: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-size:]
+        except FileNotFoundError:
+            return ""
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        log.info("stopped %s (pid %d, exit %s)", self.name, self.process.pid, self.process.returncode)
+        self.process = None
+
+    def __enter__(self) -> UpstreamProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class KubeScheduler(UpstreamProcess):
+    name = "kube-scheduler"
+
+    def __init__(self, plane: LocalControlPlane) -> None:
+        super().__init__(plane.workdir)
+        self.kubeconfig = plane.kubeconfig_path
+
+    def binary(self) -> pathlib.Path:
+        return paths.kube_scheduler_binary()
+
+    def argv(self) -> list[str]:
+        return [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}"]
+
+
+class NodeLifecycleController(UpstreamProcess):
+    """kube-controller-manager running only its node lifecycle controller: it lifts the not-ready taint the API server
+    puts on every new Node once the Node is Ready (as kwok makes it), and would taint Nodes whose heartbeats stop."""
+
+    name = "kube-controller-manager"
+
+    def __init__(self, plane: LocalControlPlane) -> None:
+        super().__init__(plane.workdir)
+        self.kubeconfig = plane.kubeconfig_path
+
+    def binary(self) -> pathlib.Path:
+        return paths.kube_controller_manager_binary()
+
+    def argv(self) -> list[str]:
+        return [f"--kubeconfig={self.kubeconfig}", "--controllers=node-lifecycle-controller", "--leader-elect=false",
+                "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--use-service-account-credentials=false"]
+
+
+class Kwok(UpstreamProcess):
+    """kwok managing every Node of the API server (they are all our guests')."""
+
+    name = "kwok"
+
+    def __init__(self, plane: LocalControlPlane) -> None:
+        super().__init__(plane.workdir, env={"HOME": str(plane.workdir)})
+        self.kubeconfig = plane.kubeconfig_path
+
+    def binary(self) -> pathlib.Path:
+        return paths.kwok_binary()
+
+    def argv(self) -> list[str]:
+        stages = paths.kwok_stages_dir()
+        files = [stages / "node" / "fast" / "node-initialize.yaml", stages / "node" / "heartbeat" / "node-heartbeat.yaml",
+                 *sorted((stages / "pod" / "fast").glob("pod-*.yaml"))]
+        return [f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=true", f"--cidr={KWOK_POD_CIDR}",
+                "--node-ip=198.18.129.1", f"--server-address=127.0.0.1:{free_port()}",
+                *(f"--config={f}" for f in files)]
+
+
+class ClusterAutoscaler(UpstreamProcess):
+    """cluster-autoscaler's clusterapi provider, discovering the node groups of the given namespaces."""
+
+    name = "cluster-autoscaler"
+
+    def __init__(self, plane: LocalControlPlane, kubeconfig: pathlib.Path, namespaces: Sequence[str],
+                 timings: Mapping[str, str] = AUTOSCALER_TIMINGS) -> None:
+        super().__init__(plane.workdir, env=AUTOSCALER_ENV)
+        self.kubeconfig = kubeconfig
+        self.namespaces = list(namespaces)
+        self.timings = dict(timings)
+
+    def binary(self) -> pathlib.Path:
+        return paths.cluster_autoscaler_binary()
+
+    def argv(self) -> list[str]:
+        discovery = [f"--node-group-auto-discovery=clusterapi:namespace={n}" for n in self.namespaces]
+        return [
+            "--cloud-provider=clusterapi",
+            f"--kubeconfig={self.kubeconfig}",  # the workload cluster
+            f"--cloud-config={self.kubeconfig}",  # the management cluster: the same API server here
+            *discovery,
+            *(f"--{flag}={value}" for flag, value in self.timings.items()),
+            "--leader-elect=false",
+            f"--address=127.0.0.1:{free_port()}",
+            "--skip-nodes-with-local-storage=false",
+            "--expander=least-waste",
+            "--logtostderr=true",
+            "--v=2",
+        ]
+
+    def refusals(self) -> list[str]:
+        """Lines of its log where the API server refused it something (RBAC)."""
+        return [line for line in self.log_tail(10**7).splitlines() if "forbidden" in line.lower()]

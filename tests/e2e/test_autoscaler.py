@@ -1,0 +1,242 @@
+"""cluster-autoscaler scales a libvirt MachineDeployment 0 -> N -> 0, on real parts, with nothing left behind.
+
+The test API server (management and workload cluster at once), kube-scheduler and kube-controller-manager's node
+lifecycle controller, the real Cluster API core controller
+(webhooks and conversion on), the real cluster-autoscaler with its clusterapi provider (as a user bound only to
+config/autoscaler's ClusterRole), kwok in place of the kubelets (it keeps the registered Nodes Ready and runs their
+Pods), the operator (as the user bound only to config/rbac), and libvirtd booting real guests whose bootstrap data
+registers their Nodes.
+
+The MachineDeployment starts at 0 with min 0 / max N and no capacity annotations: cluster-autoscaler sizes it from
+LibvirtMachineTemplate.status.capacity. Pending Pods that each need most of a machine's CPU make it scale up to N;
+once they run and are deleted, the Nodes are unneeded and it scales down to 0. Each phase's time is printed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+from kubernetes_asyncio import client
+
+from capi_libvirt.api import meta, templates
+from capi_libvirt.devenv import autoscaling, capi_objects, node_registration, workload_cluster
+from capi_libvirt.devenv.api_gateway import ApiGateway
+
+from fixtures_control_plane import AUTOSCALER_USER, KUBELET_USER, REPO, operator_running
+from waiting import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+
+N = 2
+DEPLOYMENT = "autoscaled"
+SCALE_UP_DEADLINE_S = 1200.0  # cluster-autoscaler's scan, then N TCG boots side by side on a busy 2-core machine
+SCALE_DOWN_DEADLINE_S = 600.0  # unneeded time, scale-down delays, drain, deletion
+POD_CPU = "600m"  # more than half a 1-CPU machine: one Pod per machine, N Pods need N machines
+POD_MEMORY = "32Mi"
+
+
+def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
+    return {
+        "image": {"volume": base_image_volume},
+        "storagePool": libvirt_host.pool_name,
+        "domainType": "qemu",  # no hardware virtualization here
+        "machineType": "pc",
+        "cpus": 1,
+        "memoryMiB": 256,
+        "diskGiB": 2,
+        "interfaces": [{"network": libvirt_host.network_name}],
+        "kernelBoot": {"kernel": str(guest_image.kernel), "initrd": str(guest_image.initrd),
+                       "cmdline": "root=/dev/vda rw console=ttyS0"},
+    }
+
+
+def bind_autoscaler_role(plane) -> None:
+    """The ClusterRole users apply with config/autoscaler, bound to the test's autoscaler user and nothing more."""
+    documents = yaml.safe_load_all((REPO / "config" / "autoscaler" / "cluster-autoscaler.yaml").read_text())
+    [role] = [d for d in documents if d["kind"] == "ClusterRole"]
+    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
+    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "cluster-autoscaler-test"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": AUTOSCALER_USER}],
+    })
+
+
+def provider_objects(host, base_volume: str) -> list[str]:
+    """Every domain and every file of the pool but the base image."""
+    with host.connect() as conn:
+        domains = [f"domain {d.name()}" for d in conn.listAllDomains()]
+        pool = conn.storagePoolLookupByName(host.pool_name)
+        pool.refresh(0)
+        return domains + [f"volume {v}" for v in pool.listVolumes() if v != base_volume]
+
+
+def pod(name: str) -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels={"app": "needs-a-machine"}),
+        spec=client.V1PodSpec(containers=[client.V1Container(
+            name="work", image="registry.k8s.io/pause:3.10",
+            resources=client.V1ResourceRequirements(requests={"cpu": POD_CPU, "memory": POD_MEMORY}))]))
+
+
+class Clock:
+    """When each phase was first seen, from the start of the run."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        self.marks.setdefault(phase, time.monotonic() - self.start)
+
+    def report(self) -> str:
+        lines, previous = [], 0.0
+        for phase, at in self.marks.items():
+            lines.append(f"  {phase:<48} at {at:7.1f}s  (+{at - previous:6.1f}s)")
+            previous = at
+        return "\n".join(lines)
+
+
+async def test_cluster_autoscaler_scales_a_machine_deployment_from_zero_to_n_and_back(
+        control_plane, capi_controller, api_client, namespace, libvirt_host, guest_image, base_image_volume):
+    objects, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
+    assert provider_objects(libvirt_host, base_image_volume) == [], "the host is clean before the run"
+    assert not (await core.list_node()).items, "no Node is left from an earlier run"
+    workload_cluster.install(control_plane)
+    node_registration.grant_node_registration(control_plane, KUBELET_USER)
+    bind_autoscaler_role(control_plane)
+
+    with (ApiGateway(libvirt_host, control_plane) as gateway, autoscaling.KubeScheduler(control_plane),
+          autoscaling.NodeLifecycleController(control_plane), autoscaling.Kwok(control_plane)):
+        user_data = node_registration.registration_cloud_config(
+            gateway.url, control_plane.ca_file.read_text(), gateway.tls_server_name,
+            control_plane.user_tokens[KUBELET_USER])
+        cluster = await workload_cluster.create_worker_cluster(api_client, control_plane, namespace, "autoscaled")
+        await capi_objects.create_bootstrap_secret(api_client, namespace, cluster.name, "workers-bootstrap", user_data)
+
+        async with operator_running(control_plane, {libvirt_host.name: libvirt_host.uri}) as memo:
+            await workload_cluster.create_machine_deployment(
+                api_client, cluster, DEPLOYMENT, machine_spec(libvirt_host, guest_image, base_image_volume),
+                "workers-bootstrap", replicas=None,
+                annotations={templates.AUTOSCALER_MIN: "0", templates.AUTOSCALER_MAX: str(N)})
+
+            async def deployment() -> dict:
+                return await objects.get_namespaced_custom_object(
+                    meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machinedeployments", DEPLOYMENT)
+
+            async def template_capacity():
+                body = await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace,
+                                                                  "libvirtmachinetemplates", DEPLOYMENT)
+                return body.get("status", {}).get("capacity")
+
+            # Cluster API starts an autoscaled MachineDeployment at its minimum; the provider publishes capacity.
+            assert (await deployment())["spec"]["replicas"] == 0
+            capacity = await wait_until("the template's capacity", template_capacity, 60)
+            assert (capacity["cpu"], capacity["memory"]) == ("1", "256Mi")
+            assert not (await deployment())["metadata"].get("annotations", {}).keys() & {
+                "capacity.cluster-autoscaler.kubernetes.io/cpu", "capacity.cluster-autoscaler.kubernetes.io/memory"}
+
+            autoscaler = autoscaling.ClusterAutoscaler(control_plane, control_plane.kubeconfig_for(AUTOSCALER_USER),
+                                                       [namespace])
+            with autoscaler:
+                clock = Clock()
+                for i in range(N):
+                    await core.create_namespaced_pod(namespace, pod(f"work-{i}"))
+                clock.mark("pods pending")
+                await run_scale_up(api_client, namespace, deployment, clock, autoscaler)
+                await check_nodes_and_pods(api_client, namespace, libvirt_host)
+                await run_scale_down(api_client, namespace, deployment, clock, autoscaler, libvirt_host,
+                                     base_image_volume)
+                print(f"\n[numbers] cluster-autoscaler 0 -> {N} -> 0, phase by phase:\n{clock.report()}")
+                assert autoscaler.refusals() == [], "cluster-autoscaler was refused something: RBAC is missing a rule"
+
+            # The provider's inventory agrees: a fresh probe of the host counts none of its machines.
+            probe = await memo.runtime.deps.inventory.probe(libvirt_host.name)
+            assert (probe.probe.machines, probe.probe.allocated_cpus) == (0, 0)
+            assert not [key for key in memo.runtime.deps.observe.machines if key[0] == namespace]
+
+            # While the operator still runs (the LibvirtCluster's finalizer is its).
+            await objects.delete_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "clusters",
+                                                          cluster.name)
+
+            async def cluster_gone():
+                listing = await objects.list_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, namespace,
+                                                                      "clusters")
+                return not listing["items"]
+
+            await wait_until("the Cluster gone", cluster_gone, 120)
+
+
+async def run_scale_up(api, namespace, deployment, clock: Clock, autoscaler) -> None:
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+
+    async def progress():
+        autoscaler.check_alive()
+        if (await deployment())["spec"].get("replicas") == N:
+            clock.mark(f"replicas {N} (cluster-autoscaler scaled up)")
+        machines = (await objects.list_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, namespace,
+                                                                "machines"))["items"]
+        if len(machines) == N:
+            clock.mark(f"{N} Machines created")
+        infra = (await objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace,
+                                                             "libvirtmachines"))["items"]
+        if len([m for m in infra if m.get("status", {}).get("initialization", {}).get("provisioned")]) == N:
+            clock.mark(f"{N} VMs provisioned")
+        nodes = [n for n in (await core.list_node()).items
+                 if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))]
+        if len(nodes) == N:
+            clock.mark(f"{N} Nodes Ready")
+        pods = (await core.list_namespaced_pod(namespace)).items
+        if len([p for p in pods if p.spec.node_name]) == N:
+            clock.mark(f"{N} Pods scheduled")
+        return len([p for p in pods if p.status.phase == "Running"]) == N
+
+    await wait_until(f"{N} Pods running on {N} new machines", progress, SCALE_UP_DEADLINE_S, interval=1.0)
+    clock.mark(f"{N} Pods running")
+
+
+async def check_nodes_and_pods(api, namespace, libvirt_host) -> None:
+    """Each Pod runs on a Node of its own, registered by a guest with its Machine's providerID."""
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    machines = (await objects.list_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, namespace,
+                                                            "machines"))["items"]
+    by_provider_id = {m["spec"]["providerID"]: m for m in machines}
+    nodes = {n.metadata.name: n for n in (await core.list_node()).items}
+    pods = (await core.list_namespaced_pod(namespace)).items
+    assert len({p.spec.node_name for p in pods}) == N
+    for p in pods:
+        node = nodes[p.spec.node_name]
+        assert node.spec.provider_id in by_provider_id, node.spec.provider_id
+        assert node.spec.provider_id.startswith(f"libvirt://{libvirt_host.name}/")
+
+
+async def run_scale_down(api, namespace, deployment, clock: Clock, autoscaler, libvirt_host, base_volume) -> None:
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    for p in (await core.list_namespaced_pod(namespace)).items:
+        await core.delete_namespaced_pod(p.metadata.name, namespace, grace_period_seconds=0)
+    clock.mark("pods deleted (scale-down requested)")
+
+    async def progress():
+        autoscaler.check_alive()
+        if not (await core.list_namespaced_pod(namespace)).items:
+            clock.mark("pods gone")
+        if (await deployment())["spec"].get("replicas") == 0:
+            clock.mark("replicas 0 (cluster-autoscaler scaled down)")
+        machines = (await objects.list_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, namespace,
+                                                                "machines"))["items"]
+        infra = (await objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace,
+                                                             "libvirtmachines"))["items"]
+        if not machines and not infra:
+            clock.mark("Machines and LibvirtMachines gone")
+        clean = provider_objects(libvirt_host, base_volume) == []
+        if clean:
+            clock.mark("host clean (domains, overlays, ISOs, logs)")
+        nodes = (await core.list_node()).items
+        return clean and not machines and not infra and not nodes
+
+    await wait_until("scale down to 0 with the host clean and the Nodes gone", progress, SCALE_DOWN_DEADLINE_S,
+                     interval=1.0)
+    clock.mark("Nodes gone")

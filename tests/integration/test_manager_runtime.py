@@ -3,8 +3,7 @@ ClusterRole, against the real API server. Probes and metrics answer, replicas el
 (config/peering) and the next one takes over when it goes, SIGTERM stops an operator cleanly, and JSON logs hold no
 credentials.
 
-The operators watch the whole cluster, as the Deployment runs them (with `--namespace`, kopf first retries listing
-namespaces, which the ClusterRole does not allow, for about a minute). What they are checked on is their own: the
+The operators watch the whole cluster, as the Deployment runs them. What they are checked on is their own: the
 objects of the test's namespace, their metrics, their peering records. The election tests use a peering object of
 their own, so they cannot see one another.
 """
@@ -241,6 +240,29 @@ async def test_sigterm_stops_the_operator_cleanly(control_plane, peering, operat
     log = operator.log.read_text()
     assert "Signal SIGTERM is received. Operator is stopping." in log
     assert "Traceback" not in log, operator.tail()
+
+
+async def test_namespace_flag_watches_only_that_namespace(api_client, peering, operators, namespace) -> None:
+    """The contract's `--namespace`: objects there are reconciled, objects elsewhere are not, and the restricted
+    user is refused nothing on the way (kopf resolves the namespaces it is given by listing them)."""
+    other = f"{namespace}-other"
+    core = client.CoreV1Api(api_client)
+    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=other)))
+    try:
+        operator = operators("--peering", peering, "--namespace", namespace, "--log-format", "plain")
+        await operator.wait_ready()
+        await create_libvirt_cluster(api_client, namespace, "watched")
+        await create_libvirt_cluster(api_client, other, "not-watched")
+        await wait_for_status(api_client, namespace, "watched")
+        body = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            meta.GROUP, meta.VERSION, other, "libvirtclusters", "not-watched")
+        assert "status" not in body and not body["metadata"].get("finalizers")
+        assert operator.terminate() == 0
+        assert "forbidden" not in operator.log.read_text().lower(), operator.tail()
+    finally:
+        await client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
+            meta.GROUP, meta.VERSION, other, "libvirtclusters", "not-watched")
+        await core.delete_namespace(other)
 
 
 # -- structured logs ---------------------------------------------------------------------------------------------------

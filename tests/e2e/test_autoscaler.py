@@ -23,6 +23,7 @@ from kubernetes_asyncio import client
 from capi_libvirt.api import meta, templates
 from capi_libvirt.devenv import autoscaling, capi_objects, node_registration, workload_cluster
 from capi_libvirt.devenv.api_gateway import ApiGateway
+from guests import machine_spec, provider_objects
 
 from fixtures_control_plane import AUTOSCALER_USER, KUBELET_USER, REPO, operator_running
 from waiting import wait_until
@@ -37,21 +38,6 @@ POD_CPU = "600m"  # more than half a 1-CPU machine: one Pod per machine, N Pods 
 POD_MEMORY = "32Mi"
 
 
-def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
-    return {
-        "image": {"volume": base_image_volume},
-        "storagePool": libvirt_host.pool_name,
-        "domainType": "qemu",  # no hardware virtualization here
-        "machineType": "pc",
-        "cpus": 1,
-        "memoryMiB": 256,
-        "diskGiB": 2,
-        "interfaces": [{"network": libvirt_host.network_name}],
-        "kernelBoot": {"kernel": str(guest_image.kernel), "initrd": str(guest_image.initrd),
-                       "cmdline": "root=/dev/vda rw console=ttyS0"},
-    }
-
-
 def bind_autoscaler_role(plane) -> None:
     """The ClusterRole users apply with config/autoscaler, bound to the test's autoscaler user and nothing more."""
     documents = yaml.safe_load_all((REPO / "config" / "autoscaler" / "cluster-autoscaler.yaml").read_text())
@@ -63,15 +49,6 @@ def bind_autoscaler_role(plane) -> None:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": AUTOSCALER_USER}],
     })
-
-
-def provider_objects(host, base_volume: str) -> list[str]:
-    """Every domain and every file of the pool but the base image."""
-    with host.connect() as conn:
-        domains = [f"domain {d.name()}" for d in conn.listAllDomains()]
-        pool = conn.storagePoolLookupByName(host.pool_name)
-        pool.refresh(0)
-        return domains + [f"volume {v}" for v in pool.listVolumes() if v != base_volume]
 
 
 def pod(name: str) -> client.V1Pod:

@@ -17,6 +17,7 @@ from kubernetes_asyncio import client
 from capi_libvirt.api import meta
 from capi_libvirt.devenv import capi_objects, node_registration, workload_cluster
 from capi_libvirt.devenv.api_gateway import ApiGateway
+from guests import machine_spec, provider_objects
 
 from fixtures_control_plane import KUBELET_USER, operator_running
 from waiting import wait_until
@@ -26,31 +27,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 SCALE_UP_DEADLINE_S = 900.0  # two TCG boots side by side on a busy 2-core CI machine
 SCALE_DOWN_DEADLINE_S = 300.0
 DEPLOYMENT = "workers"
-
-
-def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
-    return {
-        "image": {"volume": base_image_volume},
-        "storagePool": libvirt_host.pool_name,
-        "domainType": "qemu",  # no hardware virtualization here
-        "machineType": "pc",
-        "cpus": 1,
-        "memoryMiB": 256,
-        "diskGiB": 2,
-        "interfaces": [{"network": libvirt_host.network_name}],
-        "kernelBoot": {"kernel": str(guest_image.kernel), "initrd": str(guest_image.initrd),
-                       "cmdline": "root=/dev/vda rw console=ttyS0"},
-    }
-
-
-def provider_objects(host, base_volume: str) -> list[str]:
-    """Every domain and every file of the pool but the base image: what machines leave behind (overlays, NoCloud
-    ISOs, serial logs)."""
-    with host.connect() as conn:
-        domains = [f"domain {d.name()}" for d in conn.listAllDomains()]
-        pool = conn.storagePoolLookupByName(host.pool_name)
-        pool.refresh(0)
-        return domains + [f"volume {v}" for v in pool.listVolumes() if v != base_volume]
 
 
 async def _list(api: client.ApiClient, namespace: str, group: str, version: str, plural: str) -> list[dict]:

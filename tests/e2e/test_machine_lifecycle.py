@@ -11,13 +11,13 @@ import pathlib
 import time
 import uuid
 
-import libvirt
 import pytest
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import naming
 from capi_libvirt.devenv import capi_objects
+from guests import host_objects, machine_spec
 
 from fixtures_control_plane import operator_running
 from waiting import wait_until
@@ -26,36 +26,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 PROVISION_DEADLINE_S = 600.0  # TCG boot on a busy 2-core CI machine
 DELETE_DEADLINE_S = 120.0
-
-
-def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
-    return {
-        "image": {"volume": base_image_volume},
-        "storagePool": libvirt_host.pool_name,
-        "domainType": "qemu",  # no hardware virtualization here
-        "machineType": "pc",
-        "cpus": 1,
-        "memoryMiB": 256,
-        "diskGiB": 2,
-        "interfaces": [{"network": libvirt_host.network_name}],
-        "kernelBoot": {"kernel": str(guest_image.kernel), "initrd": str(guest_image.initrd),
-                       "cmdline": "root=/dev/vda rw console=ttyS0"},
-    }
-
-
-def host_objects(host, uuid_: str, names: list[str]) -> list[str]:
-    """What of the machine is still on the host: the domain and any of the named volumes."""
-    left = []
-    with host.connect() as conn:
-        try:
-            conn.lookupByUUIDString(uuid_)
-            left.append(f"domain {uuid_}")
-        except libvirt.libvirtError:
-            pass
-        pool = conn.storagePoolLookupByName(host.pool_name)
-        pool.refresh(0)
-        left += [f"volume {v}" for v in pool.listVolumes() if v in names]
-    return left
 
 
 async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_trace(

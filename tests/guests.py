@@ -1,0 +1,48 @@
+"""What the e2e tests share about guests: the spec of a small TCG guest from the cached image, and what of the
+provider's machines is still on a libvirt host."""
+
+from __future__ import annotations
+
+import libvirt
+
+
+def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
+    """A LibvirtMachine spec that boots the cached guest image under TCG (no hardware virtualization here), with a
+    direct kernel boot: 1 CPU, 256 MiB."""
+    return {
+        "image": {"volume": base_image_volume},
+        "storagePool": libvirt_host.pool_name,
+        "domainType": "qemu",
+        "machineType": "pc",
+        "cpus": 1,
+        "memoryMiB": 256,
+        "diskGiB": 2,
+        "interfaces": [{"network": libvirt_host.network_name}],
+        "kernelBoot": {"kernel": str(guest_image.kernel), "initrd": str(guest_image.initrd),
+                       "cmdline": "root=/dev/vda rw console=ttyS0"},
+    }
+
+
+def host_objects(host, uuid_: str, names: list[str]) -> list[str]:
+    """What of one machine is still on the host: its domain and any of the named volumes."""
+    left = []
+    with host.connect() as conn:
+        try:
+            conn.lookupByUUIDString(uuid_)
+            left.append(f"domain {uuid_}")
+        except libvirt.libvirtError:
+            pass
+        pool = conn.storagePoolLookupByName(host.pool_name)
+        pool.refresh(0)
+        left += [f"volume {v}" for v in pool.listVolumes() if v in names]
+    return left
+
+
+def provider_objects(host, base_volume: str) -> list[str]:
+    """Every domain and every file of the pool but the base image: what machines leave behind (overlays, NoCloud
+    ISOs, serial logs)."""
+    with host.connect() as conn:
+        domains = [f"domain {d.name()}" for d in conn.listAllDomains()]
+        pool = conn.storagePoolLookupByName(host.pool_name)
+        pool.refresh(0)
+        return domains + [f"volume {v}" for v in pool.listVolumes() if v != base_volume]

@@ -36,6 +36,11 @@ go_build_in_scratch() {
   rm -rf "$scratch"
 }
 
+# module_field MODULE@VERSION FIELD: a field of `go mod download -json` (Dir: the unpacked source; GoMod: its go.mod).
+module_field() {
+  go mod download -json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$2"
+}
+
 # go_install PACKAGE VERSION OUTPUT LDFLAGS: `go install PACKAGE@VERSION` into a throw-away GOBIN; for modules whose
 # go.mod has no replace directives (cluster-api).
 go_install() {
@@ -56,7 +61,7 @@ fi
 # copies the k8s.io staging replaces of kubernetes' go.mod, with the version stamp.
 build_kubernetes_command() {
   local name=$1 output=$2
-  local gomod; gomod=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  local gomod; gomod=$(module_field "k8s.io/kubernetes@$KUBERNETES_VERSION" GoMod)
   local staging_version="v0.${KUBERNETES_VERSION#v1.}"
   local replaces; mapfile -t replaces < <(awk '$2=="=>" && $3 ~ /^\.\/staging\// {print $1" => "$1" '"$staging_version"'"}' "$gomod")
   [ "${#replaces[@]}" -gt 0 ] || { log "no staging replaces found in $gomod"; exit 1; }
@@ -105,12 +110,11 @@ if [ ! -x "$capi_manager" ]; then
 fi
 ln -sfn "$capi_manager" "$bin/cluster-api-manager"
 
-capi_dir=$(go mod download -json "sigs.k8s.io/cluster-api@$CLUSTER_API_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+capi_dir=$(module_field "sigs.k8s.io/cluster-api@$CLUSTER_API_VERSION" Dir)
 ln -sfn "$capi_dir" "$CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"
 ln -sfn "$etcd" "$bin/etcd"
 ln -sfn "$apiserver" "$bin/kube-apiserver"
 ln -sfn "$clusterctl" "$bin/clusterctl"
-log "ready: $etcd $apiserver $clusterctl $CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"
 
 scheduler="$bin/kube-scheduler-$KUBERNETES_VERSION"
 if [ ! -x "$scheduler" ]; then
@@ -132,7 +136,7 @@ if [ ! -x "$kwok" ]; then
   go_install sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "$kwok" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
 fi
 # kwok's stage definitions (what it does to Nodes and Pods) live in its module, not in the binary.
-kwok_dir=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+kwok_dir=$(module_field "sigs.k8s.io/kwok@$KWOK_VERSION" Dir)
 ln -sfn "$kwok_dir" "$CAPI_LIBVIRT_CACHE/kwok-$KWOK_VERSION"
 
 # cluster-autoscaler, with only the Cluster API cloud provider compiled in (build tag clusterapi). Its go.mod pins k8s.io
@@ -148,9 +152,9 @@ if [ ! -x "$autoscaler" ]; then
   log "building cluster-autoscaler $CLUSTER_AUTOSCALER_VERSION (clusterapi provider only; 3-5 minutes on 2 cores, once)"
   ca_module=k8s.io/autoscaler/cluster-autoscaler
   ca_sumdb="${GONOSUMDB:+$GONOSUMDB,}k8s.io/autoscaler"
-  gomod=$(GONOSUMDB=$ca_sumdb go mod download -json "$ca_module@$CLUSTER_AUTOSCALER_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  gomod=$(GONOSUMDB=$ca_sumdb module_field "$ca_module@$CLUSTER_AUTOSCALER_VERSION" GoMod)
   apis_version=$(awk '$1=="'"$ca_module"'/apis" && $2 ~ /^v/ {print $2}' "$gomod")
-  apis_dir=$(GONOSUMDB=$ca_sumdb go mod download -json "$ca_module/apis@$apis_version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  apis_dir=$(GONOSUMDB=$ca_sumdb module_field "$ca_module/apis@$apis_version" Dir)
   apis_shim=$(mktemp -d)
   cp -r "$apis_dir/." "$apis_shim"; chmod -R u+w "$apis_shim"
   if [ ! -d "$apis_shim/provisioningrequest/autoscaling.x-k8s.io/v1" ]; then
@@ -173,7 +177,7 @@ EOF
   [ "${#replaces[@]}" -gt 0 ] || { log "no replaces found in $gomod"; exit 1; }
   # Backport of upstream kubernetes/autoscaler#8412 (Aug 2025): SetSize marshals an autoscaling/v1 Scale whose replicas
   # is omitempty, so scaling a node group to 0 patched nothing. The fix writes the count explicitly.
-  ca_dir=$(GONOSUMDB=$ca_sumdb go mod download -json "$ca_module@$CLUSTER_AUTOSCALER_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  ca_dir=$(GONOSUMDB=$ca_sumdb module_field "$ca_module@$CLUSTER_AUTOSCALER_VERSION" Dir)
   ca_copy=$(mktemp -d)
   cp -r "$ca_dir/." "$ca_copy"; chmod -R u+w "$ca_copy"
   python3 - "$ca_copy/cloudprovider/clusterapi/clusterapi_unstructured.go" <<'PATCH'
@@ -192,3 +196,5 @@ PATCH
     "$ca_module" "$CLUSTER_AUTOSCALER_VERSION" "$ca_module" "$autoscaler" "" "${replaces[@]}"
   rm -rf "$apis_shim" "$ca_copy"
 fi
+
+log "ready in $bin: $(cd "$bin" && ls | tr '\n' ' ')"

@@ -14,6 +14,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 import uuid
 from typing import Any, Iterator
 
@@ -386,3 +387,42 @@ def test_clusterclass_flavor_patches_variables_in(repository: pathlib.Path, tmp_
     patched = {j["valueFrom"]["variable"] for p in cluster_class["spec"]["patches"] for d in p["definitions"]
                for j in d["jsonPatches"]}
     assert declared == patched == {"controlPlaneEndpoint", "baseImage"}
+
+
+# -- with Cluster API's own webhooks and controllers (last in this module: they stay on once started) ----------------
+
+def _create(plane: cp.LocalControlPlane, document: dict, cache: dict) -> None:
+    plane.request("POST", object_path(plane, document, cache).rsplit("/", 1)[0], document)
+
+
+def test_clusterclass_flavor_passes_cluster_apis_webhooks_and_controller(
+        repository: pathlib.Path, tmp_path: pathlib.Path, control_plane: cp.LocalControlPlane, kubeadm_crds: None,
+        capi_controller, target_namespace: str) -> None:
+    """Beyond the schemas: the ClusterClass and its templates, created for real, are accepted by Cluster API's
+    webhooks and reconciled by its ClusterClass controller (it resolves every template and its variables become
+    ready), and the topology Cluster is accepted with Cluster API's webhooks on (dry-run)."""
+    documents = _generate("clusterclass", repository, tmp_path, target_namespace)
+    cache: dict[str, Any] = {}
+    created = [d for d in documents if d["kind"] != "Cluster"]
+    for document in created:
+        _create(control_plane, document, cache)
+    [cluster_class] = [d for d in documents if d["kind"] == "ClusterClass"]
+    path = object_path(control_plane, cluster_class, cache)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            status = control_plane.request("GET", path).get("status", {})
+            ready = {c["type"]: c for c in status.get("conditions", [])}.get("VariablesReady")
+            if ready and ready["status"] == "True" or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert ready and ready["status"] == "True", status
+        assert {v["name"] for v in status["variables"]} == {"controlPlaneEndpoint", "baseImage"}
+
+        [cluster] = [d for d in documents if d["kind"] == "Cluster"]
+        applied = apply(control_plane, cluster, cache)
+        assert applied["spec"]["topology"]["classRef"]["name"] == cluster_class["metadata"]["name"]
+
+    finally:
+        for document in reversed(created):
+            control_plane.request("DELETE", object_path(control_plane, document, cache))

@@ -3,7 +3,11 @@ provider's machines is still on a libvirt host."""
 
 from __future__ import annotations
 
+import time
+
 import libvirt
+
+REFRESH_ATTEMPTS = 50
 
 
 def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
@@ -32,8 +36,7 @@ def host_objects(host, uuid_: str, names: list[str]) -> list[str]:
             left.append(f"domain {uuid_}")
         except libvirt.libvirtError:
             pass
-        pool = conn.storagePoolLookupByName(host.pool_name)
-        pool.refresh(0)
+        pool = refreshed_pool(conn, host.pool_name)
         left += [f"volume {v}" for v in pool.listVolumes() if v in names]
     return left
 
@@ -43,6 +46,20 @@ def provider_objects(host, base_volume: str) -> list[str]:
     ISOs, serial logs)."""
     with host.connect() as conn:
         domains = [f"domain {d.name()}" for d in conn.listAllDomains()]
-        pool = conn.storagePoolLookupByName(host.pool_name)
-        pool.refresh(0)
+        pool = refreshed_pool(conn, host.pool_name)
         return domains + [f"volume {v}" for v in pool.listVolumes() if v != base_volume]
+
+
+def refreshed_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePool:
+    """The pool, refreshed so files libvirt did not make (serial logs) are listed. libvirt refuses a refresh while a
+    volume upload of the operator runs ("has asynchronous jobs running"): wait for it."""
+    pool = conn.storagePoolLookupByName(name)
+    for attempt in range(REFRESH_ATTEMPTS):
+        try:
+            pool.refresh(0)
+            return pool
+        except libvirt.libvirtError as error:
+            if "asynchronous jobs" not in str(error) or attempt == REFRESH_ATTEMPTS - 1:
+                raise
+            time.sleep(0.1)
+    return pool

@@ -16,6 +16,7 @@ from capi_libvirt.api import meta
 from capi_libvirt.core import domain_xml, naming
 from capi_libvirt.devenv import capi_objects
 from capi_libvirt.operator import config as operator_config
+from guests import refreshed_pool
 
 from fixtures_control_plane import operator_running
 from waiting import wait_until
@@ -29,8 +30,7 @@ def our_objects(host, machine_uid: str) -> dict[str, list[str]]:
     with host.connect() as conn:
         domains = [d.UUIDString() for d in conn.listAllDomains()
                    if (owner := domain_xml.parse_owner(d.XMLDesc(0))) and owner.uid == machine_uid]
-        pool = conn.storagePoolLookupByName(host.pool_name)
-        pool.refresh(0)
+        pool = refreshed_pool(conn, host.pool_name)
         volumes = sorted(v for v in pool.listVolumes() if marker in v)
     return {"domains": domains, "volumes": volumes}
 
@@ -39,7 +39,8 @@ async def crash_operator_after(phase: str, control_plane, host) -> int:
     """Run the operator as its own process until the fault point ends it, as a kill would."""
     env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig_path), operator_config.CRASH_AFTER_ENV: phase}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "capi_libvirt", "run", "--host", f"{host.name}={host.uri}", env=env,
+        sys.executable, "-m", "capi_libvirt", "run", "--host", f"{host.name}={host.uri}", "--standalone",
+        "--health-address", "0", "--metrics-address", "0", env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         return await asyncio.wait_for(process.wait(), timeout=120)

@@ -7,6 +7,7 @@ import datetime
 import json
 import logging
 import types
+from typing import Iterator
 
 import pytest
 from prometheus_client import REGISTRY
@@ -177,7 +178,16 @@ def body(name: str) -> dict:
     return {"metadata": {"namespace": "unit", "name": name}}
 
 
-def test_the_machine_reconcile_reports_outcomes_and_phases_per_host() -> None:
+@pytest.fixture
+def no_other_operator() -> Iterator[None]:
+    """The process-wide collector without the sources of operators other tests of the session still run."""
+    saved = list(metrics.COLLECTOR.sources)
+    metrics.COLLECTOR.sources.clear()
+    yield
+    metrics.COLLECTOR.sources[:] = saved
+
+
+def test_the_machine_reconcile_reports_outcomes_and_phases_per_host(no_other_operator) -> None:
     observer, state = metrics.Observer(), election.State(None)
     source = fake_source(observer, state)
     failed_before = value("capi_libvirt_reconcile_errors_total", kind="LibvirtMachine", reason="ImageNotFound")
@@ -210,7 +220,7 @@ def test_the_machine_reconcile_reports_outcomes_and_phases_per_host() -> None:
     assert value("capi_libvirt_host_reachable", host="kvm1") == 0  # gone with its operator
 
 
-def test_a_standby_reports_no_machines_and_no_leadership() -> None:
+def test_a_standby_reports_no_machines_and_no_leadership(no_other_operator) -> None:
     observer, state = metrics.Observer(), election.State(ME)
     state.set_role(election.STANDBY)
     observer.machine_outcome(body("a"), {"host": "kvm1"}, None, False)

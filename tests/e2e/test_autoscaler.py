@@ -38,17 +38,28 @@ POD_CPU = "600m"  # more than half a 1-CPU machine: one Pod per machine, N Pods 
 POD_MEMORY = "32Mi"
 
 
-def bind_autoscaler_role(plane) -> None:
-    """The ClusterRole users apply with config/autoscaler, bound to the test's autoscaler user and nothing more."""
-    documents = yaml.safe_load_all((REPO / "config" / "autoscaler" / "cluster-autoscaler.yaml").read_text())
-    [role] = [d for d in documents if d["kind"] == "ClusterRole"]
-    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
-    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+def bind_autoscaler_roles(plane, namespace: str) -> None:
+    """The ClusterRole and the Role users apply with config/autoscaler (the Role in `namespace`, the autoscaler's own
+    here), bound to the test's autoscaler user and nothing more."""
+    documents = list(yaml.safe_load_all((REPO / "config" / "autoscaler" / "cluster-autoscaler.yaml").read_text()))
+    [cluster_role] = [d for d in documents if d["kind"] == "ClusterRole"]
+    [role] = [d for d in documents if d["kind"] == "Role"]
+    role["metadata"]["namespace"] = namespace
+    user = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": AUTOSCALER_USER}]
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    plane.apply(f"{rbac}/clusterroles", cluster_role)
+    plane.apply(f"{rbac}/clusterrolebindings", {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "cluster-autoscaler-test"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": AUTOSCALER_USER}],
-    })
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": cluster_role["metadata"]["name"]},
+        "subjects": user})
+    plane.apply(f"{rbac}/namespaces/{namespace}/roles", role)
+    plane.apply(f"{rbac}/namespaces/{namespace}/rolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "cluster-autoscaler-test", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
+        "subjects": user})
 
 
 def pod(name: str) -> client.V1Pod:
@@ -84,7 +95,7 @@ async def test_cluster_autoscaler_scales_a_machine_deployment_from_zero_to_n_and
     assert not (await core.list_node()).items, "no Node is left from an earlier run"
     workload_cluster.install(control_plane)
     node_registration.grant_node_registration(control_plane, KUBELET_USER)
-    bind_autoscaler_role(control_plane)
+    bind_autoscaler_roles(control_plane, namespace)
 
     with (ApiGateway(libvirt_host, control_plane) as gateway, autoscaling.KubeScheduler(control_plane),
           autoscaling.NodeLifecycleController(control_plane), autoscaling.Kwok(control_plane)):
@@ -117,7 +128,7 @@ async def test_cluster_autoscaler_scales_a_machine_deployment_from_zero_to_n_and
                 "capacity.cluster-autoscaler.kubernetes.io/cpu", "capacity.cluster-autoscaler.kubernetes.io/memory"}
 
             autoscaler = autoscaling.ClusterAutoscaler(control_plane, control_plane.kubeconfig_for(AUTOSCALER_USER),
-                                                       [namespace])
+                                                       [namespace], own_namespace=namespace)
             with autoscaler:
                 clock = Clock()
                 for i in range(N):
@@ -129,6 +140,9 @@ async def test_cluster_autoscaler_scales_a_machine_deployment_from_zero_to_n_and
                                      base_image_volume)
                 print(f"\n[numbers] cluster-autoscaler 0 -> {N} -> 0, phase by phase:\n{clock.report()}")
                 assert autoscaler.refusals() == [], "cluster-autoscaler was refused something: RBAC is missing a rule"
+                # It led (its Lease) and reported (its status ConfigMap) in its own namespace, through the Role.
+                await core.read_namespaced_config_map("cluster-autoscaler-status", namespace)
+                await client.CoordinationV1Api(api_client).read_namespaced_lease("cluster-autoscaler", namespace)
 
             # The provider's inventory agrees: a fresh probe of the host counts none of its machines.
             probe = await memo.runtime.deps.inventory.probe(libvirt_host.name)

@@ -18,7 +18,7 @@ from capi_libvirt.devenv import capi_objects
 from capi_libvirt.operator import config as operator_config
 from guests import refreshed_pool
 
-from fixtures_control_plane import operator_running
+from fixtures_control_plane import OPERATOR_USER, operator_running
 from waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -37,7 +37,8 @@ def our_objects(host, machine_uid: str) -> dict[str, list[str]]:
 
 async def crash_operator_after(phase: str, control_plane, host) -> int:
     """Run the operator as its own process until the fault point ends it, as a kill would."""
-    env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig_path), operator_config.CRASH_AFTER_ENV: phase}
+    env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig_for(OPERATOR_USER)),
+           operator_config.CRASH_AFTER_ENV: phase}
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "capi_libvirt", "run", "--host", f"{host.name}={host.uri}", "--standalone",
         "--health-address", "0", "--metrics-address", "0", env=env,

@@ -254,6 +254,10 @@ async def test_namespace_flag_watches_only_that_namespace(api_client, peering, o
         await create_libvirt_cluster(api_client, namespace, "watched")
         await create_libvirt_cluster(api_client, other, "not-watched")
         await wait_for_status(api_client, namespace, "watched")
+        # One more in the watched namespace, made after the other one: by the time it has its status, an operator
+        # that watched the other namespace would have reconciled the object there too.
+        await create_libvirt_cluster(api_client, namespace, "watched-later")
+        await wait_for_status(api_client, namespace, "watched-later")
         body = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
             meta.GROUP, meta.VERSION, other, "libvirtclusters", "not-watched")
         assert "status" not in body and not body["metadata"].get("finalizers")

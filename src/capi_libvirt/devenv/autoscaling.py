@@ -172,10 +172,12 @@ class ClusterAutoscaler(UpstreamProcess):
     name = "cluster-autoscaler"
 
     def __init__(self, plane: LocalControlPlane, kubeconfig: pathlib.Path, namespaces: Sequence[str],
-                 timings: Mapping[str, str] = AUTOSCALER_TIMINGS) -> None:
+                 own_namespace: str, timings: Mapping[str, str] = AUTOSCALER_TIMINGS) -> None:
+        """`namespaces`: where its node groups are; `own_namespace`: its status ConfigMap and leader Lease."""
         super().__init__(plane.workdir, env=AUTOSCALER_ENV)
         self.kubeconfig = kubeconfig
         self.namespaces = list(namespaces)
+        self.own_namespace = own_namespace
         self.timings = dict(timings)
 
     def binary(self) -> pathlib.Path:
@@ -187,9 +189,11 @@ class ClusterAutoscaler(UpstreamProcess):
             "--cloud-provider=clusterapi",
             f"--kubeconfig={self.kubeconfig}",  # the workload cluster
             f"--cloud-config={self.kubeconfig}",  # the management cluster: the same API server here
+            "--clusterapi-cloud-config-authoritative",
+            f"--namespace={self.own_namespace}",
             *discovery,
             *(f"--{flag}={value}" for flag, value in self.timings.items()),
-            "--leader-elect=false",
+            "--leader-elect=true",  # as config/autoscaler runs it: a Lease in its own namespace
             f"--address=127.0.0.1:{free_port()}",
             "--skip-nodes-with-local-storage=false",
             "--expander=least-waste",

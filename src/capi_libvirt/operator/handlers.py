@@ -103,9 +103,11 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
     if memo.get("state") is not None:
         memo.state.stopping()
     if runtime is not None:
-        for task in (runtime.prober, runtime.election):
-            if task is not None:
-                task.cancel()
+        tasks = [task for task in (runtime.prober, runtime.election) if task is not None]
+        for task in tasks:
+            task.cancel()
+        # Let a probe in flight end before its connection closes under it.
+        await asyncio.gather(*tasks, return_exceptions=True)
         metrics.detach(runtime.metrics)
         await asyncio.get_running_loop().run_in_executor(None, runtime.deps.hosts.close)  # libvirt close blocks
         await runtime.deps.kube.client.close()

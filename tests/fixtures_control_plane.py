@@ -40,20 +40,13 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.Local
 
 
 OPERATOR_USER = "capi-libvirt-operator"
-AUTOSCALER_USER = "e2e-cluster-autoscaler"  # bound only to config/autoscaler's ClusterRole (tests/e2e/test_autoscaler.py)
+AUTOSCALER_USER = "e2e-cluster-autoscaler"  # bound only to config/autoscaler's roles (tests/e2e/test_autoscaler.py)
 KUBELET_USER = "e2e-kubelet"  # the stand-in for kubelet in guests' bootstrap data (devenv.node_registration)
 
 
 def bind_operator_role(plane: cp.LocalControlPlane) -> None:
     """The operator in tests runs as a user bound ONLY to config/rbac/role.yaml: a missing rule fails the tests."""
-    role = yaml.safe_load((REPO / "config" / "rbac" / "role.yaml").read_text())
-    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
-    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "capi-libvirt-operator-test"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
-    })
+    plane.grant(yaml.safe_load((REPO / "config" / "rbac" / "role.yaml").read_text()), OPERATOR_USER)
 
 
 @pytest.fixture(scope="session")

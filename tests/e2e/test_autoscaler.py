@@ -45,21 +45,8 @@ def bind_autoscaler_roles(plane, namespace: str) -> None:
     [cluster_role] = [d for d in documents if d["kind"] == "ClusterRole"]
     [role] = [d for d in documents if d["kind"] == "Role"]
     role["metadata"]["namespace"] = namespace
-    user = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": AUTOSCALER_USER}]
-    rbac = "/apis/rbac.authorization.k8s.io/v1"
-    plane.apply(f"{rbac}/clusterroles", cluster_role)
-    plane.apply(f"{rbac}/clusterrolebindings", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "cluster-autoscaler-test"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": cluster_role["metadata"]["name"]},
-        "subjects": user})
-    plane.apply(f"{rbac}/namespaces/{namespace}/roles", role)
-    plane.apply(f"{rbac}/namespaces/{namespace}/rolebindings", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "cluster-autoscaler-test", "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
-        "subjects": user})
+    plane.grant(cluster_role, AUTOSCALER_USER)
+    plane.grant(role, AUTOSCALER_USER)
 
 
 def pod(name: str) -> client.V1Pod:

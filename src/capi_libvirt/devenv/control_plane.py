@@ -195,6 +195,21 @@ class LocalControlPlane:
         """Create the object, or replace it when it exists."""
         self._create_or_replace(collection, document)
 
+    def grant(self, role: dict, user: str) -> None:
+        """Create (or replace) `role`, a ClusterRole or a Role (in its namespace), and bind it to `user` alone."""
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        namespace = role["metadata"].get("namespace")
+        prefix = f"{rbac}/namespaces/{namespace}" if role["kind"] == "Role" else rbac
+        kind = "RoleBinding" if role["kind"] == "Role" else "ClusterRoleBinding"
+        self.apply(f"{prefix}/{role['kind'].lower()}s", role)
+        name = role["metadata"]["name"]
+        metadata = {"name": f"{name}-{user}", **({"namespace": namespace} if namespace else {})}
+        self.apply(f"{prefix}/{kind.lower()}s", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": metadata,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role["kind"], "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        })
+
     # -- a minimal client, enough to install CRDs before any operator runs ------------------------------------
 
     def request(self, method: str, path: str, body: Any = None, accept: str = "application/json",

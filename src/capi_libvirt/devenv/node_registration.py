@@ -202,10 +202,4 @@ def node_registration_role() -> dict[str, Any]:
 
 def grant_node_registration(plane: LocalControlPlane, user: str) -> None:
     """Bind the ClusterRole (created or replaced) to `user`, one of the control plane's token users."""
-    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterroles", node_registration_role())
-    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": f"{CLUSTER_ROLE}-{user}"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CLUSTER_ROLE},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    })
+    plane.grant(node_registration_role(), user)

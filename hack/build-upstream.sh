@@ -88,25 +88,26 @@ if [ ! -x "$apiserver" ]; then
   build_kubernetes_command kube-apiserver "$apiserver"
 fi
 
+# cluster_api_version_stamp: the -X flags that stamp $CLUSTER_API_VERSION into a Cluster API program.
+cluster_api_version_stamp() {
+  local minor=${CLUSTER_API_VERSION#v1.} pkg=sigs.k8s.io/cluster-api/version
+  minor=${minor%%.*}
+  echo "-X $pkg.gitVersion=$CLUSTER_API_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+}
+
 clusterctl="$bin/clusterctl-$CLUSTER_API_VERSION"
 if [ ! -x "$clusterctl" ]; then
   log "building clusterctl $CLUSTER_API_VERSION (a few minutes on 2 cores, once)"
   # The version stamp: clusterctl compares its own version with the providers' contracts and prints it.
-  capi_minor=${CLUSTER_API_VERSION#v1.}; capi_minor=${capi_minor%%.*}
-  pkg=sigs.k8s.io/cluster-api/version
-  go_install sigs.k8s.io/cluster-api/cmd/clusterctl "$CLUSTER_API_VERSION" "$clusterctl" \
-    "-X $pkg.gitVersion=$CLUSTER_API_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$capi_minor -X $pkg.gitTreeState=clean"
+  go_install sigs.k8s.io/cluster-api/cmd/clusterctl "$CLUSTER_API_VERSION" "$clusterctl" "$(cluster_api_version_stamp)"
 fi
 
 capi_manager="$bin/cluster-api-manager-$CLUSTER_API_VERSION"
 if [ ! -x "$capi_manager" ]; then
   log "building the Cluster API core manager $CLUSTER_API_VERSION (a few minutes on 2 cores, once)"
-  # The same version stamp as clusterctl's: the manager logs it at start ("Version: v1.12.8").
-  capi_minor=${CLUSTER_API_VERSION#v1.}; capi_minor=${capi_minor%%.*}
-  pkg=sigs.k8s.io/cluster-api/version
-  # The root main.go of the module; its go.mod has no replace directives, so `go install` builds it.
-  go_install sigs.k8s.io/cluster-api "$CLUSTER_API_VERSION" "$capi_manager" \
-    "-X $pkg.gitVersion=$CLUSTER_API_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$capi_minor -X $pkg.gitTreeState=clean"
+  # The same version stamp as clusterctl's: the manager logs it at start ("Version: v1.12.8"). The root main.go of the
+  # module; its go.mod has no replace directives, so `go install` builds it.
+  go_install sigs.k8s.io/cluster-api "$CLUSTER_API_VERSION" "$capi_manager" "$(cluster_api_version_stamp)"
 fi
 ln -sfn "$capi_manager" "$bin/cluster-api-manager"
 

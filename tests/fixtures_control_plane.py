@@ -67,6 +67,16 @@ async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
     await core.delete_namespace(name)
 
 
+@pytest.fixture
+def plain_namespace(control_plane: cp.LocalControlPlane) -> Iterator[str]:
+    """A fresh namespace for tests that use the control plane's own minimal client (no event loop), deleted after."""
+    name = f"plain-{uuid.uuid4().hex[:8]}"
+    control_plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                         "metadata": {"name": name}})
+    yield name
+    control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
 @contextlib.asynccontextmanager
 async def operator_running(control_plane: cp.LocalControlPlane, hosts: dict[str, str]) -> AsyncIterator[kopf.Memo]:
     """The operator itself, in the test's event loop, against the test API server and the given libvirt hosts.

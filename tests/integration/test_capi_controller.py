@@ -12,8 +12,7 @@ from __future__ import annotations
 import base64
 import os
 import time
-import uuid
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, TypeVar
 
 import pytest
 
@@ -69,12 +68,8 @@ def items(plane: cp.LocalControlPlane, path: str) -> list[dict]:
 
 
 @pytest.fixture
-def capi_namespace(control_plane: cp.LocalControlPlane) -> Iterator[str]:
-    name = f"capi-{uuid.uuid4().hex[:8]}"
-    control_plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                         "metadata": {"name": name}})
-    yield name
-    delete(control_plane, f"/api/v1/namespaces/{name}")
+def capi_namespace(plain_namespace: str) -> str:
+    return plain_namespace
 
 
 # -- what start() and stop() do to the API server ------------------------------------------------------------------

@@ -104,12 +104,8 @@ def apply(plane: cp.LocalControlPlane, document: dict, cache: dict, dry_run: boo
 
 
 @pytest.fixture
-def target_namespace(control_plane: cp.LocalControlPlane) -> Iterator[str]:
-    name = f"clusterctl-{uuid.uuid4().hex[:8]}"
-    control_plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                         "metadata": {"name": name}})
-    yield name
-    control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
+def target_namespace(plain_namespace: str) -> str:
+    return plain_namespace
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the upstream Go programs the test bed runs (etcd, kube-apiserver, clusterctl) from the Go module proxy and
-# fetch the Cluster API module whose CRDs the test API server installs. Everything is cached by version under
+# Build the upstream Go programs the test bed runs (etcd, kube-apiserver, kubelet, kubeadm, the Cluster API managers,
+# clusterctl, ...) from the Go module proxy and fetch the modules whose files the test bed reads (Cluster API's CRDs). Everything is cached by version under
 # $CAPI_LIBVIRT_CACHE (default ~/.cache/capi-libvirt), outside the work tree; a second run only checks the cache.
 set -euo pipefail
 
@@ -129,6 +129,25 @@ controller_manager="$bin/kube-controller-manager-$KUBERNETES_VERSION"
 if [ ! -x "$controller_manager" ]; then
   log "building kube-controller-manager $KUBERNETES_VERSION (a few minutes on 2 cores after kube-apiserver, once)"
   build_kubernetes_command kube-controller-manager "$controller_manager"
+fi
+
+# kubelet and kubeadm: the node image carries both (the same Kubernetes version as the test API server), and kubeadm's
+# `init phase` commands prepare the test API server for joining nodes as `kubeadm init` would.
+for command in kubelet kubeadm; do
+  output="$bin/$command-$KUBERNETES_VERSION"
+  if [ ! -x "$output" ]; then
+    log "building $command $KUBERNETES_VERSION (a few minutes on 2 cores after kube-apiserver, once)"
+    build_kubernetes_command "$command" "$output"
+  fi
+done
+# The node image compiles the sandbox ("pause") program from the Kubernetes module's build/pause/linux/pause.c.
+ln -sfn "$(module_field "k8s.io/kubernetes@$KUBERNETES_VERSION" Dir)" "$CAPI_LIBVIRT_CACHE/kubernetes-$KUBERNETES_VERSION"
+
+# Cluster API's kubeadm bootstrap provider (CABPK): bootstrap/kubeadm/main.go of the same module as the core manager.
+cabpk="$bin/cluster-api-kubeadm-bootstrap-manager-$CLUSTER_API_VERSION"
+if [ ! -x "$cabpk" ]; then
+  log "building the Cluster API kubeadm bootstrap manager $CLUSTER_API_VERSION (a few minutes on 2 cores, once)"
+  go_install sigs.k8s.io/cluster-api/bootstrap/kubeadm "$CLUSTER_API_VERSION" "$cabpk" "$(cluster_api_version_stamp)"
 fi
 
 kwok="$bin/kwok-$KWOK_VERSION"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["fixtures_control_plane", "fixtures_libvirt", "fixtures_capi"]
+pytest_plugins = ["fixtures_libvirt", "fixtures_control_plane", "fixtures_capi"]
 
 TIERS = ("unit", "integration", "e2e")
 

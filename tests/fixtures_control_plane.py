@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import pathlib
 import uuid
@@ -19,6 +20,7 @@ from capi_libvirt.devenv import paths
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import main
 
+from fixtures_libvirt import SESSION_SUBNET
 from prereq import require
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -28,11 +30,14 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.LocalControlPlane]:
     require(paths.etcd_binary().exists(), f"etcd binary {paths.etcd_binary()} (make upstream)")
     require(paths.kube_apiserver_binary().exists(), f"kube-apiserver binary {paths.kube_apiserver_binary()} (make upstream)")
+    require(paths.kubeadm_binary().exists(), f"kubeadm binary {paths.kubeadm_binary()} (make upstream)")
     require(paths.cluster_api_crd_dir().is_dir(), f"Cluster API CRDs {paths.cluster_api_crd_dir()} (make upstream)")
     plane = cp.LocalControlPlane(
         workdir=tmp_path_factory.mktemp("control-plane"),
         crd_dirs=[REPO / "config" / "crd", paths.cluster_api_crd_dir()],
         users=[OPERATOR_USER, KUBELET_USER, AUTOSCALER_USER],
+        # The session libvirt host's bridge, where its guests reach the API server through an API gateway.
+        serving_addresses=[str(ipaddress.ip_network(SESSION_SUBNET)[1])],
     )
     with plane:
         bind_operator_role(plane)

@@ -1,8 +1,10 @@
-"""Waiting for the operator to converge: poll a probe until it returns something truthy, or fail saying what."""
+"""Waiting for the operator to converge: poll a probe until it returns something truthy, or fail saying what; and
+a clock of when each phase of a run was first seen."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Awaitable, Callable, TypeVar
 
 T = TypeVar("T")
@@ -19,3 +21,21 @@ async def wait_until(what: str, probe: Callable[[], Awaitable[T]], deadline_s: f
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {deadline_s:.0f}s waiting for {what}; last seen: {last!r}")
+
+
+class Clock:
+    """When each phase was first seen, from the start of the run."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        self.marks.setdefault(phase, time.monotonic() - self.start)
+
+    def report(self) -> str:
+        lines, previous = [], 0.0
+        for phase, at in self.marks.items():
+            lines.append(f"  {phase:<48} at {at:7.1f}s  (+{at - previous:6.1f}s)")
+            previous = at
+        return "\n".join(lines)

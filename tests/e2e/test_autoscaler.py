@@ -14,8 +14,6 @@ once they run and are deleted, the Nodes are unneeded and it scales down to 0. E
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import yaml
 from kubernetes_asyncio import client
@@ -26,7 +24,7 @@ from capi_libvirt.devenv.api_gateway import ApiGateway
 from guests import machine_spec, provider_objects
 
 from fixtures_control_plane import AUTOSCALER_USER, KUBELET_USER, REPO, operator_running
-from waiting import wait_until
+from waiting import Clock, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
@@ -57,24 +55,6 @@ def pod(name: str) -> client.V1Pod:
             resources=client.V1ResourceRequirements(requests={"cpu": POD_CPU, "memory": POD_MEMORY}))]))
 
 
-class Clock:
-    """When each phase was first seen, from the start of the run."""
-
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-        self.marks: dict[str, float] = {}
-
-    def mark(self, phase: str) -> None:
-        self.marks.setdefault(phase, time.monotonic() - self.start)
-
-    def report(self) -> str:
-        lines, previous = [], 0.0
-        for phase, at in self.marks.items():
-            lines.append(f"  {phase:<48} at {at:7.1f}s  (+{at - previous:6.1f}s)")
-            previous = at
-        return "\n".join(lines)
-
-
 async def test_cluster_autoscaler_scales_a_machine_deployment_from_zero_to_n_and_back(
         control_plane, capi_controller, api_client, namespace, libvirt_host, guest_image, base_image_volume):
     objects, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
@@ -85,7 +65,7 @@ async def test_cluster_autoscaler_scales_a_machine_deployment_from_zero_to_n_and
     bind_autoscaler_roles(control_plane, namespace)
 
     with (ApiGateway(libvirt_host, control_plane) as gateway, autoscaling.KubeScheduler(control_plane),
-          autoscaling.NodeLifecycleController(control_plane), autoscaling.Kwok(control_plane)):
+          autoscaling.KubeControllerManager(control_plane), autoscaling.Kwok(control_plane)):
         user_data = node_registration.registration_cloud_config(
             gateway.url, control_plane.ca_file.read_text(), gateway.tls_server_name,
             control_plane.user_tokens[KUBELET_USER])

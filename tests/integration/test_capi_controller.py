@@ -76,7 +76,7 @@ def capi_namespace(plain_namespace: str) -> str:
 
 def webhook_state(plane: cp.LocalControlPlane) -> dict:
     """The CAPI CRDs' conversion and CRD-migrator annotation, and which CAPI webhook configurations exist."""
-    crds = {name: plane.request("GET", f"{capi.CRDS}/{name}") for name in capi.conversion_crd_names(capi.module_dir())}
+    crds = {name: plane.request("GET", f"{capi.CRDS}/{name}") for name in capi.conversion_crd_names(capi.CORE.config_dir)}
     return {
         "conversion": {name: crd["spec"]["conversion"] for name, crd in crds.items()},
         "annotation": {name: crd["metadata"].get("annotations", {}).get(capi.MIGRATION_ANNOTATION)

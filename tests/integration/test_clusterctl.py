@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -24,14 +23,12 @@ import yaml
 from capi_libvirt.api import meta, release, templates
 from capi_libvirt.devenv import control_plane as cp
 from capi_libvirt.devenv import paths
+from clusterctl_cli import REPO, VERSION, clusterctl, generate_cluster
 
 from prereq import require
 
 pytestmark = pytest.mark.integration
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-VERSION = "v0.1.0"
-CLUSTERCTL = paths.bin_dir() / f"clusterctl-{paths.CLUSTER_API_VERSION}"
 CAPI_MODULE = paths.cache_dir() / f"cluster-api-{paths.CLUSTER_API_VERSION}"
 KUBEADM_CRD_DIRS = [CAPI_MODULE / "bootstrap" / "kubeadm" / "config" / "crd" / "bases",
                     CAPI_MODULE / "controlplane" / "kubeadm" / "config" / "crd" / "bases"]
@@ -44,37 +41,6 @@ TEMPLATE_VARIABLES = {
     "LIBVIRT_BASE_IMAGE": "ubuntu-24.04.qcow2",
 }
 PROVIDER_LABEL = {"cluster.x-k8s.io/provider": "infrastructure-libvirt"}
-
-
-@pytest.fixture(scope="module")
-def repository(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """The release written as a clusterctl local repository: <out>/infrastructure-libvirt/v0.1.0/..."""
-    require(CLUSTERCTL.exists(), f"clusterctl binary {CLUSTERCTL} (make upstream)")
-    out = tmp_path_factory.mktemp("release")
-    release.write(out, VERSION, REPO / "config")
-    return release.release_dir(out, VERSION)
-
-
-def clusterctl(tmp: pathlib.Path, repository: pathlib.Path, *args: str, config: dict | None = None,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """clusterctl with its own HOME (nothing read from or written to ~/.config), a clusterctl.yaml naming only the
-    local repository, no version check, and no variable from the caller's environment (nor a KUBECONFIG)."""
-    home = tmp / "home"
-    home.mkdir(exist_ok=True)
-    config_file = tmp / "clusterctl.yaml"
-    config_file.write_text(yaml.safe_dump({
-        "providers": [{"name": "libvirt", "type": "InfrastructureProvider",
-                       "url": (repository / release.COMPONENTS).as_uri()}],
-        **(config or {}),
-    }))
-    result = subprocess.run(
-        [str(CLUSTERCTL), *args, "--config", str(config_file)],
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-             "CLUSTERCTL_DISABLE_VERSIONCHECK": "true", **(env or {})},
-        capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, f"clusterctl {' '.join(args)} failed:\n{result.stderr}\n{result.stdout}"
-    return result
 
 
 # -- server-side apply, dry-run ------------------------------------------------------------------------------------
@@ -284,10 +250,7 @@ def _refs(value: Any) -> Iterator[dict]:
 
 
 def _generate(flavor: str, repository: pathlib.Path, tmp_path: pathlib.Path, namespace: str) -> list[dict]:
-    out = clusterctl(tmp_path, repository, "generate", "cluster", "demo", "--from",
-                     str(repository / templates.file_name(flavor)), "--target-namespace", namespace,
-                     env=TEMPLATE_VARIABLES).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return generate_cluster(tmp_path, repository, flavor, "demo", namespace, TEMPLATE_VARIABLES)
 
 
 @pytest.mark.parametrize("flavor", sorted(templates.FLAVORS))

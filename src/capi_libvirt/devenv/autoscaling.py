@@ -1,5 +1,6 @@
-"""The workload-cluster side of autoscaling, run against a LocalControlPlane: kube-scheduler, kube-controller-manager's
-node lifecycle controller, kwok and cluster-autoscaler (its clusterapi provider), each a child process built by
+"""The workload-cluster side of autoscaling and of joining nodes, run against a LocalControlPlane: kube-scheduler,
+kube-controller-manager (the node lifecycle controller; for joins, the CSR approver and signer, the bootstrap signer
+and the token cleaner), kwok and cluster-autoscaler (its clusterapi provider), each a child process built by
 hack/build-upstream.sh.
 
 - kube-scheduler binds pending Pods to Nodes, as in any cluster; the node lifecycle controller lifts the not-ready
@@ -127,22 +128,34 @@ class KubeScheduler(UpstreamProcess):
                 f"--secure-port={free_port()}"]
 
 
-class NodeLifecycleController(UpstreamProcess):
-    """kube-controller-manager running only its node lifecycle controller: it lifts the not-ready taint the API server
-    puts on every new Node once the Node is Ready (as kwok makes it), and would taint Nodes whose heartbeats stop."""
+# The node lifecycle controller lifts the not-ready taint the API server puts on every new Node once the Node is Ready,
+# and would taint Nodes whose heartbeats stop.
+NODE_LIFECYCLE = ("node-lifecycle-controller",)
+# What `kubeadm join` needs besides: bootstrap tokens' CSRs approved and signed (the kubelet's client certificate),
+# cluster-info signed for each bootstrap token, expired tokens removed.
+NODE_JOINS = (*NODE_LIFECYCLE, "certificatesigningrequest-approving-controller",
+              "certificatesigningrequest-signing-controller", "bootstrap-signer-controller", "token-cleaner-controller")
+
+
+class KubeControllerManager(UpstreamProcess):
+    """kube-controller-manager running only the named controllers; the cluster CA is its CSR signing key."""
 
     name = "kube-controller-manager"
 
-    def __init__(self, plane: LocalControlPlane) -> None:
+    def __init__(self, plane: LocalControlPlane, controllers: Sequence[str] = NODE_LIFECYCLE) -> None:
         super().__init__(plane.workdir)
         self.kubeconfig = plane.kubeconfig_path
+        self.controllers = list(controllers)
+        self.signing = (plane.ca_file, plane.ca_key_file)
 
     def binary(self) -> pathlib.Path:
         return paths.kube_controller_manager_binary()
 
     def argv(self) -> list[str]:
-        return [f"--kubeconfig={self.kubeconfig}", "--controllers=node-lifecycle-controller", "--leader-elect=false",
-                "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--use-service-account-credentials=false"]
+        return [f"--kubeconfig={self.kubeconfig}", f"--controllers={','.join(self.controllers)}",
+                "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+                "--use-service-account-credentials=false",
+                f"--cluster-signing-cert-file={self.signing[0]}", f"--cluster-signing-key-file={self.signing[1]}"]
 
 
 class Kwok(UpstreamProcess):

@@ -1,23 +1,26 @@
-"""The real Cluster API core controller manager, run out of cluster against a LocalControlPlane.
+"""The real Cluster API controller managers, run out of cluster against a LocalControlPlane: the core provider and the
+kubeadm bootstrap provider (CABPK), both built from the same Cluster API module.
 
-It is installed the way clusterctl installs the core provider (the module's config/default), webhooks on, with these
-differences: the manager is a child process (hack/build-upstream.sh builds it), authenticated as the control plane's
+Each is installed the way clusterctl installs it (the module's config/default, or bootstrap/kubeadm/config/default),
+webhooks on, with these differences: the manager is a child process (hack/build-upstream.sh builds it), authenticated as the control plane's
 admin; the API server reaches its webhook server by URL, https://127.0.0.1:<port>, instead of through a Service; the
 serving certificate is issued by a CA made here (openssl), where cert-manager would issue and inject one.
 
-start() adds to the API server CAPI's Mutating/ValidatingWebhookConfigurations (config/webhook/manifests.yaml, named
-and labelled as kustomize names them) and the conversion webhook of every CRD config/crd/patches enables; stop() removes
-both and restores each CRD's conversion and the annotation CAPI's CRD migrator writes on it, so a shared API server is
-left with CAPI's CRDs as it had them. What the controllers did to Cluster API objects (finalizers, owner references,
+start() installs the provider's CRDs where the API server does not have them yet (the kubeadm bootstrap provider's), adds
+its Mutating/ValidatingWebhookConfigurations (config/webhook/manifests.yaml, named and labelled as kustomize names them)
+and the conversion webhook of every CRD config/crd/patches enables; stop() removes the webhooks and restores each CRD's
+conversion and the annotation CAPI's CRD migrator writes on it, so a shared API server is left with the CRDs as it had
+them. What the controllers did to Cluster API objects (finalizers, owner references,
 status) stays: delete the objects while the controller still runs.
 
-Only one may run per API server at a time (the webhook configurations have fixed names), and it reconciles every
-Cluster API object in every namespace, as a real installation does.
+Only one of each provider may run per API server at a time (the webhook configurations have fixed names), and it
+reconciles every object of its kinds in every namespace, as a real installation does.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 import os
 import pathlib
@@ -27,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -38,9 +41,7 @@ from capi_libvirt.devenv.remote_access import issue_certificate, make_ca
 log = logging.getLogger(__name__)
 
 ADDRESS = "127.0.0.1"
-DEFAULT_FEATURE_GATES: Mapping[str, bool] = {"ClusterTopology": True, "MachinePool": True}
-NAME_PREFIX = "capi-"  # kustomize's namePrefix in config/default
-PROVIDER_LABEL = {"cluster.x-k8s.io/provider": "cluster-api"}
+NAME_PREFIX = "capi-"  # the core provider's kustomize namePrefix in config/default
 MIGRATION_ANNOTATION = "crd-migration.cluster.x-k8s.io/observed-generation"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 WEBHOOK_COLLECTIONS = {
@@ -48,6 +49,7 @@ WEBHOOK_COLLECTIONS = {
     "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
 }
 PROBE_VERSION = "1.35.0"  # the Machine webhook prefixes a "v": the probe's proof of a webhook round trip
+PROBE_NAME = "capi-controller-probe"
 
 
 class CapiControllerError(RuntimeError):
@@ -59,19 +61,68 @@ def module_dir() -> pathlib.Path:
     return paths.cache_dir() / f"cluster-api-{paths.CLUSTER_API_VERSION}"
 
 
-def conversion_crd_names(module: pathlib.Path) -> list[str]:
-    """The CRDs whose conversion webhook the core provider enables (config/crd/patches/webhook_in_*.yaml)."""
-    patches = sorted((module / "config" / "crd" / "patches").glob("webhook_in_*.yaml"))
+@dataclasses.dataclass(frozen=True)
+class Provider:
+    """What differs between the Cluster API managers: their binary, where their config is in the module, the names
+    kustomize gives their objects, their feature gates, and how a webhook round trip is proven."""
+
+    name: str
+    binary: Callable[[], pathlib.Path]
+    config: str  # the provider's config folder, relative to the module
+    name_prefix: str  # kustomize's namePrefix in its config/default
+    label: str  # cluster.x-k8s.io/provider
+    feature_gates: Mapping[str, bool]
+    probe: Callable[[LocalControlPlane], None]
+    install_crds: bool  # the test API server starts with the core provider's CRDs only
+
+    @property
+    def config_dir(self) -> pathlib.Path:
+        return module_dir() / self.config
+
+
+def probe_core(plane: LocalControlPlane) -> None:
+    """A dry-run create of a v1beta1 Machine: converted by /convert, defaulted by the Machine webhook."""
+    created = plane.request("POST", "/apis/cluster.x-k8s.io/v1beta1/namespaces/default/machines?dryRun=All",
+                            probe_machine())
+    if created["spec"].get("version") != f"v{PROBE_VERSION}":
+        raise CapiControllerError(f"the probe Machine was not defaulted: {created['spec']}")
+
+
+def probe_kubeadm_bootstrap(plane: LocalControlPlane) -> None:
+    """A dry-run create of a v1beta1 KubeadmConfig: converted by /convert (v1beta2 is stored), validated by the
+    KubeadmConfig webhook; both are called with failurePolicy Fail, so an answer proves the round trip."""
+    plane.request("POST", "/apis/bootstrap.cluster.x-k8s.io/v1beta1/namespaces/default/kubeadmconfigs?dryRun=All", {
+        "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta1", "kind": "KubeadmConfig",
+        "metadata": {"name": PROBE_NAME, "namespace": "default"},
+        "spec": {"format": "cloud-config", "joinConfiguration": {"nodeRegistration": {"name": PROBE_NAME}}},
+    })
+
+
+CORE = Provider(name="cluster-api-manager", binary=paths.cluster_api_manager_binary, config="config",
+                name_prefix=NAME_PREFIX, label="cluster-api",
+                feature_gates={"ClusterTopology": True, "MachinePool": True}, probe=probe_core, install_crds=False)
+KUBEADM_BOOTSTRAP = Provider(name="kubeadm-bootstrap-manager", binary=paths.kubeadm_bootstrap_manager_binary,
+                             config="bootstrap/kubeadm/config", name_prefix="capi-kubeadm-bootstrap-",
+                             label="bootstrap-kubeadm", feature_gates={"MachinePool": True},
+                             probe=probe_kubeadm_bootstrap, install_crds=True)
+
+
+def conversion_crd_names(config_dir: pathlib.Path) -> list[str]:
+    """The CRDs whose conversion webhook a provider enables (its config/crd/patches/webhook_in_*.yaml)."""
+    patches = sorted((config_dir / "crd" / "patches").glob("webhook_in_*.yaml"))
     return [yaml.safe_load(patch.read_text())["metadata"]["name"] for patch in patches]
 
 
-def webhook_configurations(manifests: pathlib.Path, base_url: str, ca_bundle: str) -> list[dict]:
-    """CAPI's webhook configurations, each webhook's Service replaced by `base_url` + its path, with `ca_bundle`."""
+def webhook_configurations(provider: Provider, base_url: str, ca_bundle: str) -> list[dict]:
+    """A provider's webhook configurations, each webhook's Service replaced by `base_url` + its path, with
+    `ca_bundle`."""
     configurations = []
+    manifests = provider.config_dir / "webhook" / "manifests.yaml"
     for document in yaml.safe_load_all(manifests.read_text()):
         if not document or document.get("kind") not in WEBHOOK_COLLECTIONS:
             continue
-        metadata = {"name": NAME_PREFIX + document["metadata"]["name"], "labels": dict(PROVIDER_LABEL)}
+        metadata = {"name": provider.name_prefix + document["metadata"]["name"],
+                    "labels": {"cluster.x-k8s.io/provider": provider.label}}
         webhooks = [{**webhook, "clientConfig": {"url": base_url + webhook["clientConfig"]["service"]["path"],
                                                  "caBundle": ca_bundle}}
                     for webhook in document["webhooks"]]
@@ -100,27 +151,31 @@ def probe_machine() -> dict:
     return {
         "apiVersion": "cluster.x-k8s.io/v1beta1",
         "kind": "Machine",
-        "metadata": {"name": "capi-controller-probe", "namespace": "default"},
+        "metadata": {"name": PROBE_NAME, "namespace": "default"},
         "spec": {
-            "clusterName": "capi-controller-probe",
+            "clusterName": PROBE_NAME,
             "version": PROBE_VERSION,
-            "bootstrap": {"dataSecretName": "capi-controller-probe"},
+            "bootstrap": {"dataSecretName": PROBE_NAME},
             "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachine",
-                                  "name": "capi-controller-probe"},
+                                  "name": PROBE_NAME},
         },
     }
 
 
 class CapiController:
-    """The CAPI core manager as a child process, with its webhooks installed; a context manager like
-    LocalControlPlane. `start()` returns when its readyz answers and a webhook round trip works."""
+    """A Cluster API provider's manager (the core one unless told otherwise) as a child process, with its webhooks
+    installed; a context manager like LocalControlPlane. `start()` returns when its readyz answers and a webhook
+    round trip works."""
 
-    def __init__(self, plane: LocalControlPlane, *, feature_gates: Mapping[str, bool] = DEFAULT_FEATURE_GATES,
+    def __init__(self, plane: LocalControlPlane, *, provider: Provider = CORE,
+                 feature_gates: Mapping[str, bool] | None = None, extra_args: tuple[str, ...] = (),
                  timeout: float = 180.0) -> None:
         self.plane = plane
-        self.feature_gates = dict(feature_gates)
+        self.provider = provider
+        self.feature_gates = dict(provider.feature_gates if feature_gates is None else feature_gates)
+        self.extra_args = list(extra_args)
         self.timeout = timeout
-        self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="cluster-api-manager-", dir=plane.workdir))
+        self.workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"{provider.name}-", dir=plane.workdir))
         self.webhook_port = free_port()
         self.health_port = free_port()
         self.diagnostics_port = free_port()
@@ -138,7 +193,7 @@ class CapiController:
 
     @property
     def log_path(self) -> pathlib.Path:
-        return self.workdir / "cluster-api-manager.log"
+        return self.workdir / f"{self.provider.name}.log"
 
     @property
     def pid(self) -> int | None:
@@ -147,7 +202,7 @@ class CapiController:
     def argv(self) -> list[str]:
         gates = ",".join(f"{gate}={str(enabled).lower()}" for gate, enabled in sorted(self.feature_gates.items()))
         return [
-            str(paths.cluster_api_manager_binary()),
+            str(self.provider.binary()),
             f"--kubeconfig={self.plane.kubeconfig_path}",
             "--leader-elect=false",
             f"--webhook-port={self.webhook_port}",
@@ -155,16 +210,19 @@ class CapiController:
             f"--health-addr={ADDRESS}:{self.health_port}",
             f"--diagnostics-address={ADDRESS}:{self.diagnostics_port}",
             f"--feature-gates={gates}",
+            *self.extra_args,
         ]
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
     def start(self) -> CapiController:
-        binary = paths.cluster_api_manager_binary()
+        binary = self.provider.binary()
         if not binary.exists():
             raise CapiControllerError(f"{binary} is missing: run `make upstream` (hack/build-upstream.sh)")
         started = time.monotonic()
         try:
+            if self.provider.install_crds:
+                self.plane.install_crds(sorted((self.provider.config_dir / "crd" / "bases").glob("*.yaml")))
             ca_bundle = self._write_certificates()
             self._install_webhooks(ca_bundle)
             self._patch_crds(ca_bundle)
@@ -173,7 +231,7 @@ class CapiController:
         except BaseException:
             self.stop()
             raise
-        log.info("cluster-api-manager ready in %.1fs (pid %d)", time.monotonic() - started, self.pid)
+        log.info("%s ready in %.1fs (pid %d)", self.provider.name, time.monotonic() - started, self.pid)
         return self
 
     def stop(self) -> None:
@@ -199,14 +257,13 @@ class CapiController:
         PEM, base64-encoded, is the caBundle."""
         self.cert_dir.mkdir(mode=0o700)
         ca_key, ca_cert = self.cert_dir / "ca.key", self.cert_dir / "ca.crt"
-        make_ca(ca_key, ca_cert, "capi-libvirt cluster-api webhooks")
+        make_ca(ca_key, ca_cert, f"capi-libvirt {self.provider.name} webhooks")
         issue_certificate(ca_cert, ca_key, self.cert_dir / "tls.key", self.cert_dir / "tls.crt",
                           f"CN={ADDRESS},O=capi-libvirt", ip=ADDRESS)
         return base64.b64encode(ca_cert.read_bytes()).decode()
 
     def _install_webhooks(self, ca_bundle: str) -> None:
-        manifests = module_dir() / "config" / "webhook" / "manifests.yaml"
-        for configuration in webhook_configurations(manifests, self.base_url, ca_bundle):
+        for configuration in webhook_configurations(self.provider, self.base_url, ca_bundle):
             collection = WEBHOOK_COLLECTIONS[configuration["kind"]]
             self.plane.apply(collection, configuration)
             self._webhooks.append((collection, configuration["metadata"]["name"]))
@@ -214,7 +271,7 @@ class CapiController:
 
     def _patch_crds(self, ca_bundle: str) -> None:
         patch = conversion_patch(self.base_url, ca_bundle)
-        for name in conversion_crd_names(module_dir()):
+        for name in conversion_crd_names(self.provider.config_dir):
             try:
                 original = self.plane.request("GET", f"{CRDS}/{name}")
             except ControlPlaneError as error:
@@ -256,7 +313,7 @@ class CapiController:
         with open(self.log_path, "wb") as logfile:
             self._process = subprocess.Popen(self.argv(), stdout=logfile, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        log.info("started cluster-api-manager (pid %d), log %s", self._process.pid, self.log_path)
+        log.info("started %s (pid %d), log %s", self.provider.name, self._process.pid, self.log_path)
 
     def _terminate(self) -> None:
         process, self._process = self._process, None
@@ -269,26 +326,26 @@ class CapiController:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        log.info("stopped cluster-api-manager (pid %d, exit %s)", process.pid, process.returncode)
+        log.info("stopped %s (pid %d, exit %s)", self.provider.name, process.pid, process.returncode)
 
     def _wait_ready(self) -> None:
         """readyz (the webhook server serves), then a webhook round trip through the API server."""
         process = self._process
         if process is None:
-            raise CapiControllerError("cluster-api-manager is not started")
+            raise CapiControllerError(f"{self.provider.name} is not started")
         deadline = time.monotonic() + self.timeout
         last_error = "not started"
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise self._failure(f"cluster-api-manager exited with {process.returncode}")
+                raise self._failure(f"{self.provider.name} exited with {process.returncode}")
             try:
                 self._check_readyz()
-                self._probe_webhooks()
+                self.provider.probe(self.plane)
                 return
             except (OSError, ControlPlaneError, CapiControllerError) as error:
                 last_error = str(error)
             time.sleep(0.5)
-        raise self._failure(f"cluster-api-manager not ready after {self.timeout:.0f}s: {last_error}")
+        raise self._failure(f"{self.provider.name} not ready after {self.timeout:.0f}s: {last_error}")
 
     def _check_readyz(self) -> None:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
@@ -297,14 +354,6 @@ class CapiController:
                 response.read()
         except urllib.error.HTTPError as error:
             raise CapiControllerError(f"readyz: {error.code}") from None
-
-    def _probe_webhooks(self) -> None:
-        """A dry-run create of a v1beta1 Machine: converted by /convert, defaulted by the Machine webhook."""
-        machine = probe_machine()
-        created = self.plane.request("POST", "/apis/cluster.x-k8s.io/v1beta1/namespaces/default/machines?dryRun=All",
-                                     machine)
-        if created["spec"].get("version") != f"v{PROBE_VERSION}":
-            raise CapiControllerError(f"the probe Machine was not defaulted: {created['spec']}")
 
     def _failure(self, message: str) -> CapiControllerError:
         try:

@@ -1,8 +1,11 @@
 """A real etcd + kube-apiserver on loopback ports, with the provider's and Cluster API's CRDs installed.
 
 Used by the test bed and by `make run` when no cluster is reachable. The binaries come from hack/build-upstream.sh
-(cached by version); the processes are started here and stopped by PID. Authentication is a static admin token,
-the API server's serving certificate is self-signed and the kubeconfig pins it: TLS is verified as everywhere else.
+(cached by version); the processes are started here and stopped by PID. The certificates are made by kubeadm's own
+phases, as for a kubeadm cluster (devenv/kubeadm_phases.py): a cluster CA that the kubeconfigs pin (TLS is verified
+as everywhere else) and that signs kubelets' client certificates. People and programs of the test bed authenticate
+with static tokens; kubelets of joined guests with their certificates (Node authorizer, NodeRestriction), and joining
+ones with bootstrap tokens once accept_joins() has prepared the server for `kubeadm join`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from capi_libvirt.devenv import paths
+from capi_libvirt.devenv import kubeadm_phases, paths
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +53,12 @@ class LocalControlPlane:
     """etcd and kube-apiserver as child processes; `start()` returns when the API serves and the CRDs are established."""
 
     def __init__(self, workdir: pathlib.Path | None = None, crd_dirs: Iterable[pathlib.Path] = (),
-                 users: Iterable[str] = ()) -> None:
-        """`users`: extra identities with no rights of their own (bind roles to them), each with a kubeconfig."""
+                 users: Iterable[str] = (), serving_addresses: Iterable[str] = ()) -> None:
+        """`users`: extra identities with no rights of their own (bind roles to them), each with a kubeconfig.
+        `serving_addresses`: where else guests reach the API server (API gateways), for its certificate."""
         self.workdir = workdir or pathlib.Path(tempfile.mkdtemp(prefix="capi-libvirt-cp-"))
         self.crd_dirs = list(crd_dirs)
+        self.serving_addresses = list(serving_addresses)
         self.token = secrets.token_hex(24)
         self.user_tokens = {user: secrets.token_hex(24) for user in users}
         self.etcd_port = free_port()
@@ -70,13 +75,26 @@ class LocalControlPlane:
         return self.workdir / "kubeconfig"
 
     @property
+    def cert_dir(self) -> pathlib.Path:
+        return self.workdir / "certs"
+
+    @property
     def ca_file(self) -> pathlib.Path:
-        return self.workdir / "certs" / "apiserver.crt"
+        """The cluster CA: it issued the API server's certificate and signs kubelets' client certificates."""
+        return self.cert_dir / "ca.crt"
+
+    @property
+    def ca_key_file(self) -> pathlib.Path:
+        return self.cert_dir / "ca.key"
+
+    @property
+    def kubeadm_config_path(self) -> pathlib.Path:
+        return self.workdir / "kubeadm.yaml"
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
     def start(self) -> LocalControlPlane:
-        for binary in (paths.etcd_binary(), paths.kube_apiserver_binary()):
+        for binary in (paths.etcd_binary(), paths.kube_apiserver_binary(), paths.kubeadm_binary()):
             if not binary.exists():
                 raise ControlPlaneError(f"{binary} is missing: run `make upstream` (hack/build-upstream.sh)")
         try:
@@ -129,10 +147,11 @@ class LocalControlPlane:
         ])
 
     def _start_apiserver(self) -> None:
-        certs = self.workdir / "certs"
+        certs = self.cert_dir
         certs.mkdir(exist_ok=True)
-        sa_key = certs / "service-account.key"
-        subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)
+        kubeadm_phases.write_configuration(self.kubeadm_config_path, kubeadm_phases.kubeadm_configuration(
+            certs, self.secure_port, SERVICE_CLUSTER_IP_RANGE, self.serving_addresses))
+        kubeadm_phases.make_certificates(self.kubeadm_config_path)
         tokens = self.workdir / "tokens.csv"
         tokens.write_text(f"{self.token},admin,admin,system:masters\n"
                           + "".join(f"{token},{user},{user}\n" for user, token in self.user_tokens.items()))
@@ -143,11 +162,15 @@ class LocalControlPlane:
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
             f"--secure-port={self.secure_port}",
-            f"--cert-dir={certs}",
+            f"--tls-cert-file={certs / 'apiserver.crt'}",
+            f"--tls-private-key-file={certs / 'apiserver.key'}",
+            f"--client-ca-file={self.ca_file}",
             f"--token-auth-file={tokens}",
-            "--authorization-mode=RBAC",
-            f"--service-account-key-file={sa_key}",
-            f"--service-account-signing-key-file={sa_key}",
+            "--enable-bootstrap-token-auth=true",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--service-account-key-file={certs / 'sa.pub'}",
+            f"--service-account-signing-key-file={certs / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--disable-admission-plugins=ServiceAccount",
@@ -190,6 +213,14 @@ class LocalControlPlane:
             }
             path.write_text(yaml.safe_dump(config))
             path.chmod(0o600)
+
+    def accept_joins(self, server: str) -> None:
+        """Prepare the API server for `kubeadm join` as `kubeadm init` does, with `server` (an API gateway's URL: an
+        address in `serving_addresses`) as the server joining nodes are told to use."""
+        kubeadm_phases.prepare_for_joins(self.kubeadm_config_path, self.kubeconfig_path)
+        cluster_info = self.request("GET", kubeadm_phases.CLUSTER_INFO)
+        cluster_info["data"]["kubeconfig"] = kubeadm_phases.with_server(cluster_info["data"]["kubeconfig"], server)
+        self.request("PUT", kubeadm_phases.CLUSTER_INFO, cluster_info)
 
     def apply(self, collection: str, document: dict) -> None:
         """Create the object, or replace it when it exists."""

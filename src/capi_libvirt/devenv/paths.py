@@ -45,6 +45,19 @@ def kube_controller_manager_binary() -> pathlib.Path:
     return bin_dir() / f"kube-controller-manager-{KUBERNETES_VERSION}"
 
 
+def kubelet_binary() -> pathlib.Path:
+    return bin_dir() / f"kubelet-{KUBERNETES_VERSION}"
+
+
+def kubeadm_binary() -> pathlib.Path:
+    return bin_dir() / f"kubeadm-{KUBERNETES_VERSION}"
+
+
+def kubernetes_module_dir() -> pathlib.Path:
+    """The k8s.io/kubernetes module's source (hack/build-upstream.sh links it): the node image's pause.c."""
+    return cache_dir() / f"kubernetes-{KUBERNETES_VERSION}"
+
+
 def kwok_binary() -> pathlib.Path:
     return bin_dir() / f"kwok-{KWOK_VERSION}"
 
@@ -63,6 +76,11 @@ def cluster_autoscaler_binary() -> pathlib.Path:
 def cluster_api_manager_binary() -> pathlib.Path:
     """The Cluster API core controller manager (the module's root main.go), built by hack/build-upstream.sh."""
     return bin_dir() / f"cluster-api-manager-{CLUSTER_API_VERSION}"
+
+
+def kubeadm_bootstrap_manager_binary() -> pathlib.Path:
+    """Cluster API's kubeadm bootstrap provider (bootstrap/kubeadm/main.go of the same module)."""
+    return bin_dir() / f"cluster-api-kubeadm-bootstrap-manager-{CLUSTER_API_VERSION}"
 
 
 def cluster_api_crd_dir() -> pathlib.Path:

@@ -3,8 +3,8 @@ Cluster API controller.
 
 The test API server plays the workload cluster's control plane (as a hosted control plane would: Kamaji, k0smotron).
 Its stand-in control-plane provider is the test: a `HostedControlPlane` object (a small CRD of this module, honouring
-Cluster API's v1beta2 control-plane contract) that it marks initialized, and the `<cluster>-kubeconfig` Secret that
-Cluster API reads Nodes through. Everything else is what a user applies: a Cluster, a LibvirtCluster, a
+Cluster API's v1beta2 control-plane contract) that it marks initialized, the `<cluster>-kubeconfig` Secret that
+Cluster API reads Nodes through, and the `<cluster>-ca` Secret the kubeadm bootstrap provider reads. Everything else is what a user applies: a Cluster, a LibvirtCluster, a
 LibvirtMachineTemplate and a MachineDeployment whose bootstrap data is a Secret named in
 `bootstrap.dataSecretName`.
 """
@@ -58,19 +58,34 @@ class WorkerCluster:
     name: str
 
 
-async def create_worker_cluster(api: client.ApiClient, plane: LocalControlPlane, namespace: str,
-                                name: str) -> WorkerCluster:
-    """Cluster, LibvirtCluster, the initialized HostedControlPlane and the kubeconfig Secret of the local API."""
-    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    host, port = plane.server.removeprefix("https://").rsplit(":", 1)
-    endpoint = {"host": host, "port": int(port)}
-    await core.create_namespaced_secret(namespace, client.V1Secret(
-        metadata=client.V1ObjectMeta(name=f"{name}-kubeconfig", labels={meta.CLUSTER_NAME_LABEL: name}),
+def _secret(cluster: str, suffix: str, data: dict[str, bytes]) -> client.V1Secret:
+    """A Secret of the cluster as a control-plane provider writes it: `<cluster>-<suffix>`, Cluster API's type."""
+    return client.V1Secret(
+        metadata=client.V1ObjectMeta(name=f"{cluster}-{suffix}", labels={meta.CLUSTER_NAME_LABEL: cluster}),
         type="cluster.x-k8s.io/secret",
-        data={"value": base64.b64encode(plane.kubeconfig_path.read_bytes()).decode()}))
+        data={key: base64.b64encode(value).decode() for key, value in data.items()})
+
+
+async def create_worker_cluster(api: client.ApiClient, plane: LocalControlPlane, namespace: str,
+                                name: str, endpoint: tuple[str, int] | None = None) -> WorkerCluster:
+    """Cluster, LibvirtCluster, the initialized HostedControlPlane and the kubeconfig Secret of the local API.
+
+    `endpoint`: the control-plane endpoint machines are told (an API gateway's address, for `kubeadm join`); by
+    default the API server's loopback address. Either way Cluster API itself reads the workload cluster through the
+    kubeconfig Secret. The `<cluster>-ca` Secret (the cluster CA, as kubeadm control planes publish it) lets the
+    kubeadm bootstrap provider pin the CA in the join configuration it writes."""
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    if endpoint is None:
+        host, port = plane.server.removeprefix("https://").rsplit(":", 1)
+        endpoint = (host, int(port))
+    control_plane_endpoint = {"host": endpoint[0], "port": endpoint[1]}
+    await core.create_namespaced_secret(namespace, _secret(name, "kubeconfig",
+                                                           {"value": plane.kubeconfig_path.read_bytes()}))
+    await core.create_namespaced_secret(namespace, _secret(name, "ca", {"tls.crt": plane.ca_file.read_bytes(),
+                                                                        "tls.key": plane.ca_key_file.read_bytes()}))
     await objects.create_namespaced_custom_object(CP_GROUP, CP_VERSION, namespace, CP_PLURAL, {
         "apiVersion": f"{CP_GROUP}/{CP_VERSION}", "kind": CP_KIND, "metadata": {"name": name},
-        "spec": {"controlPlaneEndpoint": endpoint}})
+        "spec": {"controlPlaneEndpoint": control_plane_endpoint}})
     await objects.patch_namespaced_custom_object_status(CP_GROUP, CP_VERSION, namespace, CP_PLURAL, name, {
         # Initialized (v1beta2 and v1beta1 contract fields), and externally managed: no control-plane Machines, so
         # Cluster API may still delete the Nodes of the Machines it deletes.
@@ -79,7 +94,7 @@ async def create_worker_cluster(api: client.ApiClient, plane: LocalControlPlane,
         **MERGE)
     await objects.create_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtclusters", {
         "apiVersion": meta.API_VERSION, "kind": "LibvirtCluster", "metadata": {"name": name},
-        "spec": {"controlPlaneEndpoint": endpoint}})
+        "spec": {"controlPlaneEndpoint": control_plane_endpoint}})
     await objects.create_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "clusters", {
         "apiVersion": CAPI, "kind": "Cluster", "metadata": {"name": name},
         "spec": {

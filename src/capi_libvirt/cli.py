@@ -1,4 +1,5 @@
-"""The `capi-libvirt` command: run the operator, generate manifests, or bring up the local development environment."""
+"""The `capi-libvirt` command: run the operator, show a machine's console log, generate manifests, or bring up the
+local development environment."""
 
 from __future__ import annotations
 
@@ -101,6 +102,66 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
                      help="json (one object per line) or plain text (default: json in a pod, plain elsewhere)")
 
 
+def _cmd_console_log(args: argparse.Namespace) -> int:
+    import aiohttp
+    from kubernetes_asyncio.config import ConfigException
+
+    from capi_libvirt import console_log
+    from capi_libvirt.hypervisor import errors
+    from capi_libvirt.kube import api
+    from capi_libvirt.operator import config
+
+    if not args.verbose:
+        logging.getLogger().setLevel(logging.ERROR)  # stdout is the log; stderr only says what went wrong
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    namespace, name = args.machine
+
+    async def show() -> None:
+        static_hosts = config.from_environment(args.host).hosts
+        async with await api.new_api_client() as api_client:
+            await console_log.show(api.KubeAPI(api_client), namespace, name, sys.stdout.buffer,
+                                   static_hosts=static_hosts, tail=args.tail, follow=args.follow)
+
+    try:
+        asyncio.run(show())
+    except KeyboardInterrupt:  # how a --follow ends
+        return 0
+    except BrokenPipeError:  # piped into head and the like: they have read enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 0
+    except (console_log.ConsoleLogError, errors.HypervisorError, ValueError) as error:
+        print(f"capi-libvirt console-log: {error}", file=sys.stderr)
+        return 1
+    except ConfigException as error:
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        print(f"capi-libvirt console-log: no usable kubeconfig ({where}): {error}", file=sys.stderr)
+        return 1
+    except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+        print(f"capi-libvirt console-log: Kubernetes API not reachable: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _machine_ref(value: str) -> tuple[str, str]:
+    from capi_libvirt import console_log
+
+    try:
+        return console_log.parse_machine_ref(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _positive_bytes(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of bytes above 0")
+    return number
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     from capi_libvirt.devenv import session
 
@@ -126,6 +187,17 @@ def parser() -> argparse.ArgumentParser:
                      help="a libvirt host, e.g. kvm1=qemu+ssh://root@kvm1/system (repeatable; also $CAPI_LIBVIRT_HOSTS)")
     _add_run_arguments(run)
     run.set_defaults(func=_cmd_run)
+
+    console = sub.add_parser("console-log", help="print a LibvirtMachine's serial console log, read from its host")
+    console.add_argument("machine", type=_machine_ref, metavar="NAMESPACE/NAME", help="the LibvirtMachine")
+    console.add_argument("--tail", type=_positive_bytes, metavar="BYTES", help="only the last BYTES bytes")
+    console.add_argument("-f", "--follow", action="store_true",
+                         help="keep printing what the guest writes (Ctrl-C ends)")
+    console.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+    console.add_argument("--host", action="append", default=[], metavar="NAME=URI",
+                         help="reach host NAME at URI instead of through its LibvirtHost object (repeatable; also "
+                              "$CAPI_LIBVIRT_HOSTS)")
+    console.set_defaults(func=_cmd_console_log)
 
     manifests = sub.add_parser("manifests", help="generate the CRDs under config/crd from the API models")
     manifests.add_argument("--dir", default="config/crd", help="output folder (default: config/crd)")

@@ -1,4 +1,4 @@
-"""What the provider does to a host for one machine: overlay, NoCloud ISO, domain, addresses, teardown.
+"""What the provider does to a host for one machine: overlay, NoCloud ISO, domain, addresses, serial log, teardown.
 
 Every function takes an open `virConnect` first and is called through `HostConnection.call`, which runs it in the
 thread pool and translates libvirt's errors. Each operation is idempotent: "create" of something present returns it,
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import time
 import xml.etree.ElementTree as ET
 
 import libvirt
@@ -17,6 +18,8 @@ from capi_libvirt.core import domain_xml, volume_xml
 from capi_libvirt.hypervisor import errors
 
 GIB = 1024**3
+REFRESH_WAIT_S, REFRESH_RETRY_S = 10.0, 0.1  # how long a pool refresh waits out a volume being built
+STREAM_CHUNK = 256 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,27 @@ def _volume_or_none(pool: libvirt.virStoragePool, name: str) -> libvirt.virStora
         if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
             return None
         raise
+
+
+def _refreshed_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePool:
+    """The active pool, refreshed so files libvirt did not make (serial logs) are volumes of it.
+
+    libvirt refuses a refresh while a volume of the pool is being built or cloned, or an upload or download into it
+    is being set up ("has asynchronous jobs running", an internal error of the storage driver): the operator making
+    another machine's overlay or NoCloud volume. That ends within moments, so it is waited out instead of failing.
+    """
+    pool = _active_pool(conn, name)
+    deadline = time.monotonic() + REFRESH_WAIT_S
+    while True:
+        try:
+            pool.refresh(0)
+            return pool
+        except libvirt.libvirtError as error:
+            busy = error.get_error_code() == libvirt.VIR_ERR_INTERNAL_ERROR and \
+                error.get_error_domain() == libvirt.VIR_FROM_STORAGE
+            if not busy or time.monotonic() >= deadline:
+                raise
+        time.sleep(REFRESH_RETRY_S)
 
 
 def check_networks(conn: libvirt.virConnect, networks: list[str]) -> None:
@@ -124,6 +148,55 @@ def replace_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes, iso: byte
         volume.delete(0)
         raise
     return volume.path()
+
+
+@dataclasses.dataclass(frozen=True)
+class LogChunk:
+    """Bytes of a log, and the log's size when they were read: where a follower reads on from."""
+
+    data: bytes
+    end: int
+
+
+def log_range(size: int, start: int = 0, tail: int | None = None) -> tuple[int, int]:
+    """(offset, length) to read of a log of `size` bytes: from `start`, at most the last `tail` bytes of it.
+
+    A log shorter than `start` was truncated or rotated since it was last read: it is read from its beginning.
+    """
+    if start > size:
+        start = 0
+    offset = start if tail is None else max(start, size - tail)
+    return offset, size - offset
+
+
+def read_serial_log(conn: libvirt.virConnect, pool_name: str, log_name: str, start: int = 0,
+                    tail: int | None = None) -> LogChunk:
+    """The machine's serial console log, downloaded through libvirt's stream API (so over qemu+ssh and qemu+tls
+    too), from byte `start`, at most its last `tail` bytes; VolumeNotFound when there is no log (yet)."""
+    pool = _refreshed_pool(conn, pool_name)
+    volume = _volume_or_none(pool, log_name)
+    if volume is None:
+        raise errors.VolumeNotFound(f"no serial log {log_name} in pool {pool_name}: the domain has not started "
+                                    "yet, or it was deleted")
+    size = volume.info()[1]  # capacity: the file's size (refreshed by libvirt on every info call)
+    offset, length = log_range(size, start, tail)
+    if length == 0:
+        return LogChunk(b"", offset)
+    stream = conn.newStream(0)
+    chunks: list[bytes] = []
+    try:
+        volume.download(stream, offset, length, 0)
+        while chunk := stream.recv(STREAM_CHUNK):
+            chunks.append(chunk)
+        stream.finish()
+    except BaseException:
+        try:
+            stream.abort()
+        except libvirt.libvirtError:
+            pass
+        raise
+    data = b"".join(chunks)
+    return LogChunk(data, offset + len(data))
 
 
 def domain_info(conn: libvirt.virConnect, uuid: str) -> DomainInfo | None:
@@ -209,7 +282,7 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volume
         raise
     if not pool.isActive():
         pool.create(0)  # an inactive pool would hide our volumes: activate it to delete them
-    pool.refresh(0)  # the serial log is a file the pool has not seen yet
+    pool = _refreshed_pool(conn, volumes.pool)  # the serial log is a file the pool has not seen yet
     for name in (volumes.overlay, volumes.nocloud, volumes.serial_log):
         volume = _volume_or_none(pool, name)
         if volume is not None:

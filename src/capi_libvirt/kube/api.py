@@ -104,6 +104,10 @@ class KubeAPI:
             return None
         return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
 
+    async def get_libvirt_host(self, name: str) -> dict | None:
+        self.calls += 1
+        return await _or_none(self.objects.get_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name))
+
     async def patch_libvirt_host_status(self, name: str, status: dict) -> dict:
         self.calls += 1
         return await self.objects.patch_cluster_custom_object_status(

@@ -1,0 +1,136 @@
+"""`capi-libvirt console-log`: a LibvirtMachine's serial console log (cloud-init, kubeadm join), read from its host.
+
+The machine's host is the one its status names, reached the way the operator reaches it: through the LibvirtHost
+object and its credentials Secret, read with the user's kubeconfig, or through a `--host NAME=URI` of the command line
+(hosts without objects, as `run --host`). The log is downloaded over that libvirt connection
+(hypervisor.machines.read_serial_log), so a remote host needs no login. The user needs `get` on the LibvirtMachine,
+the LibvirtHost and its credentials Secret. Every failure is a ConsoleLogError or a HypervisorError whose text is
+safe to print: no URI query, no credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Awaitable, BinaryIO, TypeVar
+
+import pydantic
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from capi_libvirt.api import v1alpha1
+from capi_libvirt.core import conditions, naming
+from capi_libvirt.hypervisor import connection, credentials, machines
+from capi_libvirt.kube import api
+
+T = TypeVar("T")
+FOLLOW_INTERVAL_S = 1.0
+DEFAULT_POOL = v1alpha1.LibvirtMachineSpec.model_fields["storage_pool"].default
+
+
+class ConsoleLogError(Exception):
+    """Why the log cannot be shown, in one line for the user."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SerialLog:
+    """Where a machine's serial log is: its host, the storage pool and the log's volume name there."""
+
+    host: str
+    pool: str
+    volume: str
+
+
+def parse_machine_ref(value: str) -> tuple[str, str]:
+    """NAMESPACE/NAME -> (namespace, name)."""
+    namespace, sep, name = value.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise ValueError(f"{value!r}: expected NAMESPACE/NAME of a LibvirtMachine")
+    return namespace, name
+
+
+def not_placed_message(body: dict) -> str:
+    """A machine without a host yet; its Provisioned condition says what it waits for."""
+    meta_ = body["metadata"]
+    message = f"LibvirtMachine {meta_['namespace']}/{meta_['name']} is not placed on a host yet"
+    provisioned = conditions.get_condition((body.get("status") or {}).get("conditions"), conditions.PROVISIONED)
+    if provisioned and provisioned.get("reason"):
+        detail = f": {provisioned['message']}" if provisioned.get("message") else ""
+        message += f" ({provisioned['reason']}{detail})"
+    return message
+
+
+async def _api(what: str, call: Awaitable[T]) -> T:
+    """An API call whose refusal (403, ...) becomes a one-line error naming what was read."""
+    try:
+        return await call
+    except ApiException as error:
+        try:
+            detail = json.loads(error.body or "{}").get("message") or error.reason
+        except (ValueError, AttributeError):
+            detail = error.reason
+        raise ConsoleLogError(f"cannot read {what}: {error.status} {detail}") from None
+
+
+async def locate(kube: api.KubeAPI, namespace: str, name: str) -> SerialLog:
+    """The machine's serial log, from the LibvirtMachine's status (host), spec (pool) and UID (volume name)."""
+    body = await _api(f"LibvirtMachine {namespace}/{name}", kube.get_libvirt_machine(namespace, name))
+    if body is None:
+        raise ConsoleLogError(f"LibvirtMachine {namespace}/{name} not found")
+    spec = body.get("spec") or {}
+    if spec.get("serialLog") is False:
+        raise ConsoleLogError(f"LibvirtMachine {namespace}/{name} has serialLog: false; its console is not logged")
+    host = (body.get("status") or {}).get("host")
+    if not host:
+        raise ConsoleLogError(not_placed_message(body))
+    return SerialLog(host=host, pool=spec.get("storagePool") or DEFAULT_POOL,
+                     volume=naming.serial_log_file_name(namespace, name, body["metadata"]["uid"]))
+
+
+async def host_access(kube: api.KubeAPI, host: str,
+                      static_hosts: dict[str, str]) -> tuple[str, credentials.Credentials | None]:
+    """How the operator reaches the host: a `--host` URI, or the LibvirtHost's URI and credentials Secret."""
+    if host in static_hosts:
+        return static_hosts[host], None
+    body = await _api(f"LibvirtHost {host}", kube.get_libvirt_host(host))
+    if body is None:
+        raise ConsoleLogError(f"LibvirtHost {host} not found (for a host without an object, pass --host {host}=URI)")
+    try:
+        spec = v1alpha1.LibvirtHostSpec.model_validate(body.get("spec") or {})
+    except pydantic.ValidationError as error:
+        fields = ", ".join(".".join(map(str, e["loc"])) for e in error.errors())
+        raise ConsoleLogError(f"LibvirtHost {host} has an invalid spec: {fields}") from None
+    ref = spec.credentials_secret_ref
+    if ref is None:
+        return spec.uri, None
+    data = await _api(f"the credentials Secret {ref.namespace}/{ref.name} of LibvirtHost {host}",
+                      kube.get_secret_data(ref.namespace, ref.name))
+    if data is None:
+        raise ConsoleLogError(f"credentials Secret {ref.namespace}/{ref.name} of LibvirtHost {host} not found")
+    return spec.uri, credentials.Credentials(data)
+
+
+def _write(out: BinaryIO, data: bytes) -> None:
+    if data:
+        out.write(data)
+        out.flush()
+
+
+async def show(kube: api.KubeAPI, namespace: str, name: str, out: BinaryIO, *, static_hosts: dict[str, str],
+               tail: int | None = None, follow: bool = False, interval: float = FOLLOW_INTERVAL_S) -> None:
+    """Write the machine's serial log (its last `tail` bytes) to `out`; with `follow`, then what is added, until
+    cancelled or the log goes away."""
+    where = await locate(kube, namespace, name)
+    uri, secret = await host_access(kube, where.host, static_hosts)
+    connection.ensure_libvirt_event_loop()  # keepalives: a dead host is noticed instead of hanging a follow
+    host = connection.HostConnection(where.host, uri, secret)
+    try:
+        chunk = await host.call(machines.read_serial_log, where.pool, where.volume, 0, tail, doing="read serial log")
+        _write(out, chunk.data)
+        while follow:
+            await asyncio.sleep(interval)
+            chunk = await host.call(machines.read_serial_log, where.pool, where.volume, chunk.end, None,
+                                    doing="read serial log")
+            _write(out, chunk.data)
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, host.close)

@@ -1,0 +1,197 @@
+"""`capi-libvirt console-log`, its pure parts: which bytes of a log to read, where a machine's log is, how its host is
+reached (a `--host` URI, or the LibvirtHost and its credentials Secret), and the errors the user reads."""
+
+from __future__ import annotations
+
+import libvirt
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from capi_libvirt import cli, console_log
+from capi_libvirt.core import naming
+from capi_libvirt.hypervisor import machines
+
+pytestmark = pytest.mark.unit
+
+UID = "0f4e6f3e-2d55-4c8b-9a51-6f1b0c0de001"
+
+
+@pytest.mark.parametrize(("size", "start", "tail", "expected"), [
+    (100, 0, None, (0, 100)),  # the whole log
+    (100, 0, 30, (70, 30)),  # its last 30 bytes
+    (100, 0, 500, (0, 100)),  # a tail longer than the log: all of it
+    (100, 100, None, (100, 0)),  # a follower that has read everything
+    (150, 100, None, (100, 50)),  # ... reads only what was added
+    (150, 100, 10, (140, 10)),  # ... at most the tail of it
+    (40, 100, None, (0, 40)),  # the log is shorter than what was read: truncated or rotated, read it afresh
+    (0, 0, None, (0, 0)),  # an empty log
+])
+def test_log_range_reads_from_the_follower_offset_at_most_the_tail(size, start, tail, expected):
+    assert machines.log_range(size, start, tail) == expected
+
+
+def test_machine_reference_is_namespace_slash_name():
+    assert console_log.parse_machine_ref("team-a/worker-1") == ("team-a", "worker-1")
+    for bad in ("worker-1", "/worker-1", "team-a/", "a/b/c", ""):
+        with pytest.raises(ValueError, match="NAMESPACE/NAME"):
+            console_log.parse_machine_ref(bad)
+
+
+def test_the_command_line_takes_the_machine_tail_follow_kubeconfig_and_hosts():
+    args = cli.parser().parse_args(["console-log", "ns/m", "--tail", "4096", "-f", "--kubeconfig", "/k",
+                                    "--host", "kvm1=qemu:///system"])
+    assert (args.machine, args.tail, args.follow, args.kubeconfig, args.host) == \
+        (("ns", "m"), 4096, True, "/k", ["kvm1=qemu:///system"])
+    defaults = cli.parser().parse_args(["console-log", "ns/m"])
+    assert (defaults.tail, defaults.follow, defaults.host) == (None, False, [])
+    for bad in (["console-log", "m"], ["console-log", "ns/m", "--tail", "0"], ["console-log", "ns/m", "--tail", "x"]):
+        with pytest.raises(SystemExit):
+            cli.parser().parse_args(bad)
+
+
+class FakeKube:
+    """The three reads console-log makes, from dictionaries; `refuse` names reads that answer 403."""
+
+    def __init__(self, machines_: dict | None = None, hosts: dict | None = None, secrets: dict | None = None,
+                 refuse: tuple[str, ...] = ()) -> None:
+        self.machines, self.hosts, self.secrets, self.refuse = machines_ or {}, hosts or {}, secrets or {}, refuse
+
+    def _check(self, what: str) -> None:
+        if what in self.refuse:
+            raise ApiException(status=403, reason="Forbidden")
+
+    async def get_libvirt_machine(self, namespace: str, name: str) -> dict | None:
+        self._check("machine")
+        return self.machines.get((namespace, name))
+
+    async def get_libvirt_host(self, name: str) -> dict | None:
+        self._check("host")
+        return self.hosts.get(name)
+
+    async def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        self._check("secret")
+        return self.secrets.get((namespace, name))
+
+
+def machine(spec: dict | None = None, status: dict | None = None) -> dict:
+    return {"metadata": {"namespace": "ns", "name": "m", "uid": UID}, "spec": spec or {"image": {"volume": "b"}},
+            "status": status or {}}
+
+
+async def test_the_log_is_located_from_the_status_host_the_spec_pool_and_the_uid():
+    kube = FakeKube({("ns", "m"): machine({"storagePool": "fast"}, {"host": "kvm1"})})
+    assert await console_log.locate(kube, "ns", "m") == console_log.SerialLog(
+        host="kvm1", pool="fast", volume=naming.serial_log_file_name("ns", "m", UID))
+    kube = FakeKube({("ns", "m"): machine(status={"host": "kvm1"})})
+    assert (await console_log.locate(kube, "ns", "m")).pool == "default"  # the spec's default pool
+
+
+async def test_a_missing_machine_is_named():
+    with pytest.raises(console_log.ConsoleLogError, match="^LibvirtMachine ns/gone not found$"):
+        await console_log.locate(FakeKube(), "ns", "gone")
+
+
+async def test_a_machine_not_placed_yet_says_what_it_waits_for():
+    waiting = {"conditions": [{"type": "Provisioned", "status": "False", "reason": "InsufficientCapacity",
+                               "message": "kvm1: 2 CPUs free, 4 asked"}]}
+    kube = FakeKube({("ns", "m"): machine(status=waiting)})
+    with pytest.raises(console_log.ConsoleLogError) as raised:
+        await console_log.locate(kube, "ns", "m")
+    assert str(raised.value) == \
+        "LibvirtMachine ns/m is not placed on a host yet (InsufficientCapacity: kvm1: 2 CPUs free, 4 asked)"
+    assert console_log.not_placed_message(machine()) == "LibvirtMachine ns/m is not placed on a host yet"
+
+
+async def test_a_machine_whose_console_is_not_logged_says_so():
+    kube = FakeKube({("ns", "m"): machine({"serialLog": False}, {"host": "kvm1"})})
+    with pytest.raises(console_log.ConsoleLogError, match="serialLog: false"):
+        await console_log.locate(kube, "ns", "m")
+
+
+async def test_a_refused_read_names_what_was_read():
+    with pytest.raises(console_log.ConsoleLogError, match="^cannot read LibvirtMachine ns/m: 403 Forbidden$"):
+        await console_log.locate(FakeKube(refuse=("machine",)), "ns", "m")
+
+
+SSH_DATA = {"ssh-privatekey": b"-----BEGIN OPENSSH PRIVATE KEY-----\nsecret-key\n",
+            "known_hosts": b"kvm1 ssh-ed25519 A"}
+
+
+def libvirt_host(uri: str, secret: bool = True) -> dict:
+    ref = {"credentialsSecretRef": {"namespace": "sys", "name": "kvm1-ssh"}} if secret else {}
+    return {"spec": {"uri": uri, **ref}}
+
+
+async def test_a_host_is_reached_through_its_libvirthost_and_credentials_secret():
+    kube = FakeKube(hosts={"kvm1": libvirt_host("qemu+ssh://capi@kvm1/system")},
+                    secrets={("sys", "kvm1-ssh"): SSH_DATA})
+    uri, secret = await console_log.host_access(kube, "kvm1", {})
+    assert uri == "qemu+ssh://capi@kvm1/system" and secret is not None and dict(secret.data) == SSH_DATA
+    assert "secret-key" not in repr(secret)
+
+
+async def test_a_host_given_on_the_command_line_needs_no_object():
+    kube = FakeKube(refuse=("host", "secret"))  # never asked
+    assert await console_log.host_access(kube, "kvm1", {"kvm1": "qemu:///system"}) == ("qemu:///system", None)
+    kube = FakeKube(hosts={"local": libvirt_host("qemu:///system", secret=False)})
+    assert await console_log.host_access(kube, "local", {}) == ("qemu:///system", None)
+
+
+async def test_host_problems_are_one_clear_line_without_credentials():
+    cases = [
+        (FakeKube(), "^LibvirtHost kvm1 not found \\(for a host without an object, pass --host kvm1=URI\\)$"),
+        (FakeKube(hosts={"kvm1": libvirt_host("qemu+ssh://capi@kvm1/system")}),
+         "^credentials Secret sys/kvm1-ssh of LibvirtHost kvm1 not found$"),
+        (FakeKube(hosts={"kvm1": libvirt_host("http://kvm1")}), "^LibvirtHost kvm1 has an invalid spec: uri$"),
+        (FakeKube(hosts={"kvm1": libvirt_host("qemu+ssh://capi@kvm1/system")}, refuse=("secret",)),
+         "^cannot read the credentials Secret sys/kvm1-ssh of LibvirtHost kvm1: 403 Forbidden$"),
+    ]
+    for kube, message in cases:
+        with pytest.raises(console_log.ConsoleLogError, match=message):
+            await console_log.host_access(kube, "kvm1", {})
+
+
+def libvirt_error(code: int, domain: int) -> libvirt.libvirtError:
+    error = libvirt.libvirtError("refused")
+    error.err = (code, domain, "refused", 2, None, None, None, -1, -1)  # what libvirt fills in from virGetLastError
+    return error
+
+
+class FakePool:
+    def __init__(self, refusals: list[libvirt.libvirtError]) -> None:
+        self.refusals, self.refreshes = refusals, 0
+
+    def isActive(self) -> bool:  # noqa: N802  libvirt's names
+        return True
+
+    def refresh(self, flags: int) -> None:
+        self.refreshes += 1
+        if self.refusals:
+            raise self.refusals.pop(0)
+
+
+class FakeConnection:
+    def __init__(self, pool: FakePool) -> None:
+        self.pool = pool
+
+    def storagePoolLookupByName(self, name: str) -> FakePool:  # noqa: N802
+        return self.pool
+
+
+def test_a_pool_refresh_waits_out_a_running_upload_and_nothing_else(monkeypatch):
+    monkeypatch.setattr(machines, "REFRESH_RETRY_S", 0.0)
+    busy = libvirt_error(libvirt.VIR_ERR_INTERNAL_ERROR, libvirt.VIR_FROM_STORAGE)  # "asynchronous jobs running"
+    pool = FakePool([busy, busy])
+    assert machines._refreshed_pool(FakeConnection(pool), "default") is pool and pool.refreshes == 3
+
+    other = libvirt_error(libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_FROM_STORAGE)  # a disk problem: no use waiting
+    pool = FakePool([other, busy])
+    with pytest.raises(libvirt.libvirtError):
+        machines._refreshed_pool(FakeConnection(pool), "default")
+    assert pool.refreshes == 1
+
+    monkeypatch.setattr(machines, "REFRESH_WAIT_S", 0.0)  # an upload that never ends: given up on, not waited forever
+    pool = FakePool([busy] * 1000)
+    with pytest.raises(libvirt.libvirtError):
+        machines._refreshed_pool(FakeConnection(pool), "default")
+    assert pool.refreshes == 1

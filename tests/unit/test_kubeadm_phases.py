@@ -36,3 +36,9 @@ def test_cluster_info_names_the_gateway_and_keeps_the_ca() -> None:
     changed = yaml.safe_load(kubeadm_phases.with_server(kubeconfig, "https://192.168.122.1:6443"))
     assert changed["clusters"] == [{"name": "", "cluster": {"server": "https://192.168.122.1:6443",
                                                             "certificate-authority-data": "Q0E="}}]
+
+
+def test_configuration_for_nodes_keeps_kubeadms_certificates_dir() -> None:
+    """Joining nodes derive the kubelet's client CA path from it: it must be theirs, not the test bed's folder."""
+    _, cluster = kubeadm_phases.kubeadm_configuration(None, 6443, "100.64.0.0/24")
+    assert "certificatesDir" not in cluster

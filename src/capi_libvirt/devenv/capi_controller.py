@@ -107,6 +107,20 @@ KUBEADM_BOOTSTRAP = Provider(name="kubeadm-bootstrap-manager", binary=paths.kube
                              probe=probe_kubeadm_bootstrap, install_crds=True)
 
 
+def provider_crds(provider: Provider) -> list[dict]:
+    """The provider's CRDs as its config/crd kustomization makes them: its resources with its labels (the contract
+    versions Cluster API reads) and the provider label config/default adds."""
+    crd_dir = provider.config_dir / "crd"
+    kustomization = yaml.safe_load((crd_dir / "kustomization.yaml").read_text())
+    labels = {"cluster.x-k8s.io/provider": provider.label}
+    for entry in kustomization.get("labels", []):
+        labels.update(entry.get("pairs", {}))
+    crds = [yaml.safe_load((crd_dir / resource).read_text()) for resource in kustomization["resources"]]
+    for crd in crds:
+        crd["metadata"]["labels"] = {**crd["metadata"].get("labels", {}), **labels}
+    return crds
+
+
 def conversion_crd_names(config_dir: pathlib.Path) -> list[str]:
     """The CRDs whose conversion webhook a provider enables (its config/crd/patches/webhook_in_*.yaml)."""
     patches = sorted((config_dir / "crd" / "patches").glob("webhook_in_*.yaml"))
@@ -222,7 +236,7 @@ class CapiController:
         started = time.monotonic()
         try:
             if self.provider.install_crds:
-                self.plane.install_crds(sorted((self.provider.config_dir / "crd" / "bases").glob("*.yaml")))
+                self.plane.install_crd_documents(provider_crds(self.provider))
             ca_bundle = self._write_certificates()
             self._install_webhooks(ca_bundle)
             self._patch_crds(ca_bundle)

@@ -87,9 +87,9 @@ class LocalControlPlane:
     def ca_key_file(self) -> pathlib.Path:
         return self.cert_dir / "ca.key"
 
-    @property
-    def kubeadm_config_path(self) -> pathlib.Path:
-        return self.workdir / "kubeadm.yaml"
+    def kubeadm_config_path(self, for_nodes: bool = False) -> pathlib.Path:
+        """kubeadm's configuration of this API server: as the certs phases read it, or as joining nodes get it."""
+        return self.workdir / ("kubeadm-for-nodes.yaml" if for_nodes else "kubeadm.yaml")
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -149,9 +149,10 @@ class LocalControlPlane:
     def _start_apiserver(self) -> None:
         certs = self.cert_dir
         certs.mkdir(exist_ok=True)
-        kubeadm_phases.write_configuration(self.kubeadm_config_path, kubeadm_phases.kubeadm_configuration(
-            certs, self.secure_port, SERVICE_CLUSTER_IP_RANGE, self.serving_addresses))
-        kubeadm_phases.make_certificates(self.kubeadm_config_path)
+        for cert_dir, for_nodes in ((certs, False), (None, True)):
+            kubeadm_phases.write_configuration(self.kubeadm_config_path(for_nodes), kubeadm_phases.kubeadm_configuration(
+                cert_dir, self.secure_port, SERVICE_CLUSTER_IP_RANGE, self.serving_addresses))
+        kubeadm_phases.make_certificates(self.kubeadm_config_path())
         tokens = self.workdir / "tokens.csv"
         tokens.write_text(f"{self.token},admin,admin,system:masters\n"
                           + "".join(f"{token},{user},{user}\n" for user, token in self.user_tokens.items()))
@@ -217,7 +218,7 @@ class LocalControlPlane:
     def accept_joins(self, server: str) -> None:
         """Prepare the API server for `kubeadm join` as `kubeadm init` does, with `server` (an API gateway's URL: an
         address in `serving_addresses`) as the server joining nodes are told to use."""
-        kubeadm_phases.prepare_for_joins(self.kubeadm_config_path, self.kubeconfig_path)
+        kubeadm_phases.prepare_for_joins(self.kubeadm_config_path(for_nodes=True), self.kubeconfig_path)
         cluster_info = self.request("GET", kubeadm_phases.CLUSTER_INFO)
         cluster_info["data"]["kubeconfig"] = kubeadm_phases.with_server(cluster_info["data"]["kubeconfig"], server)
         self.request("PUT", kubeadm_phases.CLUSTER_INFO, cluster_info)
@@ -296,7 +297,7 @@ class LocalControlPlane:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             crd = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            conditions = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])}
+            conditions = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
             if conditions.get("Established") == "True":
                 served = next(v["name"] for v in crd["spec"]["versions"] if v.get("served"))
                 try:

@@ -39,10 +39,14 @@ class KubeadmPhaseError(RuntimeError):
     """A kubeadm phase failed; the message has its output."""
 
 
-def kubeadm_configuration(cert_dir: pathlib.Path, port: int, service_subnet: str,
+def kubeadm_configuration(cert_dir: pathlib.Path | None, port: int, service_subnet: str,
                           serving_addresses: Iterable[str] = ()) -> list[dict]:
     """The InitConfiguration and ClusterConfiguration the phases read: the API server on 127.0.0.1:`port`, its
     certificate also valid for `serving_addresses`.
+
+    `cert_dir`: where the certs phases write; None for the configuration uploaded for joining nodes, which keeps
+    kubeadm's default (/etc/kubernetes/pki, where `kubeadm join` puts the CA: the kubelet configuration derived
+    from it names the CA file there).
 
     kubeadm takes a loopback advertise address as "pick a global address of lo", which there is none of, so the
     first serving address is advertised (it only goes into the certificate; the API server itself advertises
@@ -55,7 +59,7 @@ def kubeadm_configuration(cert_dir: pathlib.Path, port: int, service_subnet: str
         {"apiVersion": KUBEADM_API, "kind": "ClusterConfiguration",
          "clusterName": CLUSTER_NAME,
          "kubernetesVersion": paths.KUBERNETES_VERSION,
-         "certificatesDir": str(cert_dir),
+         **({"certificatesDir": str(cert_dir)} if cert_dir is not None else {}),
          "networking": {"serviceSubnet": service_subnet, "dnsDomain": "cluster.local"},
          "apiServer": {"certSANs": ["127.0.0.1", *serving_addresses]}},
     ]
@@ -89,8 +93,9 @@ def make_certificates(config: pathlib.Path) -> None:
 
 
 def prepare_for_joins(config: pathlib.Path, kubeconfig: pathlib.Path) -> None:
-    """What `kubeadm init` leaves for joining nodes: its configuration, the kubelet's, a bootstrap token,
-    cluster-info and the bootstrap RBAC. Re-running it is harmless (kubeadm creates or updates)."""
+    """What `kubeadm init` leaves for joining nodes: its configuration (`config`, made with no cert_dir), the
+    kubelet's, a bootstrap token, cluster-info and the bootstrap RBAC. Re-running it is harmless (kubeadm creates
+    or updates)."""
     for phase in (("upload-config", "kubeadm"), ("upload-config", "kubelet"), ("bootstrap-token",)):
         run_phase(*phase, f"--config={config}", f"--kubeconfig={kubeconfig}",
                   *(["--skip-token-print"] if phase == ("bootstrap-token",) else []))

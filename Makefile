@@ -29,8 +29,10 @@ $(VENV)/.installed: pyproject.toml
 upstream: system-deps
 	@hack/build-upstream.sh
 
-guest-image: system-deps
-	@hack/build-guest-image.sh >/dev/null
+# Both flavors: the minimal image, and the Kubernetes node image (it carries the kubelet and kubeadm of `upstream`).
+guest-image: system-deps upstream
+	@hack/build-guest-image.sh minimal >/dev/null
+	@hack/build-guest-image.sh node >/dev/null
 
 prerequisites: venv upstream guest-image
 

@@ -1,16 +1,40 @@
 #!/usr/bin/env bash
-# Build the Debian guest image the libvirt test hosts boot: a debootstrapped bookworm root file system with cloud-init
-# and the QEMU guest agent, as a compressed qcow2 disk plus the kernel and initrd for direct kernel boot.
+# Build a Debian guest image the libvirt test hosts boot, in one of two flavors:
 #
-# The image lands in $CAPI_LIBVIRT_CACHE/images/<recipe-hash>/ (default cache ~/.cache/capi-libvirt), where the recipe
-# hash is the start of the sha256 of this very file: any change to the recipe below builds a new image, an unchanged
-# recipe only checks the cache. src/capi_libvirt/devenv/guest_image.py computes the same hash from this file.
+#   hack/build-guest-image.sh [--folder] [minimal|node]      (default: minimal)
+#
+# minimal: a debootstrapped bookworm root file system with cloud-init and the QEMU guest agent, as a compressed qcow2
+#   whose whole disk is the ext4 root (/dev/vda), plus the kernel and initrd beside it for direct kernel boot.
+# node: a Kubernetes node image in the manner of image-builder's: the same base plus containerd, runc, the CNI
+#   plugins, kubelet and kubeadm (from $CAPI_LIBVIRT_CACHE/bin, built by hack/build-upstream.sh), configured as a
+#   kubeadm-based node (a kubelet that waits for `kubeadm join`, containerd on the systemd cgroup driver, a bridge CNI
+#   network, the sandbox image built here and imported at boot). It boots from its own disk: an MBR disk with one
+#   bootable ext4 partition labelled root, syslinux's MBR and extlinux in /boot/extlinux. No file besides the disk.
+#
+# Each image lands in $CAPI_LIBVIRT_CACHE/images/ (default cache ~/.cache/capi-libvirt): minimal in <recipe-hash>/,
+# node in node-<recipe-hash>/. The minimal recipe hash is the start of the sha256 of this very file; the node one is
+# that of this file followed by the line `flavor=node` and `kubernetes=$KUBERNETES_VERSION`, so a new Kubernetes
+# version builds a new image. Any change to the recipe below builds new images; an unchanged recipe only checks the
+# cache. src/capi_libvirt/devenv/guest_image.py computes the same hashes. `--folder` prints the folder of the current
+# recipe and builds nothing.
 # The build happens in a temporary folder beside the result and is renamed into place only once complete (with the
 # marker file written last), so an interrupted build leaves nothing that looks finished. Prints the image folder.
 set -euo pipefail
 
 : "${CAPI_LIBVIRT_CACHE:=$HOME/.cache/capi-libvirt}"
 : "${DEBIAN_MIRROR:=http://deb.debian.org/debian}"
+: "${KUBERNETES_VERSION:=v1.35.4}"   # as hack/build-upstream.sh and src/capi_libvirt/devenv/paths.py
+
+usage() { echo "usage: $0 [--folder] [minimal|node]" >&2; exit 2; }
+flavor=minimal
+print_folder=false
+for arg in "$@"; do
+  case "$arg" in
+    --folder) print_folder=true ;;
+    minimal|node) flavor=$arg ;;
+    *) usage ;;
+  esac
+done
 
 suite=bookworm
 # python3-cffi-backend must be named: cloud-init needs it, and minbase does not pull it in.
@@ -19,20 +43,64 @@ packages+=,qemu-guest-agent,netbase,iproute2
 disk_size=2G     # sparse; the qcow2 holds only used blocks, and cloud-init grows the fs when a volume is larger
 marker=READY     # written last; guest_image.py looks for it
 
+# The node flavor: what kubeadm and the kubelet expect on a node (conntrack, ethtool, socat, iptables), containerd and
+# its runtime and CNI plugins, Jinja for the cloud-init that Cluster API's kubeadm bootstrap provider writes (it
+# templates the node name from the meta-data), growpart (fdisk) to grow the root partition on a larger volume, and
+# systemd-resolved: the kubelet needs a resolv.conf for pods (kubeadm points it at resolved's), and the node's own
+# name must resolve (kubeadm's Hostname preflight check).
+node_packages=containerd,runc,containernetworking-plugins,iptables,conntrack,ethtool,socat,ca-certificates
+node_packages+=,python3-jinja2,cloud-guest-utils,fdisk,e2fsprogs,procps,mount,systemd-resolved
+node_disk_size=4G          # sparse: room for container images and logs
+partition_start_sectors=2048   # 1 MiB
+pause_version=3.10.1       # kubeadm 1.35's sandbox image (constants.PauseVersion); containerd's sandbox_image
+sandbox_image="registry.k8s.io/pause:$pause_version"
+pod_subnet=100.96.0.0/24   # not a private range; every node may use the same one (pods only run locally)
+# extlinux (syslinux 6.04) reads ext4, but not these newer features of bookworm's mke2fs.
+node_fs_features='^64bit,^metadata_csum_seed,^orphan_file'
+mbr_code=/usr/lib/syslinux/mbr/mbr.bin
+
 log() { printf '[build-guest-image] %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
 
 script=$(readlink -f "${BASH_SOURCE[0]}")
-recipe_hash=$(sha256sum "$script" | cut -c1-16)
 images="$CAPI_LIBVIRT_CACHE/images"
-out="$images/$recipe_hash"
+if [ "$flavor" = node ]; then
+  recipe_hash=$({ cat "$script"; printf 'flavor=node\nkubernetes=%s\n' "$KUBERNETES_VERSION"; } | sha256sum | cut -c1-16)
+  out="$images/node-$recipe_hash"
+else
+  recipe_hash=$(sha256sum "$script" | cut -c1-16)
+  out="$images/$recipe_hash"
+fi
 
-if [ -f "$out/$marker" ]; then
+if $print_folder || [ -f "$out/$marker" ]; then
   echo "$out"
   exit 0
 fi
 
+kubelet_binary="$CAPI_LIBVIRT_CACHE/bin/kubelet-$KUBERNETES_VERSION"
+kubeadm_binary="$CAPI_LIBVIRT_CACHE/bin/kubeadm-$KUBERNETES_VERSION"
+pause_source="$CAPI_LIBVIRT_CACHE/kubernetes-$KUBERNETES_VERSION/build/pause/linux/pause.c"
+if [ "$flavor" = node ]; then
+  # Fail before any work when an input is missing, and say where it comes from.
+  missing=()
+  for input in "$kubelet_binary" "$kubeadm_binary"; do
+    [ -x "$input" ] || missing+=("$input (hack/build-upstream.sh builds it)")
+  done
+  [ -f "$pause_source" ] || missing+=("$pause_source (hack/build-upstream.sh links the k8s.io/kubernetes module there)")
+  for tool in gcc extlinux sfdisk losetup; do
+    command -v "$tool" >/dev/null || missing+=("$tool (hack/install-system-deps.sh installs it)")
+  done
+  [ -f "$mbr_code" ] || missing+=("$mbr_code (syslinux-common; hack/install-system-deps.sh installs it)")
+  if [ "${#missing[@]}" -gt 0 ]; then
+    log "cannot build the node image of Kubernetes $KUBERNETES_VERSION; missing:"
+    printf '  %s\n' "${missing[@]}" >&2
+    exit 1
+  fi
+  [ "$(id -u)" -eq 0 ] || die "the node image needs root (debootstrap, loop devices and a mount for extlinux)"
+fi
+
 mkdir -p "$images"
-# One builder at a time: a second caller waits, then finds the finished image.
+# One builder at a time (both flavors): a second caller waits, then finds the finished image.
 exec 9>"$images/.build.lock"
 flock 9
 if [ -f "$out/$marker" ]; then
@@ -40,8 +108,8 @@ if [ -f "$out/$marker" ]; then
   exit 0
 fi
 
-# unmount_below DIR: debootstrap mounts /proc and /sys inside the root; an interrupted run may leave them mounted, and
-# removing the folder must never walk into them.
+# unmount_below DIR: debootstrap mounts /proc and /sys inside the root, and the node flavor mounts its partition for
+# extlinux; an interrupted run may leave them mounted, and removing the folder must never walk into them.
 unmount_below() {
   local dir=$1 target
   findmnt -rn -o TARGET | awk -v d="$dir/" 'index($0, d) == 1' | sort -r | while read -r target; do
@@ -49,9 +117,21 @@ unmount_below() {
   done
 }
 
+# detach_loops_below DIR: the loop devices whose backing file lies in DIR (a deleted one is listed with " (deleted)").
+detach_loops_below() {
+  local dir=$1 device file
+  command -v losetup >/dev/null || return 0
+  losetup -n -l -O NAME,BACK-FILE 2>/dev/null | while read -r device file; do
+    case "$file" in
+      "$dir"/*) losetup -d "$device" 2>/dev/null || true ;;
+    esac
+  done
+}
+
 remove_build_dir() {
   local dir=$1
   unmount_below "$dir"
+  detach_loops_below "$dir"
   rm -rf --one-file-system "$dir"
 }
 
@@ -91,19 +171,39 @@ end_running_step() {
   kill -KILL -- "-$step_pgid" 2>/dev/null || true
 }
 
+# The node flavor's partition, while extlinux is installed into it: unmounted and detached on every way out.
+loop_device=
+partition_mount=
+release_partition() {
+  if [ -n "$partition_mount" ] && mountpoint -q "$partition_mount"; then
+    umount "$partition_mount" || umount -l "$partition_mount" || true
+  fi
+  partition_mount=
+  if [ -n "$loop_device" ]; then
+    losetup -d "$loop_device" 2>/dev/null || true
+  fi
+  loop_device=
+}
+
 work=$(mktemp -d "$images/.build-$recipe_hash.XXXXXX")
-trap 'end_running_step; remove_build_dir "$work"' EXIT
+trap 'end_running_step; release_partition; remove_build_dir "$work"' EXIT
 trap 'log "interrupted; removing $work"; exit 130' INT TERM HUP
 root="$work/root"
 build_log="$work/build.log"
 
 started=$SECONDS
-log "debootstrap $suite into $root (a minute or two)"
-interruptible debootstrap --variant=minbase --include="$packages" "$suite" "$root" "$DEBIAN_MIRROR"
+include=$packages
+[ "$flavor" = node ] && include+=",$node_packages"
+log "debootstrap $suite ($flavor) into $root (a minute or two)"
+interruptible debootstrap --variant=minbase --include="$include" "$suite" "$root" "$DEBIAN_MIRROR"
 unmount_below "$root"
 
-log "configuring the image"
-echo '/dev/vda / ext4 defaults,errors=remount-ro 0 1' >"$root/etc/fstab"
+log "configuring the image (debootstrap took $((SECONDS - started)) s)"
+if [ "$flavor" = node ]; then
+  echo 'LABEL=root / ext4 defaults,errors=remount-ro 0 1' >"$root/etc/fstab"
+else
+  echo '/dev/vda / ext4 defaults,errors=remount-ro 0 1' >"$root/etc/fstab"
+fi
 # Empty machine-id: each guest gets its own on first boot.
 : >"$root/etc/machine-id"
 rm -f "$root/var/lib/dbus/machine-id"
@@ -130,25 +230,255 @@ datasource_list: [NoCloud, None]
 locale: false
 EOF
 
-# Keep the kernel and initrd beside the disk for direct kernel boot; /boot's copies are root-only.
 kernel=$(ls "$root"/boot/vmlinuz-* | sort -V | tail -n 1)
 initrd=$(ls "$root"/boot/initrd.img-* | sort -V | tail -n 1)
-install -m 0644 "$kernel" "$work/vmlinuz"
-install -m 0644 "$initrd" "$work/initrd.img"
+
+# configure_node: everything that makes the root file system a kubeadm node. /boot/config-* stays (kubeadm's
+# SystemVerification preflight reads the kernel's configuration there). No swap is ever set up.
+configure_node() {
+  # The resolver: systemd-resolved's stub, fed by systemd-networkd's DHCP leases.
+  ln -sfn ../run/systemd/resolve/stub-resolv.conf "$root/etc/resolv.conf"
+  chroot "$root" systemctl enable systemd-resolved.service >>"$build_log" 2>&1
+
+  install -m 0755 "$kubelet_binary" "$root/usr/bin/kubelet"
+  install -m 0755 "$kubeadm_binary" "$root/usr/bin/kubeadm"
+
+  # The kubelet as the kubeadm packages set it up: a plain unit, and a drop-in that points it at the files
+  # `kubeadm join` writes. Until then it exits at once and systemd starts it again.
+  mkdir -p "$root/usr/lib/systemd/system/kubelet.service.d" "$root/etc/kubernetes/manifests" "$root/var/lib/kubelet"
+  cat >"$root/usr/lib/systemd/system/kubelet.service" <<'EOF'
+[Unit]
+Description=kubelet, the Kubernetes node agent
+Documentation=https://kubernetes.io/docs/reference/command-line-tools-reference/kubelet/
+Wants=network-online.target containerd.service
+After=network-online.target containerd.service
+# Restarted forever: it has nothing to run until `kubeadm join` has written its configuration.
+StartLimitIntervalSec=0
+
+[Service]
+ExecStart=/usr/bin/kubelet
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+EOF
+  cat >"$root/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf" <<'EOF'
+# How kubeadm drives the kubelet. `kubeadm join` writes the bootstrap kubeconfig (TLS bootstrapping turns it into
+# kubelet.conf), the kubelet's configuration file and kubeadm-flags.env (KUBELET_KUBEADM_ARGS); the administrator's
+# own flags go into /etc/default/kubelet (KUBELET_EXTRA_ARGS), which wins by coming last.
+[Service]
+Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
+Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
+EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
+EnvironmentFile=-/etc/default/kubelet
+ExecStart=
+ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
+EOF
+
+  # containerd: the systemd cgroup driver (kubeadm configures the kubelet with it), the sandbox image this image
+  # carries, Debian's CNI plugin folder. AppArmor off for containers: the image has no apparmor_parser to load
+  # containerd's default profile with.
+  mkdir -p "$root/etc/containerd"
+  cat >"$root/etc/containerd/config.toml" <<EOF
+version = 2
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$sandbox_image"
+  disable_apparmor = true
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = true
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+EOF
+
+  # One node-local bridge network: containerd reports the pod network ready, so the Node becomes Ready without a
+  # CNI add-on. Pods reach the outside masqueraded behind the node's address.
+  mkdir -p "$root/etc/cni/net.d"
+  cat >"$root/etc/cni/net.d/10-capi-libvirt-bridge.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "capi-libvirt-pods",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": true,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "$pod_subnet"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+
+  # Kernel settings kubeadm's preflight and the bridge network need.
+  cat >"$root/etc/modules-load.d/kubernetes.conf" <<'EOF'
+overlay
+br_netfilter
+EOF
+  cat >"$root/etc/sysctl.d/90-kubernetes.conf" <<'EOF'
+net.ipv4.ip_forward = 1
+net.bridge.bridge-nf-call-iptables = 1
+net.bridge.bridge-nf-call-ip6tables = 1
+EOF
+
+  # The sandbox image, built here from the Kubernetes source (nothing is pulled at run time): pause.c linked
+  # statically, as a one-layer image archive in the docker-save format that `ctr images import` reads.
+  if ! gcc -Os -Wall -static "-DVERSION=$pause_version" -o "$work/pause" "$pause_source" >>"$build_log" 2>&1; then
+    tail -n 30 "$build_log" >&2
+    die "compiling $pause_source failed"
+  fi
+  strip "$work/pause"
+  mkdir -p "$root/usr/local/share/capi-libvirt"
+  python3 - "$work/pause" "$root/usr/local/share/capi-libvirt/pause-$pause_version.tar" "$sandbox_image" <<'EOF'
+import hashlib, io, json, sys, tarfile
+
+program, archive, ref = sys.argv[1:]
+
+def tar_member(tar, name, data, mode=0o644):
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, 0
+    tar.addfile(info, io.BytesIO(data))
+
+layer = io.BytesIO()
+with tarfile.open(fileobj=layer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    tar_member(tar, "pause", open(program, "rb").read(), 0o755)
+layer = layer.getvalue()
+diff_id = hashlib.sha256(layer).hexdigest()
+config = json.dumps({
+    "architecture": "amd64",
+    "os": "linux",
+    "created": "1970-01-01T00:00:00Z",
+    "config": {"Entrypoint": ["/pause"], "User": "65535:65535", "WorkingDir": "/"},
+    "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff_id}"]},
+    "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "build-guest-image.sh: pause.c, gcc -static"}],
+}, sort_keys=True).encode()
+config_id = hashlib.sha256(config).hexdigest()
+manifest = json.dumps([{"Config": f"{config_id}.json", "RepoTags": [ref], "Layers": [f"{diff_id}/layer.tar"]}])
+with tarfile.open(archive, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    tar_member(tar, f"{config_id}.json", config)
+    tar_member(tar, f"{diff_id}/layer.tar", layer)
+    tar_member(tar, "manifest.json", manifest.encode())
+EOF
+  cat >"$root/usr/local/sbin/capi-libvirt-import-sandbox-image" <<EOF
+#!/bin/sh
+# Import the sandbox image this image carries into containerd's Kubernetes namespace, once (later boots find it).
+set -eu
+ref=$sandbox_image
+archive=/usr/local/share/capi-libvirt/pause-$pause_version.tar
+EOF
+  cat >>"$root/usr/local/sbin/capi-libvirt-import-sandbox-image" <<'EOF'
+tries=0
+until ctr version >/dev/null 2>&1; do
+  tries=$((tries + 1))
+  [ "$tries" -lt 120 ] || { echo "containerd does not answer" >&2; exit 1; }
+  sleep 1
+done
+if ctr -n k8s.io images ls -q "name==$ref" | grep -qxF "$ref"; then
+  echo "$ref is already imported"
+  exit 0
+fi
+ctr -n k8s.io images import "$archive"
+EOF
+  chmod 0755 "$root/usr/local/sbin/capi-libvirt-import-sandbox-image"
+  cat >"$root/etc/systemd/system/capi-libvirt-sandbox-image.service" <<EOF
+[Unit]
+Description=Import the sandbox image ($sandbox_image) into containerd
+Requires=containerd.service
+After=containerd.service
+Before=kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/capi-libvirt-import-sandbox-image
+
+[Install]
+WantedBy=multi-user.target
+EOF
+
+  chroot "$root" systemctl enable containerd.service capi-libvirt-sandbox-image.service kubelet.service \
+    >>"$build_log" 2>&1
+
+  # The bootloader's configuration; extlinux itself is installed once the file system exists.
+  mkdir -p "$root/boot/extlinux"
+  cat >"$root/boot/extlinux/extlinux.conf" <<EOF
+SERIAL 0 115200
+DEFAULT debian
+PROMPT 0
+TIMEOUT 0
+
+LABEL debian
+  LINUX /boot/${kernel##*/}
+  INITRD /boot/${initrd##*/}
+  APPEND root=LABEL=root rw console=ttyS0
+EOF
+}
+
+# make_node_disk RAW: an MBR disk of one bootable partition from 1 MiB to the end, the ext4 root in it (made from
+# the root folder, no mount needed), syslinux's MBR code, and extlinux installed into the mounted partition.
+make_node_disk() {
+  local raw=$1
+  local offset=$((partition_start_sectors * 512))
+  truncate -s "$node_disk_size" "$raw"
+  local size=$(($(stat -c %s "$raw") - offset))
+  sfdisk -q "$raw" >>"$build_log" 2>&1 <<EOF
+label: dos
+start=$partition_start_sectors, size=$((size / 512)), type=83, bootable
+EOF
+  interruptible mkfs.ext4 -q -L root -O "$node_fs_features" -E "offset=$offset" -d "$root" "$raw" "$((size / 1024))k"
+  dd if="$mbr_code" of="$raw" bs=440 count=1 conv=notrunc status=none
+  loop_device=$(losetup -o "$offset" --sizelimit "$size" --find --show "$raw")
+  partition_mount="$work/mnt"
+  mkdir -p "$partition_mount"
+  mount -t ext4 "$loop_device" "$partition_mount"
+  interruptible extlinux --install "$partition_mount/boot/extlinux"
+  release_partition
+}
+
+if [ "$flavor" = node ]; then
+  configure_node
+else
+  # Keep the kernel and initrd beside the disk for direct kernel boot; /boot's copies are root-only.
+  install -m 0644 "$kernel" "$work/vmlinuz"
+  install -m 0644 "$initrd" "$work/initrd.img"
+fi
 
 # Trim what a guest never needs to save space in the image.
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/var/log/*.log
 
-log "making the file system and the qcow2 disk"
-truncate -s "$disk_size" "$work/disk.raw"
-interruptible mkfs.ext4 -q -L root -d "$root" "$work/disk.raw"
+log "making the file system and the qcow2 disk ($((SECONDS - started)) s so far)"
+if [ "$flavor" = node ]; then
+  make_node_disk "$work/disk.raw"
+else
+  truncate -s "$disk_size" "$work/disk.raw"
+  interruptible mkfs.ext4 -q -L root -d "$root" "$work/disk.raw"
+fi
 interruptible qemu-img convert -O qcow2 -c "$work/disk.raw" "$work/disk.qcow2"
-rm -f "$work/disk.raw"
-rm -rf --one-file-system "$root"
+rm -f "$work/disk.raw" "$work/pause"
+rm -rf --one-file-system "$root" "$work/mnt"
 rm -f "$build_log"
 
-printf 'recipe=%s\nsuite=%s\nbuilt=%s\nseconds=%s\n' "$recipe_hash" "$suite" "$(date -u +%FT%TZ)" \
-  "$((SECONDS - started))" >"$work/$marker"
+{
+  printf 'flavor=%s\nrecipe=%s\nsuite=%s\n' "$flavor" "$recipe_hash" "$suite"
+  [ "$flavor" = node ] && printf 'kubernetes=%s\nsandbox=%s\n' "$KUBERNETES_VERSION" "$sandbox_image"
+  printf 'built=%s\nseconds=%s\n' "$(date -u +%FT%TZ)" "$((SECONDS - started))"
+} >"$work/$marker"
 rm -rf "$out"   # an unfinished folder of this hash cannot exist (rename is atomic), but be sure
 chmod 0755 "$work"
 mv "$work" "$out"

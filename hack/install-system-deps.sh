@@ -7,7 +7,9 @@ packages=(
   libvirt-daemon-system libvirt-clients libvirt-dev pkg-config   # libvirtd, virsh, and headers for libvirt-python
   qemu-system-x86 qemu-utils                                     # the hypervisor (software emulation here) and qemu-img
   dnsmasq-base iptables iproute2                                 # the NAT network inside the test network namespaces
-  debootstrap e2fsprogs                                          # the guest image
+  debootstrap e2fsprogs                                          # the guest images
+  extlinux syslinux-common fdisk                                 # the node image's bootloader, MBR and partition
+  gcc libc6-dev                                                  # the node image's sandbox (pause) program, static
   libxml2-utils                                                  # xmllint, behind virt-xml-validate (schema tests)
   openssl ca-certificates                                        # keys for the local kube-apiserver; test PKI
   openssh-server openssh-client                                  # qemu+ssh to test hosts (sshd in their namespace)

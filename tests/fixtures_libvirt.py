@@ -1,5 +1,5 @@
 """Fixtures of the real libvirt side: one libvirt host (daemons in their own network namespace) for the session, and
-the cached guest image its guests boot."""
+the cached guest images its guests boot (the minimal one, and the Kubernetes node one)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 
 from capi_libvirt.devenv import base_image
-from capi_libvirt.devenv.guest_image import GuestImage, find_guest_image, image_folder
+from capi_libvirt.devenv.guest_image import NODE, GuestImage, find_guest_image, image_folder
 from capi_libvirt.devenv.libvirt_host import LibvirtHost
 
 from prereq import require
@@ -45,3 +45,18 @@ def base_image_volume(libvirt_host: LibvirtHost, guest_image: GuestImage) -> str
     """The cached image uploaded once into the session host's pool, as users keep base images: its volume name."""
     with libvirt_host.connect() as conn:
         return base_image.upload_base_image(conn, libvirt_host.pool_name, guest_image)
+
+@pytest.fixture(scope="session")
+def node_image() -> GuestImage:
+    """The Kubernetes node image of the current recipe and Kubernetes version (containerd, kubelet, kubeadm; it boots
+    from its own disk through extlinux, so no kernelBoot), built by `hack/build-guest-image.sh node`."""
+    image = find_guest_image(NODE)
+    require(image is not None, f"node image in {image_folder(flavor=NODE)} (hack/build-guest-image.sh node)")
+    assert image is not None
+    return image
+
+@pytest.fixture(scope="session")
+def node_base_volume(libvirt_host: LibvirtHost, node_image: GuestImage) -> str:
+    """The node image uploaded once into the session host's pool: its volume name (base-node-<recipe-hash>.qcow2)."""
+    with libvirt_host.connect() as conn:
+        return base_image.upload_base_image(conn, libvirt_host.pool_name, node_image)

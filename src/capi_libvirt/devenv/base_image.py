@@ -26,7 +26,8 @@ def qcow2_virtual_size(path) -> int:
 
 
 def upload_base_image(conn: libvirt.virConnect, pool_name: str, image: GuestImage) -> str:
-    """The image as volume `base-<recipe-hash>.qcow2` in the pool (uploaded once; reused when complete)."""
+    """The image as volume `base-<image folder name>.qcow2` in the pool, so each image and flavor has its own
+    (`base-<recipe-hash>.qcow2`, `base-node-<recipe-hash>.qcow2`); uploaded once, reused when complete."""
     name = f"base-{image.folder.name}.qcow2"
     pool = conn.storagePoolLookupByName(pool_name)
     pool.refresh(0)

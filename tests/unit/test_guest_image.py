@@ -1,0 +1,99 @@
+"""Where the guest images of each flavor are: the recipe hashes (the node one also covers the Kubernetes version), the
+folder names, and which files make a finished image. Pure: temporary files only."""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import re
+
+import pytest
+
+from capi_libvirt.devenv import guest_image as gi
+from capi_libvirt.devenv import paths
+
+pytestmark = pytest.mark.unit
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "hack" / "build-guest-image.sh"
+
+
+@pytest.fixture
+def cache(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """An empty cache and a recipe script of our own, so the folders are known and nothing real is touched."""
+    script = tmp_path / "build-guest-image.sh"
+    script.write_text("#!/usr/bin/env bash\n# a recipe\n")
+    monkeypatch.setenv("CAPI_LIBVIRT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(gi.SCRIPT_ENV, str(script))
+    return tmp_path / "cache"
+
+
+def finish(folder: pathlib.Path, *files: str) -> None:
+    folder.mkdir(parents=True)
+    for name in (*files, gi.MARKER):
+        (folder / name).write_bytes(b"x")
+
+
+def test_minimal_hash_is_the_scripts_sha256() -> None:
+    assert gi.recipe_hash(SCRIPT) == hashlib.sha256(SCRIPT.read_bytes()).hexdigest()[:16]
+    assert gi.recipe_hash(SCRIPT, gi.MINIMAL) == gi.recipe_hash(SCRIPT)
+
+
+def test_node_hash_covers_the_script_and_the_kubernetes_version() -> None:
+    expected = hashlib.sha256(SCRIPT.read_bytes() + b"flavor=node\nkubernetes=v1.35.4\n").hexdigest()[:16]
+    assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.4") == expected
+    assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.5") != expected
+    assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.4") != gi.recipe_hash(SCRIPT)
+    assert gi.recipe_hash(SCRIPT, gi.NODE) == gi.recipe_hash(SCRIPT, gi.NODE, paths.KUBERNETES_VERSION)
+
+
+def test_node_hash_follows_kubernetes_version_of_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(paths, "KUBERNETES_VERSION", "v9.9.9")
+    assert gi.recipe_hash(SCRIPT, gi.NODE) == gi.recipe_hash(SCRIPT, gi.NODE, "v9.9.9")
+
+
+def test_script_python_and_upstream_build_default_to_one_kubernetes_version() -> None:
+    pattern = re.compile(r'^: "\$\{KUBERNETES_VERSION:=(v[0-9.]+)\}"', re.M)
+    image_default = pattern.search(SCRIPT.read_text()).group(1)
+    upstream_default = pattern.search((REPO / "hack" / "build-upstream.sh").read_text()).group(1)
+    paths_default = re.search(r'"KUBERNETES_VERSION", "(v[0-9.]+)"', (REPO / "src/capi_libvirt/devenv/paths.py")
+                              .read_text()).group(1)
+    assert image_default == upstream_default == paths_default
+
+
+def test_folders_per_flavor(cache: pathlib.Path) -> None:
+    script = pathlib.Path(gi.build_script())
+    assert gi.image_folder() == cache / "images" / gi.recipe_hash(script)
+    assert gi.image_folder(flavor=gi.NODE) == cache / "images" / f"node-{gi.recipe_hash(script, gi.NODE)}"
+
+
+def test_minimal_image_needs_disk_kernel_and_initrd(cache: pathlib.Path) -> None:
+    folder = gi.image_folder()
+    finish(folder, "disk.qcow2", "vmlinuz")
+    assert gi.find_guest_image() is None  # no initrd
+    (folder / "initrd.img").write_bytes(b"x")
+    image = gi.find_guest_image()
+    assert image == gi.GuestImage(folder, folder / "disk.qcow2", folder / "vmlinuz", folder / "initrd.img")
+    assert image.flavor == gi.MINIMAL and image.kernel_cmdline == "root=/dev/vda rw console=ttyS0"
+    assert gi.find_guest_image(gi.NODE) is None  # the minimal image is not the node one
+
+
+def test_node_image_is_its_disk_alone(cache: pathlib.Path) -> None:
+    folder = gi.image_folder(flavor=gi.NODE)
+    folder.mkdir(parents=True)
+    (folder / "disk.qcow2").write_bytes(b"x")
+    assert gi.find_guest_image(gi.NODE) is None  # not marked finished
+    (folder / gi.MARKER).write_bytes(b"x")
+    image = gi.find_guest_image(gi.NODE)
+    assert image is not None and image == gi.find_node_image()
+    assert (image.folder, image.disk, image.kernel, image.initrd, image.flavor) == (
+        folder, folder / "disk.qcow2", None, None, gi.NODE)
+    assert image.files == [folder / "disk.qcow2"]
+    with pytest.raises(ValueError, match="boots from its own disk"):
+        image.kernel_cmdline
+    assert gi.find_guest_image() is None
+
+
+def test_unknown_flavor_is_refused(cache: pathlib.Path) -> None:
+    with pytest.raises(ValueError, match="unknown guest image flavor"):
+        gi.find_guest_image("fat")

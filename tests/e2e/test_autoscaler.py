@@ -1,13 +1,14 @@
 """cluster-autoscaler scales a libvirt MachineDeployment 0 -> N -> 0, on real parts, with nothing left behind.
 
-The test API server (management and workload cluster at once), kube-scheduler and kube-controller-manager's node
-lifecycle controller, the real Cluster API core controller
-(webhooks and conversion on), the real cluster-autoscaler with its clusterapi provider (as a user bound only to
-config/autoscaler's ClusterRole), kwok in place of the kubelets (it keeps the registered Nodes Ready and runs their
-Pods), the operator (as the user bound only to config/rbac), and libvirtd booting real guests whose bootstrap data
-registers their Nodes.
+The test API server (management and workload cluster at once, prepared for `kubeadm join` by kubeadm's own phases),
+kube-scheduler, kube-controller-manager (node lifecycle, CSR approval and signing, bootstrap signer), the real Cluster
+API core and kubeadm bootstrap controllers (webhooks and conversion on), the real cluster-autoscaler with its
+clusterapi provider (as a user bound only to config/autoscaler's ClusterRole and Role), the operator (as the user bound
+only to config/rbac), and libvirtd booting the node image, whose cloud-init (written by the kubeadm bootstrap provider)
+runs `kubeadm join`: real kubelets register the Nodes and run the Pods (the image's own pause image, nothing pulled).
 
-The MachineDeployment starts at 0 with min 0 / max N and no capacity annotations: cluster-autoscaler sizes it from
+The workers are the autoscaler flavor's, from `clusterctl generate cluster`: a MachineDeployment with min 0 / max N
+and no replicas and no capacity annotations, so cluster-autoscaler sizes it from
 LibvirtMachineTemplate.status.capacity. Pending Pods that each need most of a machine's CPU make it scale up to N;
 once they run and are deleted, the Nodes are unneeded and it scales down to 0. Each phase's time is printed.
 """
@@ -19,17 +20,18 @@ import yaml
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta, templates
-from capi_libvirt.devenv import autoscaling, capi_objects, node_registration, workload_cluster
-from capi_libvirt.devenv.api_gateway import ApiGateway
-from guests import machine_spec, provider_objects
+from capi_libvirt.devenv import autoscaling, node_joins, workload_cluster
+from guests import provider_objects
+from kubeadm_workers import WORKER_MEMORY_MIB, assert_joined_by_kubelet, by_kind, create, is_ready, worker_objects
 
-from fixtures_control_plane import AUTOSCALER_USER, KUBELET_USER, REPO, operator_running
+from fixtures_control_plane import AUTOSCALER_USER, REPO, operator_running
 from waiting import Clock, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
 N = 2
-DEPLOYMENT = "autoscaled"
+CLUSTER = "autoscaled"
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"  # built into the node image, never pulled
 SCALE_UP_DEADLINE_S = 1200.0  # cluster-autoscaler's scan, then N TCG boots side by side on a busy 2-core machine
 SCALE_DOWN_DEADLINE_S = 600.0  # unneeded time, scale-down delays, drain, deletion
 POD_CPU = "600m"  # more than half a 1-CPU machine: one Pod per machine, N Pods need N machines
@@ -51,46 +53,46 @@ def pod(name: str) -> client.V1Pod:
     return client.V1Pod(
         metadata=client.V1ObjectMeta(name=name, labels={"app": "needs-a-machine"}),
         spec=client.V1PodSpec(containers=[client.V1Container(
-            name="work", image="registry.k8s.io/pause:3.10",
+            name="work", image=PAUSE_IMAGE, image_pull_policy="Never",
             resources=client.V1ResourceRequirements(requests={"cpu": POD_CPU, "memory": POD_MEMORY}))]))
 
 
 async def test_cluster_autoscaler_scales_a_machine_deployment_from_zero_to_n_and_back(
-        control_plane, capi_controller, api_client, namespace, libvirt_host, guest_image, base_image_volume):
+        control_plane, capi_controller, kubeadm_bootstrap_controller, api_client, namespace, libvirt_host,
+        node_base_volume, repository, tmp_path):
     objects, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
-    assert provider_objects(libvirt_host, base_image_volume) == [], "the host is clean before the run"
+    assert provider_objects(libvirt_host, node_base_volume) == [], "the host is clean before the run"
     assert not (await core.list_node()).items, "no Node is left from an earlier run"
     workload_cluster.install(control_plane)
-    node_registration.grant_node_registration(control_plane, KUBELET_USER)
     bind_autoscaler_roles(control_plane, namespace)
 
-    with (ApiGateway(libvirt_host, control_plane) as gateway, autoscaling.KubeScheduler(control_plane),
-          autoscaling.KubeControllerManager(control_plane), autoscaling.Kwok(control_plane)):
-        user_data = node_registration.registration_cloud_config(
-            gateway.url, control_plane.ca_file.read_text(), gateway.tls_server_name,
-            control_plane.user_tokens[KUBELET_USER])
-        cluster = await workload_cluster.create_worker_cluster(api_client, control_plane, namespace, "autoscaled")
-        await capi_objects.create_bootstrap_secret(api_client, namespace, cluster.name, "workers-bootstrap", user_data)
+    with node_joins.accepting_joins(control_plane, libvirt_host) as gateway, autoscaling.KubeScheduler(control_plane):
+        endpoint = (str(gateway.address), gateway.port)
+        cluster = await workload_cluster.create_worker_cluster(api_client, control_plane, namespace, CLUSTER,
+                                                               endpoint=endpoint)
+        workers = worker_objects(tmp_path, repository, "autoscaler", cluster.name, namespace, endpoint,
+                                 libvirt_host, node_base_volume)
+        deployment_name = by_kind(workers)["MachineDeployment"]["metadata"]["name"]
+        assert by_kind(workers)["MachineDeployment"]["metadata"]["annotations"] == {
+            templates.AUTOSCALER_MIN: "0", templates.AUTOSCALER_MAX: "5"}
+        by_kind(workers)["MachineDeployment"]["metadata"]["annotations"][templates.AUTOSCALER_MAX] = str(N)
 
         async with operator_running(control_plane, {libvirt_host.name: libvirt_host.uri}) as memo:
-            await workload_cluster.create_machine_deployment(
-                api_client, cluster, DEPLOYMENT, machine_spec(libvirt_host, guest_image, base_image_volume),
-                "workers-bootstrap", replicas=None,
-                annotations={templates.AUTOSCALER_MIN: "0", templates.AUTOSCALER_MAX: str(N)})
+            await create(api_client, workers)
 
             async def deployment() -> dict:
                 return await objects.get_namespaced_custom_object(
-                    meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machinedeployments", DEPLOYMENT)
+                    meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machinedeployments", deployment_name)
 
             async def template_capacity():
                 body = await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace,
-                                                                  "libvirtmachinetemplates", DEPLOYMENT)
+                                                                  "libvirtmachinetemplates", deployment_name)
                 return body.get("status", {}).get("capacity")
 
             # Cluster API starts an autoscaled MachineDeployment at its minimum; the provider publishes capacity.
-            assert (await deployment())["spec"]["replicas"] == 0
+            assert (await wait_until("Cluster API's defaulting of replicas", deployment, 30))["spec"]["replicas"] == 0
             capacity = await wait_until("the template's capacity", template_capacity, 60)
-            assert (capacity["cpu"], capacity["memory"]) == ("1", "256Mi")
+            assert (capacity["cpu"], capacity["memory"]) == ("1", f"{WORKER_MEMORY_MIB}Mi")
             assert not (await deployment())["metadata"].get("annotations", {}).keys() & {
                 "capacity.cluster-autoscaler.kubernetes.io/cpu", "capacity.cluster-autoscaler.kubernetes.io/memory"}
 
@@ -104,7 +106,7 @@ async def test_cluster_autoscaler_scales_a_machine_deployment_from_zero_to_n_and
                 await run_scale_up(api_client, namespace, deployment, clock, autoscaler)
                 await check_nodes_and_pods(api_client, namespace, libvirt_host)
                 await run_scale_down(api_client, namespace, deployment, clock, autoscaler, libvirt_host,
-                                     base_image_volume)
+                                     node_base_volume)
                 print(f"\n[numbers] cluster-autoscaler 0 -> {N} -> 0, phase by phase:\n{clock.report()}")
                 assert autoscaler.refusals() == [], "cluster-autoscaler was refused something: RBAC is missing a rule"
                 # It led (its Lease) and reported (its status ConfigMap) in its own namespace, through the Role.
@@ -143,8 +145,7 @@ async def run_scale_up(api, namespace, deployment, clock: Clock, autoscaler) -> 
                                                              "libvirtmachines"))["items"]
         if len([m for m in infra if m.get("status", {}).get("initialization", {}).get("provisioned")]) == N:
             clock.mark(f"{N} VMs provisioned")
-        nodes = [n for n in (await core.list_node()).items
-                 if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))]
+        nodes = [n for n in (await core.list_node()).items if is_ready(n)]
         if len(nodes) == N:
             clock.mark(f"{N} Nodes Ready")
         pods = (await core.list_namespaced_pod(namespace)).items
@@ -157,18 +158,30 @@ async def run_scale_up(api, namespace, deployment, clock: Clock, autoscaler) -> 
 
 
 async def check_nodes_and_pods(api, namespace, libvirt_host) -> None:
-    """Each Pod runs on a Node of its own, registered by a guest with its Machine's providerID."""
+    """Each Pod runs on a Node of its own, joined by a real kubelet with its Machine's providerID."""
     objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     machines = (await objects.list_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, namespace,
                                                             "machines"))["items"]
-    by_provider_id = {m["spec"]["providerID"]: m for m in machines}
-    nodes = {n.metadata.name: n for n in (await core.list_node()).items}
+    infra = {m["metadata"]["name"]: m for m in (await objects.list_namespaced_custom_object(
+        meta.GROUP, meta.VERSION, namespace, "libvirtmachines"))["items"]}
+    by_node = {}
+    for machine in machines:
+        machine = await wait_until("the Machine's nodeRef", lambda m=machine: machine_with_node(api, namespace, m), 120)
+        node = await assert_joined_by_kubelet(api, namespace, machine,
+                                              infra[machine["spec"]["infrastructureRef"]["name"]])
+        by_node[node.metadata.name] = node
     pods = (await core.list_namespaced_pod(namespace)).items
     assert len({p.spec.node_name for p in pods}) == N
     for p in pods:
-        node = nodes[p.spec.node_name]
-        assert node.spec.provider_id in by_provider_id, node.spec.provider_id
-        assert node.spec.provider_id.startswith(f"libvirt://{libvirt_host.name}/")
+        assert p.spec.node_name in by_node, p.spec.node_name
+        assert by_node[p.spec.node_name].spec.provider_id.startswith(f"libvirt://{libvirt_host.name}/")
+        assert all(c.ready for c in p.status.container_statuses), "the kubelet runs the Pod's container"
+
+
+async def machine_with_node(api, namespace: str, machine: dict) -> dict | None:
+    current = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+        meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machines", machine["metadata"]["name"])
+    return current if current.get("status", {}).get("nodeRef") else None
 
 
 async def run_scale_down(api, namespace, deployment, clock: Clock, autoscaler, libvirt_host, base_volume) -> None:

@@ -1,0 +1,116 @@
+"""Worker MachineDeployments that join through Cluster API's kubeadm bootstrap provider, as users write them.
+
+The objects are the release's own cluster template run through the real clusterctl (`generate cluster`): the workers'
+KubeadmConfigTemplate (the kubelet's providerID and the node's name from the NoCloud meta-data, through cloud-init's
+Jinja), LibvirtMachineTemplate and MachineDeployment. One thing is changed for this machine: its guests run under
+TCG (`domainType: qemu`, machine type `pc`), as there is no hardware virtualization here.
+
+And what proves that a Node was registered by a real kubelet through `kubeadm join`: the kubelet's own version and
+runtime in the Node's status, and the CSR of its client certificate, posted with the bootstrap token the kubeadm
+bootstrap provider wrote into that Machine's join configuration, approved and signed.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from kubernetes_asyncio import client
+
+from capi_libvirt.api import meta
+from capi_libvirt.devenv import paths
+from clusterctl_cli import generate_cluster
+
+WORKER_CPUS = 1
+WORKER_MEMORY_MIB = 1024  # containerd, the kubelet and cloud-init side by side
+DISK_GIB = 5  # at least the node image's own size
+KUBELET_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
+BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
+
+
+def worker_objects(tmp: pathlib.Path, repository: pathlib.Path, flavor: str, cluster: str, namespace: str,
+                   endpoint: tuple[str, int], host, base_volume: str, replicas: int = 0) -> list[dict]:
+    """The flavor's worker objects (`<cluster>-md-0`: KubeadmConfigTemplate, LibvirtMachineTemplate,
+    MachineDeployment) as `clusterctl generate cluster` makes them for this host, with the TCG change."""
+    variables = {
+        "KUBERNETES_VERSION": paths.KUBERNETES_VERSION,
+        "CONTROL_PLANE_MACHINE_COUNT": "1",
+        "WORKER_MACHINE_COUNT": str(replicas),
+        "CONTROL_PLANE_ENDPOINT_HOST": endpoint[0],
+        "CONTROL_PLANE_ENDPOINT_PORT": str(endpoint[1]),
+        "LIBVIRT_BASE_IMAGE": base_volume,
+        "LIBVIRT_STORAGE_POOL": host.pool_name,
+        "LIBVIRT_NETWORK": host.network_name,
+        "LIBVIRT_WORKER_CPUS": str(WORKER_CPUS),
+        "LIBVIRT_WORKER_MEMORY_MIB": str(WORKER_MEMORY_MIB),
+        "LIBVIRT_DISK_GIB": str(DISK_GIB),
+    }
+    documents = generate_cluster(tmp, repository, flavor, cluster, namespace, variables)
+    workers = [d for d in documents if d["metadata"]["name"] == f"{cluster}-md-0"]
+    assert sorted(d["kind"] for d in workers) == ["KubeadmConfigTemplate", "LibvirtMachineTemplate",
+                                                   "MachineDeployment"], workers
+    for document in workers:
+        if document["kind"] == "LibvirtMachineTemplate":
+            document["spec"]["template"]["spec"].update(domainType="qemu", machineType="pc")
+    return workers
+
+
+def by_kind(documents: list[dict]) -> dict[str, dict]:
+    return {d["kind"]: d for d in documents}
+
+
+async def create(api: client.ApiClient, documents: list[dict]) -> None:
+    """Create each (namespaced) object, the MachineDeployment last so its templates exist when it is reconciled."""
+    objects = client.CustomObjectsApi(api)
+    for document in sorted(documents, key=lambda d: d["kind"] == "MachineDeployment"):
+        group, version = document["apiVersion"].split("/")
+        await objects.create_namespaced_custom_object(group, version, document["metadata"]["namespace"],
+                                                      document["kind"].lower() + "s", document)
+
+
+async def list_objects(api: client.ApiClient, namespace: str, group: str, version: str, plural: str) -> list[dict]:
+    listing = await client.CustomObjectsApi(api).list_namespaced_custom_object(group, version, namespace, plural)
+    return listing["items"]
+
+
+async def machines(api: client.ApiClient, namespace: str) -> list[dict]:
+    return await list_objects(api, namespace, meta.CAPI_GROUP, meta.CAPI_VERSION, "machines")
+
+
+async def libvirt_machines(api: client.ApiClient, namespace: str) -> list[dict]:
+    return await list_objects(api, namespace, meta.GROUP, meta.VERSION, "libvirtmachines")
+
+
+async def join_token_id(api: client.ApiClient, namespace: str, machine: dict) -> str:
+    """The ID of the bootstrap token in the Machine's KubeadmConfig (written there by the kubeadm bootstrap
+    provider)."""
+    config = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+        BOOTSTRAP_GROUP, meta.CAPI_VERSION, namespace, "kubeadmconfigs",
+        machine["spec"]["bootstrap"]["configRef"]["name"])
+    return config["spec"]["joinConfiguration"]["discovery"]["bootstrapToken"]["token"].split(".")[0]
+
+
+def is_ready(node: client.V1Node) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+
+
+async def kubelet_csr(api: client.ApiClient, token_id: str) -> client.V1CertificateSigningRequest | None:
+    """The kubelet client-certificate CSR posted with bootstrap token `token_id`, if any."""
+    csrs = (await client.CertificatesV1Api(api).list_certificate_signing_request()).items
+    posted = [c for c in csrs if c.spec.signer_name == KUBELET_SIGNER
+              and c.spec.username == f"system:bootstrap:{token_id}"]
+    return posted[0] if posted else None
+
+
+async def assert_joined_by_kubelet(api: client.ApiClient, namespace: str, machine: dict, infra: dict) -> client.V1Node:
+    """The Machine's Node was registered by a real kubelet of this Kubernetes version, on containerd, after a
+    `kubeadm join` with the Machine's own bootstrap token, and carries its LibvirtMachine's providerID."""
+    node = await client.CoreV1Api(api).read_node(machine["status"]["nodeRef"]["name"])
+    assert node.spec.provider_id == infra["spec"]["providerID"] == machine["spec"]["providerID"]
+    assert node.status.node_info.kubelet_version == paths.KUBERNETES_VERSION, node.status.node_info
+    assert node.status.node_info.container_runtime_version.startswith("containerd://"), node.status.node_info
+    assert is_ready(node), node.status.conditions
+    csr = await kubelet_csr(api, await join_token_id(api, namespace, machine))
+    assert csr is not None, f"no kubelet CSR posted with the bootstrap token of {machine['metadata']['name']}"
+    assert csr.status.certificate, f"the CSR of {node.metadata.name} was not signed"
+    assert any(c.type == "Approved" and c.status == "True" for c in csr.status.conditions), csr.status.conditions
+    return node

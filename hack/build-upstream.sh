@@ -8,7 +8,6 @@ set -euo pipefail
 : "${ETCD_VERSION:=v3.6.16}"
 : "${CLUSTER_API_VERSION:=v1.12.8}"
 : "${KUSTOMIZE_VERSION:=v5.8.1}"
-: "${KWOK_VERSION:=v0.8.0}"
 : "${CLUSTER_AUTOSCALER_VERSION:=v0.0.0-20250613073258-1959f5f61f6c}"
 : "${CAPI_LIBVIRT_CACHE:=$HOME/.cache/capi-libvirt}"
 
@@ -149,15 +148,6 @@ if [ ! -x "$cabpk" ]; then
   log "building the Cluster API kubeadm bootstrap manager $CLUSTER_API_VERSION (a few minutes on 2 cores, once)"
   go_install sigs.k8s.io/cluster-api/bootstrap/kubeadm "$CLUSTER_API_VERSION" "$cabpk" "$(cluster_api_version_stamp)"
 fi
-
-kwok="$bin/kwok-$KWOK_VERSION"
-if [ ! -x "$kwok" ]; then
-  log "building kwok $KWOK_VERSION (a few minutes on 2 cores, once)"
-  go_install sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" "$kwok" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
-fi
-# kwok's stage definitions (what it does to Nodes and Pods) live in its module, not in the binary.
-kwok_dir=$(module_field "sigs.k8s.io/kwok@$KWOK_VERSION" Dir)
-ln -sfn "$kwok_dir" "$CAPI_LIBVIRT_CACHE/kwok-$KWOK_VERSION"
 
 # cluster-autoscaler, with only the Cluster API cloud provider compiled in (build tag clusterapi). Its go.mod pins k8s.io
 # staging modules with replace directives (copied into the scratch module) and replaces its nested module

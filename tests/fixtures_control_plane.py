@@ -35,7 +35,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.Local
     plane = cp.LocalControlPlane(
         workdir=tmp_path_factory.mktemp("control-plane"),
         crd_dirs=[REPO / "config" / "crd", paths.cluster_api_crd_dir()],
-        users=[OPERATOR_USER, KUBELET_USER, AUTOSCALER_USER],
+        users=[OPERATOR_USER, AUTOSCALER_USER],
         # The session libvirt host's bridge, where its guests reach the API server through an API gateway.
         serving_addresses=[str(ipaddress.ip_network(SESSION_SUBNET)[1])],
     )
@@ -46,7 +46,6 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.Local
 
 OPERATOR_USER = "capi-libvirt-operator"
 AUTOSCALER_USER = "e2e-cluster-autoscaler"  # bound only to config/autoscaler's roles (tests/e2e/test_autoscaler.py)
-KUBELET_USER = "e2e-kubelet"  # the stand-in for kubelet in guests' bootstrap data (devenv.node_registration)
 
 
 def bind_operator_role(plane: cp.LocalControlPlane) -> None:

@@ -11,7 +11,7 @@ are relayed, from ordinary threads of this process, to the API server's loopback
 - a guest reaches the API server only while the gateway runs; the namespace has no other way out.
 
 TLS is not terminated here: bytes are relayed as they are, and the guest verifies the API server's own certificate
-(against its CA, for a name in its SAN, kubernetes.default.svc, as kubeconfig's tls-server-name does).
+against the cluster CA, for the gateway's address (in the certificate's SAN: the control plane's `serving_addresses`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,6 @@ T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000  # <sched.h>; os.setns exists only from Python 3.12
 DEFAULT_PORT = 6443
-# In the SAN of the certificate kube-apiserver makes for itself (with kubernetes.default, kubernetes, 127.0.0.1 and
-# the service IP; not `localhost` once --advertise-address is set): the name in-cluster clients use.
-TLS_SERVER_NAME = "kubernetes.default.svc"
 ACCEPT_POLL_S = 0.25  # how often the accept loop looks at the stop flag
 RELAY_CHUNK = 65536
 
@@ -49,14 +46,13 @@ class ApiGatewayError(RuntimeError):
 class ApiGateway:
     """Forwards <bridge address>:<port> inside `host`'s network namespace to the control plane's loopback port.
 
-    Use as a context manager; `url` (with `tls_server_name`) is what a guest of the host connects to."""
+    Use as a context manager; `url` is what a guest of the host connects to."""
 
     def __init__(self, host: LibvirtHost, control_plane: LocalControlPlane, port: int = DEFAULT_PORT) -> None:
         self.netns = host.netns
         self.address = host.bridge_address
         self.port = port
         self.upstream = loopback_endpoint(control_plane.server)
-        self.tls_server_name = TLS_SERVER_NAME
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()

@@ -1,18 +1,15 @@
 """The workload-cluster side of autoscaling and of joining nodes, run against a LocalControlPlane: kube-scheduler,
 kube-controller-manager (the node lifecycle controller; for joins, the CSR approver and signer, the bootstrap signer
-and the token cleaner), kwok and cluster-autoscaler (its clusterapi provider), each a child process built by
-hack/build-upstream.sh.
+and the token cleaner) and cluster-autoscaler (its clusterapi provider), each a child process built by
+hack/build-upstream.sh. The kubelets are real: guests run them after `kubeadm join` (devenv/node_joins.py).
 
 - kube-scheduler binds pending Pods to Nodes, as in any cluster; the node lifecycle controller lifts the not-ready
   taint of new Nodes once they are Ready.
-- kwok stands in for the kubelets: it keeps the Nodes our guests register Ready (heartbeats) and runs the Pods bound
-  to them (status Running, and deletion completed), by its "fast" stages (from its module). The Nodes themselves come
-  from the guests, with the capacity they report.
 - cluster-autoscaler with `--cloud-provider=clusterapi` scales MachineDeployments between their min/max annotations;
   the management and the workload cluster are the same API server. It authenticates as the user given (the tests
   bind it only to config/autoscaler's ClusterRole, so a missing rule shows as a refusal in its log).
 
-All listen on 127.0.0.1 only; the Pod IPs kwok writes come from a documentation range, not a private one.
+All listen on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -28,8 +25,6 @@ from capi_libvirt.devenv import paths
 from capi_libvirt.devenv.control_plane import LocalControlPlane, free_port
 
 log = logging.getLogger(__name__)
-
-KWOK_POD_CIDR = "198.18.128.0/24"  # written into Pod statuses only; no traffic goes there
 
 # cluster-autoscaler's clusterapi provider reads `infrastructureRef.apiVersion` of MachineDeployments (the v1beta1
 # shape), so it talks v1beta1, which Cluster API's conversion webhook serves from the v1beta2 storage.
@@ -156,27 +151,6 @@ class KubeControllerManager(UpstreamProcess):
                 "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
                 "--use-service-account-credentials=false",
                 f"--cluster-signing-cert-file={self.signing[0]}", f"--cluster-signing-key-file={self.signing[1]}"]
-
-
-class Kwok(UpstreamProcess):
-    """kwok managing every Node of the API server (they are all our guests')."""
-
-    name = "kwok"
-
-    def __init__(self, plane: LocalControlPlane) -> None:
-        super().__init__(plane.workdir, env={"HOME": str(plane.workdir)})
-        self.kubeconfig = plane.kubeconfig_path
-
-    def binary(self) -> pathlib.Path:
-        return paths.kwok_binary()
-
-    def argv(self) -> list[str]:
-        stages = paths.kwok_stages_dir()
-        files = [stages / "node" / "fast" / "node-initialize.yaml", stages / "node" / "heartbeat" / "node-heartbeat.yaml",
-                 *sorted((stages / "pod" / "fast").glob("pod-*.yaml"))]
-        return [f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=true", f"--cidr={KWOK_POD_CIDR}",
-                "--node-ip=198.18.129.1", f"--server-address=127.0.0.1:{free_port()}",
-                *(f"--config={f}" for f in files)]
 
 
 class ClusterAutoscaler(UpstreamProcess):

@@ -10,7 +10,6 @@ KUBERNETES_VERSION = os.environ.get("KUBERNETES_VERSION", "v1.35.4")
 ETCD_VERSION = os.environ.get("ETCD_VERSION", "v3.6.16")
 CLUSTER_API_VERSION = os.environ.get("CLUSTER_API_VERSION", "v1.12.8")
 KUSTOMIZE_VERSION = os.environ.get("KUSTOMIZE_VERSION", "v5.8.1")
-KWOK_VERSION = os.environ.get("KWOK_VERSION", "v0.8.0")
 # A pseudo-version: the Go module proxy serves no tagged cluster-autoscaler release.
 CLUSTER_AUTOSCALER_VERSION = os.environ.get("CLUSTER_AUTOSCALER_VERSION", "v0.0.0-20250613073258-1959f5f61f6c")
 
@@ -56,15 +55,6 @@ def kubeadm_binary() -> pathlib.Path:
 def kubernetes_module_dir() -> pathlib.Path:
     """The k8s.io/kubernetes module's source (hack/build-upstream.sh links it): the node image's pause.c."""
     return cache_dir() / f"kubernetes-{KUBERNETES_VERSION}"
-
-
-def kwok_binary() -> pathlib.Path:
-    return bin_dir() / f"kwok-{KWOK_VERSION}"
-
-
-def kwok_stages_dir() -> pathlib.Path:
-    """kwok's stage definitions, from its module (hack/build-upstream.sh links it)."""
-    return cache_dir() / f"kwok-{KWOK_VERSION}" / "kustomize" / "stage"
 
 
 def cluster_autoscaler_binary() -> pathlib.Path:

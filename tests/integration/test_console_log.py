@@ -91,6 +91,25 @@ def serial_log(libvirt_host, namespace: str, name: str, uid: str, content: bytes
         path.unlink(missing_ok=True)
 
 
+@pytest.fixture(autouse=True)
+async def no_machine_left(api_client, namespace) -> AsyncIterator[None]:
+    """The test's LibvirtMachines deleted, and gone, before its namespace is: no operator runs here, and an operator
+    of a later module would otherwise find them in the terminating namespace, put its finalizer on them and keep
+    reconciling machines whose images do not exist."""
+    yield
+    objects = client.CustomObjectsApi(api_client)
+    listing = await objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines")
+    for item in listing["items"]:
+        await objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
+                                                      item["metadata"]["name"])
+    for _ in range(100):
+        listing = await objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines")
+        if not listing["items"]:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"LibvirtMachines of {namespace} not gone: {[i['metadata']['name'] for i in listing['items']]}")
+
+
 @pytest.fixture
 async def placed(api_client, namespace, libvirt_host) -> AsyncIterator[tuple[str, pathlib.Path]]:
     """A machine on the session host with LOG as its serial log: ("namespace/name", the log's path)."""

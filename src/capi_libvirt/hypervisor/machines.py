@@ -141,13 +141,18 @@ def replace_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes, iso: byte
             offset += sent
         stream.finish()
     except BaseException:
-        try:
-            stream.abort()
-        except libvirt.libvirtError:
-            pass
+        abort_quietly(stream)
         volume.delete(0)
         raise
     return volume.path()
+
+
+def abort_quietly(stream: libvirt.virStream) -> None:
+    """End a stream that failed midway; an abort that fails too adds nothing to the error being raised."""
+    try:
+        stream.abort()
+    except libvirt.libvirtError:
+        pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,10 +195,7 @@ def read_serial_log(conn: libvirt.virConnect, pool_name: str, log_name: str, sta
             chunks.append(chunk)
         stream.finish()
     except BaseException:
-        try:
-            stream.abort()
-        except libvirt.libvirtError:
-            pass
+        abort_quietly(stream)
         raise
     data = b"".join(chunks)
     return LogChunk(data, offset + len(data))

@@ -7,6 +7,8 @@ import time
 
 import libvirt
 
+from capi_libvirt.devenv import base_image
+
 REFRESH_ATTEMPTS = 50
 
 
@@ -42,12 +44,13 @@ def host_objects(host, uuid_: str, names: list[str]) -> list[str]:
 
 
 def provider_objects(host, base_volume: str) -> list[str]:
-    """Every domain and every file of the pool but the base image: what machines leave behind (overlays, NoCloud
-    ISOs, serial logs)."""
+    """Every domain and every file of the pool but the base images (the one given, and those of other images the
+    session uploaded): what machines leave behind (overlays, NoCloud ISOs, serial logs)."""
     with host.connect() as conn:
         domains = [f"domain {d.name()}" for d in conn.listAllDomains()]
         pool = refreshed_pool(conn, host.pool_name)
-        return domains + [f"volume {v}" for v in pool.listVolumes() if v != base_volume]
+        return domains + [f"volume {v}" for v in pool.listVolumes()
+                          if v != base_volume and not base_image.is_base_volume(v)]
 
 
 def refreshed_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePool:

@@ -11,6 +11,7 @@ import libvirt
 
 from capi_libvirt.devenv.guest_image import GuestImage
 
+BASE_PREFIX = "base-"
 
 def upload(conn: libvirt.virConnect, volume: libvirt.virStorageVol, source: BinaryIO, size: int) -> None:
     """Stream `size` bytes into the volume through libvirt, as a remote host would get them."""
@@ -25,10 +26,19 @@ def qcow2_virtual_size(path) -> int:
     return int(json.loads(info.stdout)["virtual-size"])
 
 
+def base_volume_name(image: GuestImage) -> str:
+    return f"{BASE_PREFIX}{image.folder.name}.qcow2"
+
+
+def is_base_volume(name: str) -> bool:
+    """A base image this module uploaded (of any image or flavor), not something a machine made."""
+    return name.startswith(BASE_PREFIX) and name.endswith(".qcow2")
+
+
 def upload_base_image(conn: libvirt.virConnect, pool_name: str, image: GuestImage) -> str:
     """The image as volume `base-<image folder name>.qcow2` in the pool, so each image and flavor has its own
     (`base-<recipe-hash>.qcow2`, `base-node-<recipe-hash>.qcow2`); uploaded once, reused when complete."""
-    name = f"base-{image.folder.name}.qcow2"
+    name = base_volume_name(image)
     pool = conn.storagePoolLookupByName(pool_name)
     pool.refresh(0)
     if name in pool.listVolumes():

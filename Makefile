@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
-.PHONY: help system-deps venv upstream guest-image prerequisites manifests lint test test-fast run demo clean release-manifests
+.PHONY: help system-deps venv upstream guest-image prerequisites manifests lint test test-fast bench run demo clean release-manifests
 
 help:
 	@echo "make demo       watch one VM go from a LibvirtMachine to booted and back to nothing (start here)"
@@ -15,6 +15,7 @@ help:
 	@echo "make test       install everything needed, then run every test tier (unit, integration, e2e)"
 	@echo "make test-fast  the unit tier only"
 	@echo "make manifests  regenerate config/crd from the API models"
+	@echo "make bench      provisioning speed, idle cost and API traffic at N = 1, 10, 50, against the bare libvirt floor"
 
 system-deps:
 	@hack/install-system-deps.sh
@@ -53,6 +54,10 @@ test: prerequisites lint
 
 test-fast: venv
 	$(BIN)/pytest -m unit tests
+
+# Not part of `make test` (about 25 minutes); results and plot in bench/results/. BENCH_ARGS: see `python -m bench -h`.
+bench: prerequisites
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 run: prerequisites
 	$(BIN)/capi-libvirt dev

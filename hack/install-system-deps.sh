@@ -13,6 +13,7 @@ packages=(
   libxml2-utils                                                  # xmllint, behind virt-xml-validate (schema tests)
   openssl ca-certificates                                        # keys for the local kube-apiserver; test PKI
   openssh-server openssh-client                                  # qemu+ssh to test hosts (sshd in their namespace)
+  ipxe                                                           # make bench: a guest that only takes a DHCP lease
 )
 
 missing=()

@@ -167,7 +167,7 @@ def test_a_pass_is_timed_and_counted_by_its_result() -> None:
 
 def fake_source(observer: metrics.Observer, state: election.State) -> metrics.Source:
     """An inventory of two hosts (one reachable), without libvirt."""
-    connections = {"kvm1": types.SimpleNamespace(opened=2), "kvm2": types.SimpleNamespace(opened=0)}
+    connections = {"kvm1": types.SimpleNamespace(opened=2, calls=7), "kvm2": types.SimpleNamespace(opened=0, calls=0)}
     inventory = types.SimpleNamespace(
         hosts={"kvm1": types.SimpleNamespace(reachable=True), "kvm2": types.SimpleNamespace(reachable=False)},
         registry=types.SimpleNamespace(get=connections.__getitem__))
@@ -214,6 +214,7 @@ def test_the_machine_reconcile_reports_outcomes_and_phases_per_host(no_other_ope
         assert value("capi_libvirt_host_reachable", host="kvm1") == 1
         assert value("capi_libvirt_host_reachable", host="kvm2") == 0
         assert value("capi_libvirt_host_connections_opened_total", host="kvm1") == 2
+        assert value("capi_libvirt_host_operations_total", host="kvm1") == 7
         assert value("capi_libvirt_leader") == 1
     finally:
         metrics.detach(source)

@@ -69,13 +69,15 @@ class LibvirtHost:
         log_level: int = 3,
         libvirtd_settings: Mapping[str, ConfValue] | None = None,
         before_daemons: Callable[[LibvirtHost], None] | None = None,
+        dnsmasq_options: Sequence[str] = (),
     ) -> None:
         """`subnet` is the NAT network's (the bridge takes its first address). Logs (libvirtd, virtlogd, each guest's
         QEMU log) go to `log_dir`, which stop() keeps, else into the state folder, which stop() removes.
         `log_level` is libvirt's: 1 debug, 2 info, 3 warning, 4 error.
         `libvirtd_settings` are added to libvirtd.conf; when they turn listen_tls or listen_tcp on, libvirtd starts
         with --listen. `before_daemons` runs once the namespace exists, before the daemons start (to add a link whose
-        address libvirtd listens on); a failure there fails start(), which then stops the host. See remote_access."""
+        address libvirtd listens on); a failure there fails start(), which then stops the host. See remote_access.
+        `dnsmasq_options` are passed to the network's dnsmasq (the bench sets `no-ping`, see bench/testbed.py)."""
         self.name = name
         self.subnet = ipaddress.IPv4Network(subnet)
         self.pool_name = pool_name
@@ -86,6 +88,7 @@ class LibvirtHost:
         self.log_level = log_level
         self.libvirtd_settings = dict(libvirtd_settings or {})
         self.before_daemons = before_daemons
+        self.dnsmasq_options = tuple(dnsmasq_options)
         if len(str(self.socket_path)) > UNIX_SOCKET_PATH_MAX:
             raise LibvirtHostError(f"state folder path too long for a UNIX socket: {self.socket_path}")
 
@@ -155,7 +158,7 @@ class LibvirtHost:
             self._wait_until_answering()
             with self.connect() as conn:
                 define_dir_pool(conn, self.pool_name, self.pool_dir)
-                define_nat_network(conn, self.network_name, self.subnet)
+                define_nat_network(conn, self.network_name, self.subnet, self.dnsmasq_options)
         except BaseException:
             log.error("libvirt host %s failed to start; libvirtd log: %s", self.name, self.libvirtd_log)
             self._log_tail(self.libvirtd_log)
@@ -376,8 +379,13 @@ def dir_pool_xml(name: str, path: pathlib.Path) -> str:
     return ET.tostring(pool, encoding="unicode")
 
 
-def nat_network_xml(name: str, subnet: ipaddress.IPv4Network, bridge: str = "virbr0") -> str:
-    """NAT network with DHCP over the whole subnet but the bridge's own (first) address; one bridge per namespace."""
+DNSMASQ_NS = "http://libvirt.org/schemas/network/dnsmasq/1.0"
+
+
+def nat_network_xml(name: str, subnet: ipaddress.IPv4Network, bridge: str = "virbr0",
+                    dnsmasq_options: Sequence[str] = ()) -> str:
+    """NAT network with DHCP over the whole subnet but the bridge's own (first) address; one bridge per namespace.
+    `dnsmasq_options` go to its dnsmasq as they are (libvirt's dnsmasq namespace), e.g. `no-ping`."""
     hosts = list(subnet.hosts())
     network = ET.Element("network")
     ET.SubElement(network, "name").text = name
@@ -386,6 +394,10 @@ def nat_network_xml(name: str, subnet: ipaddress.IPv4Network, bridge: str = "vir
     ip = ET.SubElement(network, "ip", address=str(hosts[0]), netmask=str(subnet.netmask))
     dhcp = ET.SubElement(ip, "dhcp")
     ET.SubElement(dhcp, "range", start=str(hosts[1]), end=str(hosts[-1]))
+    if dnsmasq_options:
+        options = ET.SubElement(network, f"{{{DNSMASQ_NS}}}options")
+        for option in dnsmasq_options:
+            ET.SubElement(options, f"{{{DNSMASQ_NS}}}option", value=option)
     return ET.tostring(network, encoding="unicode")
 
 
@@ -396,8 +408,9 @@ def define_dir_pool(conn: libvirt.virConnect, name: str, path: pathlib.Path) -> 
     return pool
 
 
-def define_nat_network(conn: libvirt.virConnect, name: str, subnet: ipaddress.IPv4Network) -> libvirt.virNetwork:
-    network = conn.networkDefineXML(nat_network_xml(name, subnet))
+def define_nat_network(conn: libvirt.virConnect, name: str, subnet: ipaddress.IPv4Network,
+                       dnsmasq_options: Sequence[str] = ()) -> libvirt.virNetwork:
+    network = conn.networkDefineXML(nat_network_xml(name, subnet, dnsmasq_options=dnsmasq_options))
     network.create()
     return network
 

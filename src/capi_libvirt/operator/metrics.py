@@ -35,9 +35,10 @@ ERRORS = Counter(f"{PREFIX}_reconcile_errors", "Failed reconciles, by kind and r
 MACHINES = f"{PREFIX}_machines"
 HOST_REACHABLE = f"{PREFIX}_host_reachable"
 HOST_CONNECTIONS = f"{PREFIX}_host_connections_opened"
+HOST_OPERATIONS = f"{PREFIX}_host_operations"
 LEADER = f"{PREFIX}_leader"
 NAMES = [f"{PREFIX}_reconciles_total", f"{PREFIX}_reconcile_duration_seconds", f"{PREFIX}_reconcile_errors_total",
-         MACHINES, HOST_REACHABLE, f"{HOST_CONNECTIONS}_total", LEADER]
+         MACHINES, HOST_REACHABLE, f"{HOST_CONNECTIONS}_total", f"{HOST_OPERATIONS}_total", LEADER]
 
 MACHINE = "LibvirtMachine"
 SUCCESS, WAITING, FAILED, PAUSED, ERROR = "success", "waiting", "failed", "paused", "error"
@@ -124,15 +125,19 @@ class StateCollector(Collector):
                                       labels=["host"])
         opened = CounterMetricFamily(HOST_CONNECTIONS, "libvirt connections opened to the host (1 in a healthy "
                                      "life; more: the connection broke and was re-opened).", labels=["host"])
+        operations = CounterMetricFamily(HOST_OPERATIONS, "Operations run on the libvirt host (each one or a few "
+                                         "libvirt API calls: look up a domain, create a volume, start...).",
+                                         labels=["host"])
         leader = GaugeMetricFamily(LEADER, "1 when this replica does the work (it leads, or runs standalone), "
                                    "0 while it stands by.")
         for labels, count in sorted(self._machine_counts().items()):
             machines.add_metric(list(labels), count)
-        for name, (up, connections) in sorted(self._hosts().items()):
+        for name, (up, connections, calls) in sorted(self._hosts().items()):
             reachable.add_metric([name], up)
             opened.add_metric([name], connections)
+            operations.add_metric([name], calls)
         leader.add_metric([], max((1 if s.state.active else 0 for s in self.sources), default=0))
-        return iter([machines, reachable, opened, leader])
+        return iter([machines, reachable, opened, operations, leader])
 
     def _machine_counts(self) -> dict[tuple[str, str], int]:
         counts: dict[tuple[str, str], int] = {}
@@ -142,16 +147,18 @@ class StateCollector(Collector):
                     counts[host_and_phase] = counts.get(host_and_phase, 0) + 1
         return counts
 
-    def _hosts(self) -> dict[str, tuple[int, int]]:
-        hosts: dict[str, tuple[int, int]] = {}
+    def _hosts(self) -> dict[str, tuple[int, int, int]]:
+        """Per host: reachable (0/1), connections opened, operations run."""
+        hosts: dict[str, tuple[int, int, int]] = {}
         for source in self.sources:
             for name, host in list(source.inventory.hosts.items()):
                 try:
-                    connections = source.inventory.registry.get(name).opened
+                    connection = source.inventory.registry.get(name)
+                    connections, calls = connection.opened, connection.calls
                 except Exception:  # noqa: BLE001  removed meanwhile
-                    connections = 0
-                up, before = hosts.get(name, (0, 0))
-                hosts[name] = (max(up, int(host.reachable)), before + connections)
+                    connections = calls = 0
+                up, opened_before, calls_before = hosts.get(name, (0, 0, 0))
+                hosts[name] = (max(up, int(host.reachable)), opened_before + connections, calls_before + calls)
         return hosts
 
 

@@ -1,0 +1,110 @@
+"""What the bench reads: kube-apiserver's request counters, the operator's CPU and memory, and the host's state.
+
+API traffic comes from kube-apiserver's own `/metrics` (apiserver_request_total by verb, resource and subresource),
+read before and after a round; the bench's own requests in between (it creates and deletes the objects and watches
+them, and only that) are counted by the bench and subtracted, so what remains is the operator's. Events are counted
+apart: the targets exclude them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import re
+import time
+
+import libvirt
+
+SAMPLE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+READ_VERBS, WRITE_VERBS = {"GET", "LIST"}, {"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"}
+Key = tuple[str, str]  # (verb, resource[/subresource])
+APISERVER_OWN = {"leases", "endpoints", "endpointslices"}  # kube-apiserver's heartbeat (the operator uses neither)
+
+
+def api_requests(metrics_text: str) -> dict[Key, float]:
+    counts: dict[Key, float] = {}
+    for line in metrics_text.splitlines():
+        match = SAMPLE.match(line)
+        if not match:
+            continue
+        labels = dict(LABEL.findall(match["labels"]))
+        if not labels.get("resource") or labels["resource"] in APISERVER_OWN:
+            continue  # /metrics, /healthz, discovery, the API server's own lease and endpoints: not the operator's
+        resource = labels["resource"] + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+        key = (labels.get("verb", ""), resource)
+        counts[key] = counts.get(key, 0) + float(match["value"])
+    return counts
+
+
+def difference(after: dict[Key, float], before: dict[Key, float], own: dict[Key, int]) -> dict[Key, float]:
+    """The operator's requests: what the API server counted in between, less the bench's own."""
+    keys = set(after) | set(own)
+    delta = {key: after.get(key, 0) - before.get(key, 0) - own.get(key, 0) for key in keys}
+    return {key: value for key, value in delta.items() if value}
+
+
+def split(requests: dict[Key, float]) -> dict[str, float]:
+    """reads, writes and watches, events apart."""
+    totals = {"reads": 0.0, "writes": 0.0, "watches": 0.0, "events": 0.0}
+    for (verb, resource), count in requests.items():
+        if resource.startswith("events"):
+            totals["events"] += count
+        elif verb in READ_VERBS:
+            totals["reads"] += count
+        elif verb in WRITE_VERBS:
+            totals["writes"] += count
+        elif verb == "WATCH":
+            totals["watches"] += count
+    return totals
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSample:
+    cpu_s: float  # user + system since the process started
+    rss_mb: float
+
+
+def process_sample(pid: int) -> ProcessSample:
+    ticks = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    hz = os.sysconf("SC_CLK_TCK")
+    cpu = (int(ticks[11]) + int(ticks[12])) / hz
+    rss_kib = next(int(line.split()[1]) for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines()
+                   if line.startswith("VmRSS:"))
+    return ProcessSample(cpu, rss_kib / 1024)
+
+
+def operator_operations(metrics_text: str) -> float:
+    """capi_libvirt_host_operations_total, summed over hosts."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+               if line.startswith("capi_libvirt_host_operations_total{"))
+
+
+def running_domains(conn: libvirt.virConnect, prefix: str) -> int:
+    return sum(1 for domain in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
+               if domain.name().startswith(prefix))
+
+
+def host_clean(conn: libvirt.virConnect, pool_name: str, keep: set[str]) -> bool:
+    """No domain, and no volume besides `keep` (the base image)."""
+    if conn.listAllDomains():
+        return False
+    pool = conn.storagePoolLookupByName(pool_name)
+    pool.refresh(0)
+    return set(pool.listVolumes()) <= keep
+
+
+def leased_macs(conn: libvirt.virConnect, network: str) -> set[str]:
+    return {lease["mac"].lower() for lease in conn.networkLookupByName(network).DHCPLeases()}
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2) -> float:
+    """Poll until true; returns the monotonic time it first was. Raises TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout:.0f}s: {getattr(predicate, '__doc__', '') or predicate}")
+        time.sleep(interval)

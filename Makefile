@@ -46,7 +46,7 @@ release-manifests: venv
 	$(BIN)/capi-libvirt release-manifests --out out --version $(RELEASE_VERSION)
 
 lint: venv
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests bench
 	$(BIN)/hadolint Dockerfile
 
 test: prerequisites lint

@@ -20,7 +20,11 @@ SAMPLE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 READ_VERBS, WRITE_VERBS = {"GET", "LIST"}, {"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"}
 Key = tuple[str, str]  # (verb, resource[/subresource])
-APISERVER_OWN = {"leases", "endpoints", "endpointslices"}  # kube-apiserver's heartbeat (the operator uses neither)
+# What the operator's ClusterRole lets it touch (config/rbac/role.yaml); the rest is kube-apiserver's own traffic
+# (its lease and endpoints heartbeat, its loopback informers' watches).
+OPERATOR_RESOURCES = {"libvirtmachines", "libvirtclusters", "libvirthosts", "libvirtmachinetemplates", "machines",
+                      "clusters", "secrets", "events", "customresourcedefinitions", "clusterkopfpeerings",
+                      "namespaces"}
 
 
 def api_requests(metrics_text: str) -> dict[Key, float]:
@@ -30,8 +34,8 @@ def api_requests(metrics_text: str) -> dict[Key, float]:
         if not match:
             continue
         labels = dict(LABEL.findall(match["labels"]))
-        if not labels.get("resource") or labels["resource"] in APISERVER_OWN:
-            continue  # /metrics, /healthz, discovery, the API server's own lease and endpoints: not the operator's
+        if labels.get("resource") not in OPERATOR_RESOURCES:
+            continue  # /metrics, /healthz, discovery, the API server's own requests: not the operator's
         resource = labels["resource"] + (f"/{labels['subresource']}" if labels.get("subresource") else "")
         key = (labels.get("verb", ""), resource)
         counts[key] = counts.get(key, 0) + float(match["value"])

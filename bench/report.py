@@ -144,7 +144,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
                               ("floor_serial_running_s", "floor, one at a time", "^:"),
                               ("ours_provisioned_s", "ours: all provisioned", "o-"),
                               ("ours_delete_s", "ours: delete -> host clean", "x-")):
-        axis.plot(xs, [s[n][key]["median"] for n in sizes], style, label=label)
+        axis.plot(xs, [s[n][key].get("median", float("nan")) for n in sizes], style, label=label)
     axis.set_xlabel("machines created at once (N)")
     axis.set_ylabel("seconds (median)")
     axis.set_title(f"capi-libvirt make bench ({results['machine']['commit']})")

@@ -46,8 +46,10 @@ def run(settings: Settings) -> dict:
                 for label, make in (("ours", lambda: asyncio.run(ours.run(n, idle))), ("floor", lambda: floor.run(n)),
                                     ("floor_serial", lambda: serial.run(n))):
                     result = make()
-                    log.info("bench: N=%d round %d %s: running %.2fs, provisioned %.2fs, deleted %.2fs", n, index + 1,
-                             label, result.running_s, result.provisioned_s, result.delete_s)
+                    provisioned = f"{result.provisioned_s:.2f}s" if result.provisioned_s is not None else \
+                        f"not all ({result.unprovisioned} without an address)"
+                    log.info("bench: N=%d round %d %s: running %.2fs, provisioned %s, deleted %.2fs", n, index + 1,
+                             label, result.running_s, provisioned, result.delete_s)
                     results[label].setdefault(str(n), []).append(dataclasses.asdict(result))
         results["libvirtd_log"] = libvirtd_log_summary(bed.host.libvirtd_log)
         bed.stop_operator()
@@ -57,9 +59,9 @@ def run(settings: Settings) -> dict:
 
 
 def default_creation_concurrency() -> int:
-    from capi_libvirt.hypervisor import connection
+    from capi_libvirt.operator import config
 
-    return connection.THREADS_PER_HOST  # the operator's libvirt calls in flight per host
+    return config.DEFAULT_CREATES_PER_HOST  # what `capi-libvirt run --creates-per-host` defaults to
 
 
 def machine_facts() -> dict:

@@ -55,7 +55,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     logs.configure(args.log_format, verbose=args.verbose)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
-    operator = main.run_operator(args.namespace, operator_config=config.from_environment(args.host),
+    operator_config = config.from_environment(args.host, workers=args.workers,
+                                              creates_per_host=args.creates_per_host)
+    operator = main.run_operator(args.namespace, operator_config=operator_config,
                                  peering=None if args.standalone else args.peering,
                                  health_address=args.health_address, metrics_address=args.metrics_address)
     try:
@@ -84,9 +86,16 @@ def _peering_name(value: str) -> str:
     return value
 
 
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a whole number of at least 1")
+    return int(value)
+
+
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
-    """Leader election, endpoints and log format of `run` (the Deployment's args: config/manager/manager.yaml)."""
-    from capi_libvirt.operator import logs
+    """Leader election, endpoints, concurrency and log format of `run` (the Deployment's args:
+    config/manager/manager.yaml)."""
+    from capi_libvirt.operator import config, logs
 
     election = run.add_mutually_exclusive_group()
     election.add_argument("--peering", default="capi-libvirt", type=_peering_name, metavar="NAME",
@@ -94,6 +103,11 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
                                "capi-libvirt, from config/peering)")
     election.add_argument("--standalone", action="store_true",
                           help="no leader election: run as if alone (development)")
+    run.add_argument("--workers", type=_positive_int, default=config.DEFAULT_WORKERS, metavar="N",
+                     help=f"machine reconciles at once (default: {config.DEFAULT_WORKERS})")
+    run.add_argument("--creates-per-host", type=_positive_int, default=config.DEFAULT_CREATES_PER_HOST, metavar="N",
+                     help="machines created on one libvirt host at once; a burst queues behind them "
+                          f"(default: {config.DEFAULT_CREATES_PER_HOST})")
     run.add_argument("--health-address", default="0.0.0.0:8081", type=_address, metavar="HOST:PORT",
                      help="serve /healthz and /readyz here (default: 0.0.0.0:8081; 0: off)")
     run.add_argument("--metrics-address", default=":8080", type=_address, metavar="HOST:PORT",

@@ -53,7 +53,7 @@ async def crash_operator_after(phase: str, control_plane, host) -> int:
 
 @pytest.mark.parametrize("phase, expected_before_restart", [
     ("ensure_overlay", {"domains": 0, "volumes": 1}),   # the overlay only
-    ("ensure_domain", {"domains": 1, "volumes": 2}),    # overlay + ISO, domain defined but never started
+    ("ensure_domain", {"domains": 1, "volumes": 3}),    # overlay, ISO, empty serial log; defined, never started
 ])
 async def test_restart_after_a_crash_converges_to_one_domain_and_no_stray_volume(
         phase, expected_before_restart, control_plane, api_client, namespace, libvirt_host, guest_image,

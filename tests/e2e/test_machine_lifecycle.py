@@ -34,7 +34,8 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
     marker = f"marker-{uuid.uuid4().hex[:12]}"
     machine_name = f"worker-{uuid.uuid4().hex[:6]}"
     # The Cluster's infrastructure is another provider's kind (a Proxmox-based cluster getting libvirt workers).
-    await capi_objects.create_cluster(api_client, namespace, "demo", infrastructure_kind="ProxmoxCluster")
+    await capi_objects.create_cluster(api_client, namespace, "demo", infrastructure_kind="ProxmoxCluster",
+                                      control_plane_initialized=True)
     # The workload cluster is the test API server itself: its kubeconfig Secret, and the Node a kubelet registered
     # without --provider-id, which the provider patches.
     await core.create_namespaced_secret(namespace, client.V1Secret(

@@ -395,3 +395,31 @@ def test_from_spec_titles_the_domain_with_namespace_and_name() -> None:
     config = spec_config(spec())
     assert config.title == "default/worker-0"
     assert "demo" in (config.description or "")
+
+
+def _devices_xml(*parts: str) -> str:
+    return f"<domain><devices>{''.join(parts)}</devices></domain>"
+
+
+NETWORK_NIC = "<interface type='network'><source network='default'/></interface>"
+BRIDGE_NIC = "<interface type='bridge'><source bridge='br0'/></interface>"
+AGENT = "<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0' state='{}'/></channel>"
+
+
+@pytest.mark.parametrize("parts, expected", [
+    ((NETWORK_NIC, AGENT.format("disconnected")), ["lease"]),
+    ((NETWORK_NIC, AGENT.format("connected")), ["lease", "agent"]),
+    ((BRIDGE_NIC,), ["arp"]),
+    ((BRIDGE_NIC, AGENT.format("connected")), ["agent"]),
+    ((NETWORK_NIC, BRIDGE_NIC), ["lease", "arp"]),
+    ((), []),
+])
+def test_addresses_are_asked_only_of_sources_that_can_answer(parts, expected) -> None:
+    import libvirt
+
+    from capi_libvirt.hypervisor import machines
+
+    names = {libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE: "lease",
+             libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT: "agent",
+             libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP: "arp"}
+    assert [names[s] for s in machines.address_sources(_devices_xml(*parts))] == expected

@@ -12,6 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Sequence
 
+# Machines being created on one host at once (overlay, ISO upload, define, start): a burst queues behind this instead
+# of swamping the hypervisor, and stays within libvirtd's default of 5 requests in flight per client.
+DEFAULT_CREATES_PER_HOST = 4
+
 
 @dataclasses.dataclass(frozen=True)
 class HostLoad:

@@ -37,9 +37,10 @@ def marker_user_data(marker: str) -> str:
 
 
 async def create_cluster(api: client.ApiClient, namespace: str, name: str,
-                         infrastructure_kind: str = "LibvirtCluster") -> dict:
+                         infrastructure_kind: str = "LibvirtCluster", control_plane_initialized: bool = False) -> dict:
     """A Cluster whose infrastructure is provisioned; `infrastructure_kind` may be another provider's (a Proxmox-based
-    cluster with libvirt workers): LibvirtMachines do not care."""
+    cluster with libvirt workers): LibvirtMachines do not care. `control_plane_initialized`: its workload API server
+    answers (as Cluster API says once the first control-plane machine is up, and writes `<name>-kubeconfig`)."""
     objects = client.CustomObjectsApi(api)
     body = {
         "apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}",
@@ -50,7 +51,9 @@ async def create_cluster(api: client.ApiClient, namespace: str, name: str,
     cluster = await objects.create_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, namespace, "clusters", body)
     await objects.patch_namespaced_custom_object_status(
         CAPI_GROUP, CAPI_VERSION, namespace, "clusters", name,
-        {"status": {"initialization": {"infrastructureProvisioned": True}}}, **MERGE)
+        {"status": {"initialization": {"infrastructureProvisioned": True,
+                                       **({"controlPlaneInitialized": True} if control_plane_initialized else {})}}},
+        **MERGE)
     return cluster
 
 

@@ -147,6 +147,17 @@ def replace_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes, iso: byte
     return volume.path()
 
 
+def ensure_serial_log(conn: libvirt.virConnect, volumes: MachineVolumes) -> str:
+    """The (empty) file the domain's serial console is logged to, made as a volume of the pool before the domain
+    starts: libvirt then knows it, and teardown deletes it without a pool refresh (which reads every volume's header
+    under the pool's lock: slow with many machines, and refused while another volume is being built)."""
+    pool = _active_pool(conn, volumes.pool)
+    existing = _volume_or_none(pool, volumes.serial_log)
+    if existing is not None:
+        return existing.path()
+    return pool.createXML(volume_xml.raw_volume_xml(volumes.serial_log, 0), 0).path()
+
+
 def abort_quietly(stream: libvirt.virStream) -> None:
     """End a stream that failed midway; an abort that fails too adds nothing to the error being raised."""
     try:
@@ -229,15 +240,34 @@ def start_domain(conn: libvirt.virConnect, uuid: str) -> None:
         domain.create()
 
 
+def address_sources(xml: str) -> list[int]:
+    """The address sources that can answer for this domain, in order, so no call is made that can only fail (each
+    failing call is a warning in libvirtd's log): DHCP leases when an interface is on a libvirt network, the guest
+    agent when its channel is connected, ARP when an interface is on a bridge and no agent answers."""
+    devices = ET.fromstring(xml).find("devices")
+    interfaces = devices.findall("interface") if devices is not None else []
+    agent = devices is not None and any(
+        target.get("name") == domain_xml.GUEST_AGENT_CHANNEL and target.get("state") == "connected"
+        for target in devices.findall("channel/target"))
+    sources = []
+    if any(nic.get("type") == "network" for nic in interfaces):
+        sources.append(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE)
+    if agent:
+        sources.append(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT)
+    elif any(nic.get("type") == "bridge" for nic in interfaces):
+        sources.append(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP)
+    return sources
+
+
 def domain_addresses(conn: libvirt.virConnect, uuid: str) -> list[str]:
-    """IPv4/IPv6 addresses of the domain: DHCP leases first, then the guest agent, then ARP; link-local left out."""
+    """IPv4/IPv6 addresses of the domain from the first source that has any (see address_sources); link-local and
+    loopback left out."""
     domain = conn.lookupByUUIDString(uuid)
-    for source in (libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE, libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
-                   libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP):
+    for source in address_sources(domain.XMLDesc(0)):
         try:
             interfaces = domain.interfaceAddresses(source, 0) or {}
         except libvirt.libvirtError:
-            continue  # that source is not available (no agent yet, no lease): try the next
+            continue  # that source is not available after all (the agent went away): try the next
         found = []
         for name, interface in sorted(interfaces.items()):
             if name == "lo":
@@ -284,9 +314,11 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volume
         raise
     if not pool.isActive():
         pool.create(0)  # an inactive pool would hide our volumes: activate it to delete them
-    pool = _refreshed_pool(conn, volumes.pool)  # the serial log is a file the pool has not seen yet
     for name in (volumes.overlay, volumes.nocloud, volumes.serial_log):
         volume = _volume_or_none(pool, name)
+        if volume is None and name == volumes.serial_log:
+            # Made by QEMU, not as a volume (a machine of an earlier release): the pool sees it after a refresh.
+            volume = _volume_or_none(_refreshed_pool(conn, volumes.pool), name)
         if volume is not None:
             volume.delete(0)
             removed.append(f"volume {name}")

@@ -2,6 +2,11 @@
 
 asyncio-native (kubernetes_asyncio on aiohttp, like kopf), so no call blocks the event loop. "Not found" is
 recognised by HTTP status 404 and returned as None; every other error propagates.
+
+LibvirtMachines, Machines and Clusters are read from the watch-fed cache (kube.cache): `prime()` fills it with one
+LIST of each when the operator starts working, the watches keep it current, and every write's response goes into
+it. Only a Machine or Cluster the cache does not hold (yet) is fetched, and then kept. Secrets are never cached: they are read
+once, when a machine's NoCloud ISO is built.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from capi_libvirt.api import meta
+from capi_libvirt.kube.cache import ObjectCache
 
 CAPI_GROUP, CAPI_VERSION = meta.CAPI_GROUP, meta.CAPI_VERSION
 
@@ -24,6 +30,11 @@ CAPI_GROUP, CAPI_VERSION = meta.CAPI_GROUP, meta.CAPI_VERSION
 # whatever level the operator runs at.
 logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
 MERGE_PATCH = {"_content_type": "application/merge-patch+json"}
+MACHINES, CLUSTERS, LIBVIRT_MACHINES = "machines", "clusters", "libvirtmachines"
+
+
+class Conflict(Exception):
+    """A write made against an older version of the object: read it again and retry."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,26 +66,63 @@ async def _or_none(coroutine: Any) -> Any:
 
 
 class KubeAPI:
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, cache: ObjectCache | None = None) -> None:
         self.client = api_client
         self.objects = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.cache = cache if cache is not None else ObjectCache()
+        self.primed = False  # the cache holds every LibvirtMachine: placement may count from it
         self.calls = 0  # API calls made, for the numbers in the README
 
+    async def prime(self, namespaces: list[str]) -> None:
+        """One LIST of each cached kind (all namespaces, or each watched one) into the cache."""
+        kinds = ((CAPI_GROUP, CAPI_VERSION, MACHINES), (CAPI_GROUP, CAPI_VERSION, CLUSTERS),
+                 (meta.GROUP, meta.VERSION, LIBVIRT_MACHINES))
+        for group, version, plural in kinds:
+            items: list[dict] = []
+            list_version = None
+            for namespace in namespaces or [None]:
+                self.calls += 1
+                if namespace is None:
+                    listed = await self.objects.list_cluster_custom_object(group, version, plural)
+                else:
+                    listed = await self.objects.list_namespaced_custom_object(group, version, namespace, plural)
+                items += listed.get("items", [])
+                list_version = listed.get("metadata", {}).get("resourceVersion") if len(namespaces) <= 1 else None
+            self.cache.replace_all(plural, items, list_version)
+        self.primed = True
+
+    async def _cached(self, group: str, version: str, plural: str, namespace: str, name: str,
+                      fetch_missing: bool = True) -> dict | None:
+        body = self.cache.get(plural, namespace, name)
+        if body is None and fetch_missing:
+            self.calls += 1
+            body = await _or_none(self.objects.get_namespaced_custom_object(group, version, namespace, plural, name))
+            if body is not None:
+                self.cache.put(plural, body)
+        return body
+
     async def get_machine(self, namespace: str, name: str) -> dict | None:
-        self.calls += 1
-        return await _or_none(self.objects.get_namespaced_custom_object(
-            CAPI_GROUP, CAPI_VERSION, namespace, "machines", name))
+        return await self._cached(CAPI_GROUP, CAPI_VERSION, MACHINES, namespace, name)
 
     async def get_cluster(self, namespace: str, name: str) -> dict | None:
-        self.calls += 1
-        return await _or_none(self.objects.get_namespaced_custom_object(
-            CAPI_GROUP, CAPI_VERSION, namespace, "clusters", name))
+        return await self._cached(CAPI_GROUP, CAPI_VERSION, CLUSTERS, namespace, name)
 
     async def get_libvirt_machine(self, namespace: str, name: str) -> dict | None:
+        """Once primed, the cache holds every LibvirtMachine: one it lacks was deleted or its event is on the way
+        (and queues it again). A Machine or Cluster the cache lacks is fetched: waiting for its event would write a
+        passing WaitingForOwner condition first."""
+        return await self._cached(meta.GROUP, meta.VERSION, LIBVIRT_MACHINES, namespace, name,
+                                  fetch_missing=not self.primed)
+
+    async def reread_libvirt_machine(self, namespace: str, name: str) -> dict | None:
+        """Fetched, not from the cache: after a Conflict."""
         self.calls += 1
-        return await _or_none(self.objects.get_namespaced_custom_object(
-            meta.GROUP, meta.VERSION, namespace, "libvirtmachines", name))
+        body = await _or_none(self.objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace,
+                                                                        LIBVIRT_MACHINES, name))
+        if body is not None:
+            self.cache.put(LIBVIRT_MACHINES, body)
+        return body
 
     async def get_libvirt_cluster(self, namespace: str, name: str) -> dict | None:
         self.calls += 1
@@ -92,9 +140,11 @@ class KubeAPI:
             meta.GROUP, meta.VERSION, namespace, "libvirtclusters", name, {"status": status}, **MERGE_PATCH)
 
     async def list_libvirt_machines(self) -> list[dict]:
-        """Every LibvirtMachine of every namespace: what is allocated on each host, and each group's spread."""
+        """Every LibvirtMachine (of the watched namespaces): what is allocated on each host, and each group's spread."""
+        if self.primed:
+            return list(self.cache.items(LIBVIRT_MACHINES))
         self.calls += 1
-        listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirtmachines")
+        listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, LIBVIRT_MACHINES)
         return listed.get("items", [])
 
     async def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
@@ -113,6 +163,11 @@ class KubeAPI:
         return await self.objects.patch_cluster_custom_object_status(
             meta.GROUP, meta.VERSION, "libvirthosts", name, {"status": status}, **MERGE_PATCH)
 
+    async def post_event(self, involved: dict, type_: str, reason: str, message: str, now: str) -> None:
+        self.calls += 1
+        namespace = involved["metadata"].get("namespace") or "default"
+        await self.core.create_namespaced_event(namespace, event_body(involved, type_, reason, message, now))
+
     async def get_bootstrap_data(self, namespace: str, name: str) -> BootstrapData | None:
         data = await self.get_secret_data(namespace, name)
         if data is None:
@@ -120,14 +175,41 @@ class KubeAPI:
         return BootstrapData(value=data.get("value", b""), format=data.get("format", b"cloud-config").decode())
 
     async def patch_libvirt_machine(self, namespace: str, name: str, patch: dict) -> dict:
+        """A merge patch; with `metadata.resourceVersion` in it, only of that version (else Conflict)."""
         self.calls += 1
-        return await self.objects.patch_namespaced_custom_object(
-            meta.GROUP, meta.VERSION, namespace, "libvirtmachines", name, patch, **MERGE_PATCH)
+        try:
+            body = await self.objects.patch_namespaced_custom_object(
+                meta.GROUP, meta.VERSION, namespace, LIBVIRT_MACHINES, name, patch, **MERGE_PATCH)
+        except ApiException as error:
+            if error.status == 409:
+                raise Conflict(f"LibvirtMachine {namespace}/{name} changed meanwhile") from None
+            raise
+        self.cache.put(LIBVIRT_MACHINES, body)
+        return body
 
     async def patch_libvirt_machine_status(self, namespace: str, name: str, status: dict) -> dict:
         self.calls += 1
-        return await self.objects.patch_namespaced_custom_object_status(
-            meta.GROUP, meta.VERSION, namespace, "libvirtmachines", name, {"status": status}, **MERGE_PATCH)
+        body = await self.objects.patch_namespaced_custom_object_status(
+            meta.GROUP, meta.VERSION, namespace, LIBVIRT_MACHINES, name, {"status": status}, **MERGE_PATCH)
+        self.cache.put(LIBVIRT_MACHINES, body)
+        return body
+
+
+EVENT_COMPONENT = "capi-libvirt"
+EVENT_MESSAGE_MAX = 1024
+
+
+def event_body(involved: dict, type_: str, reason: str, message: str, now: str) -> dict:
+    """A core/v1 Event about `involved` (an object's body), as `kubectl describe` shows them."""
+    metadata = involved["metadata"]
+    return {
+        "metadata": {"generateName": f"{metadata['name']}.", "namespace": metadata.get("namespace") or "default"},
+        "involvedObject": {"apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"),
+                           "name": metadata["name"], "namespace": metadata.get("namespace"), "uid": metadata.get("uid")},
+        "type": type_, "reason": reason, "message": message[:EVENT_MESSAGE_MAX],
+        "source": {"component": EVENT_COMPONENT}, "reportingComponent": EVENT_COMPONENT,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
 
 
 class WorkloadNodes:

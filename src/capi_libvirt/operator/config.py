@@ -12,10 +12,17 @@ CRASH_AFTER_ENV = "CAPI_LIBVIRT_CRASH_AFTER"  # tests only: end the process righ
 CRASH_EXIT_CODE = 70
 
 
+from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
+
+DEFAULT_WORKERS = 16  # machine reconciles at once (each mostly waits on libvirt or the API)
+
+
 @dataclasses.dataclass(frozen=True)
 class OperatorConfig:
     hosts: dict[str, str]  # host name (as in providerIDs) -> libvirt URI
     crash_after: str | None = None  # fault injection: the phase after which the process dies, as a crash would
+    workers: int = DEFAULT_WORKERS
+    creates_per_host: int = DEFAULT_CREATES_PER_HOST
 
     def after_phase(self, phase: str) -> None:
         if phase == self.crash_after:
@@ -35,7 +42,9 @@ def parse_hosts(entries: list[str]) -> dict[str, str]:
     return hosts
 
 
-def from_environment(extra_hosts: list[str] = ()) -> OperatorConfig:
+def from_environment(extra_hosts: list[str] = (), *, workers: int = DEFAULT_WORKERS,
+                     creates_per_host: int = DEFAULT_CREATES_PER_HOST) -> OperatorConfig:
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
-                          crash_after=os.environ.get(CRASH_AFTER_ENV) or None)
+                          crash_after=os.environ.get(CRASH_AFTER_ENV) or None, workers=workers,
+                          creates_per_host=creates_per_host)

@@ -1,11 +1,15 @@
 """kopf handlers: each turns an event into a call of one reconcile. No logic lives here.
 
-A LibvirtMachine is driven by one daemon per object that runs `reconcile.machine.reconcile` in a loop: after each
-pass it sleeps for what the pass asked, or until a watch on its Machine, its Cluster or the object itself wakes it.
-(Bootstrap Secrets are not watched: Cluster API sets Machine.spec.bootstrap.dataSecretName once the Secret exists,
-and that Machine change wakes the machine; reading every Secret of the cluster is not worth that privilege.)
-Deletion runs `reconcile.machine.delete` behind kopf's finalizer, under the same per-object lock as the passes.
-Every reconcile is measured (operator.metrics); the host prober runs only while this replica leads (or runs
+LibvirtMachines go through a work queue (operator.workqueue) drained by a fixed number of workers: the watches of
+LibvirtMachines, Machines and Clusters put each body into the cache (kube.cache) and queue the LibvirtMachines whose
+inputs changed; a pass returns when it wants to look again, and the queue's timer brings the key back then. Between
+passes a machine costs nothing. (Bootstrap Secrets are not watched: Cluster API sets
+Machine.spec.bootstrap.dataSecretName once the Secret exists, and that Machine change queues the machine; reading
+every Secret of the cluster is not worth that privilege.) A LibvirtMachine being deleted is torn down by the same
+reconcile, which releases the finalizer it put on at placement (kopf puts none on LibvirtMachines).
+
+A LibvirtCluster (a handful per management cluster) is driven by a kopf daemon per object. Every reconcile is
+measured (operator.metrics); the machine workers and the host prober run only while this replica leads (or runs
 standalone): kopf pauses the handlers of a standby replica, but not a task of our own.
 """
 
@@ -23,7 +27,7 @@ from capi_libvirt.core import capacity
 from capi_libvirt.hypervisor import connection, credentials
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config as operator_config
-from capi_libvirt.operator import election, metrics
+from capi_libvirt.operator import election, metrics, workqueue
 from capi_libvirt.reconcile import cluster as cluster_reconcile
 from capi_libvirt.reconcile import hosts as hosts_reconcile
 from capi_libvirt.reconcile import inventory
@@ -37,10 +41,14 @@ EXIT_TIMEOUT_S = 50  # SIGKILL after this long exiting (kopf's ultimate exit); b
 
 
 class Runtime:
-    """What handlers share for the operator's life: the reconcile dependencies, wake-up events and locks."""
+    """What handlers share for the operator's life: the reconcile dependencies, the machine queue, wake-up events."""
 
-    def __init__(self, deps: machine_reconcile.Dependencies) -> None:
+    def __init__(self, deps: machine_reconcile.Dependencies, namespaces: list[str] = (),
+                 workers: int = operator_config.DEFAULT_WORKERS) -> None:
         self.deps = deps
+        self.namespaces = list(namespaces)
+        self.machines: workqueue.WorkQueue[tuple[str, str]] = workqueue.WorkQueue(self.reconcile_machine, workers)
+        self.machine_worker: asyncio.Task | None = None
         # Keyed by (kind, namespace, name), kind being "machine" or "cluster".
         self.wakers: dict[tuple[str, str, str], asyncio.Event] = collections.defaultdict(asyncio.Event)
         self.locks: dict[tuple[str, str, str], asyncio.Lock] = collections.defaultdict(asyncio.Lock)
@@ -58,10 +66,64 @@ class Runtime:
         for key, object_cluster in list(self.clusters.items()):
             if key[1] == namespace and object_cluster == cluster:
                 self.wake(*key)
+        for body in self.deps.kube.cache.items(api.LIBVIRT_MACHINES):
+            labels = body["metadata"].get("labels") or {}
+            if body["metadata"].get("namespace") == namespace and labels.get(meta.CLUSTER_NAME_LABEL) == cluster:
+                self.machines.add((namespace, body["metadata"]["name"]))
+
+    async def reconcile_machine(self, key: tuple[str, str]) -> float | None:
+        namespace, name = key
+
+        def deleting() -> bool:
+            body = self.deps.kube.cache.get(api.LIBVIRT_MACHINES, namespace, name)
+            return body is None or bool(body["metadata"].get("deletionTimestamp"))
+
+        with metrics.reconcile_pass(kinds.LIBVIRT_MACHINE.kind, count_success=False):  # the reconcile reports it
+            return await machine_reconcile.reconcile(self.deps, namespace, name, cancelled=deleting)
+
+    async def work_machines_while_active(self, state: election.State) -> None:
+        """The machine workers, while this replica does the work; each start reads every machine once (a LIST of
+        each cached kind) and queues them all, so a new leader picks up what the old one left."""
+        while True:
+            await state.leading.wait()
+            await self._prime()
+            for body in self.deps.kube.cache.items(api.LIBVIRT_MACHINES):
+                self.machines.add((body["metadata"]["namespace"], body["metadata"]["name"]))
+            self.machines.start()
+            try:
+                await state.not_leading.wait()
+            finally:
+                await self.machines.stop()
+
+    async def _prime(self) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await self.deps.kube.prime(self.namespaces)
+                return
+            except Exception as error:  # noqa: BLE001  the API server is not answering yet: try again
+                log.warning("reading the machines failed (%s); retrying in %.0fs", type(error).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
 
 
-def _post_event(body: dict, kind: str, reason: str, message: str) -> None:
-    kopf.event(body, type=kind, reason=reason, message=message)
+class EventPoster:
+    """Posts the reconciles' events in the background: a pass does not wait for them, and a failed post is logged,
+    not a failed pass. (kopf's own kopf.event works only inside kopf's per-object tasks; the machine workers are not.)"""
+
+    def __init__(self, kube: api.KubeAPI) -> None:
+        self.kube = kube
+        self.pending: set[asyncio.Task] = set()
+
+    def __call__(self, body: dict, kind: str, reason: str, message: str) -> None:
+        task = asyncio.create_task(self.kube.post_event(body, kind, reason, message, machine_reconcile.utc_now()))
+        self.pending.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.info("posting an event failed: %s", type(task.exception()).__name__)
 
 
 @kopf.on.startup()
@@ -71,14 +133,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     credentials.sweep_leftovers()  # key files a crash in the middle of connecting may have left behind
     hosts = connection.HostRegistry(cfg.hosts)
     kube = api.KubeAPI(await api.new_api_client())
-    deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=_post_event,
-                                          after_phase=cfg.after_phase, observe=metrics.Observer())
-    memo.runtime = _start_runtime(deps, memo.setdefault("state", election.State(None)))
+    deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=EventPoster(kube),
+                                          after_phase=cfg.after_phase, observe=metrics.Observer(),
+                                          creates_per_host=cfg.creates_per_host)
+    memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers),
+                                  memo.setdefault("state", election.State(None)))
     log.info("static libvirt hosts: %s; LibvirtHost objects add more", ", ".join(hosts.names()) or "none")
 
 
 def _configure_kopf(settings: kopf.OperatorSettings) -> None:
-    settings.persistence.finalizer = f"{meta.GROUP}/libvirt"
+    settings.persistence.finalizer = f"{meta.GROUP}/libvirt"  # LibvirtHosts, LibvirtClusters (machines: their own)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="capi-libvirt.x-k8s.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="capi-libvirt.x-k8s.io")
     settings.posting.level = logging.WARNING  # kopf's own log lines; the reconciles post their events themselves
@@ -86,14 +150,16 @@ def _configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.process.ultimate_exiting_timeout = EXIT_TIMEOUT_S
 
 
-def _start_runtime(deps: machine_reconcile.Dependencies, state: election.State) -> Runtime:
-    """The shared state, its metrics, and the background tasks: the election observer and the host prober."""
-    runtime = Runtime(deps)
+def _start_runtime(runtime: Runtime, state: election.State) -> Runtime:
+    """The shared state's metrics, and the background tasks: the election observer, the machine workers and the host
+    prober."""
+    deps = runtime.deps
     runtime.metrics = metrics.Source(deps.observe, deps.inventory, state)
     metrics.attach(runtime.metrics)
     if state.peering is not None:
         runtime.election = asyncio.create_task(election.observe(state, deps.kube.objects))
     runtime.prober = asyncio.create_task(_probe_while_active(deps, state))
+    runtime.machine_worker = asyncio.create_task(runtime.work_machines_while_active(state))
     return runtime
 
 
@@ -103,7 +169,7 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
     if memo.get("state") is not None:
         memo.state.stopping()
     if runtime is not None:
-        tasks = [task for task in (runtime.prober, runtime.election) if task is not None]
+        tasks = [task for task in (runtime.machine_worker, runtime.prober, runtime.election) if task is not None]
         for task in tasks:
             task.cancel()
         # Let a probe in flight end before its connection closes under it.
@@ -129,21 +195,46 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_kubeconfig(**kwargs) or kopf.login_with_service_account(**kwargs)
 
 
-# -- LibvirtMachine ---------------------------------------------------------------------------------------------
+# -- LibvirtMachine, and what a machine waits for: its Machine and its Cluster -------------------------------------
 
-@kopf.daemon(meta.GROUP, meta.VERSION, MACHINES, cancellation_timeout=30)
-async def run_machine(namespace: str, name: str, labels: kopf.Labels, memo: kopf.Memo,
-                      stopped: kopf.DaemonStopped, **_: Any) -> None:
-    async def one_pass(cancelled: Any) -> float | None:
-        with metrics.reconcile_pass(kinds.LIBVIRT_MACHINE.kind, count_success=False):  # the reconcile reports it
-            return await machine_reconcile.reconcile(memo.runtime.deps, namespace, name, cancelled=cancelled)
-    await _run_loop(memo.runtime, ("machine", namespace, name), labels.get(meta.CLUSTER_NAME_LABEL), one_pass, stopped)
+@kopf.on.event(meta.GROUP, meta.VERSION, MACHINES)
+def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime = memo.runtime
+    body = event["object"]
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    if not runtime.deps.kube.cache.apply(api.LIBVIRT_MACHINES, event["type"], body):
+        return  # the echo of our own write
+    if event["type"] == "DELETED":
+        runtime.machines.forget(key)
+        runtime.deps.observe.machine_gone(*key)
+    else:
+        runtime.machines.add(key)
 
+
+@kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "machines")
+def owner_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime = memo.runtime
+    body = event["object"]
+    ref = (body.get("spec") or {}).get("infrastructureRef") or {}
+    if runtime.deps.kube.cache.apply(api.MACHINES, event["type"], body) and \
+            ref.get("kind") == kinds.LIBVIRT_MACHINE.kind and ref.get("name"):
+        runtime.machines.add((body["metadata"]["namespace"], ref["name"]))
+
+
+@kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "clusters")
+def cluster_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime = memo.runtime
+    body = event["object"]
+    if runtime.deps.kube.cache.apply(api.CLUSTERS, event["type"], body):
+        runtime.wake_cluster(body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+# -- LibvirtCluster -----------------------------------------------------------------------------------------------
 
 @kopf.daemon(meta.GROUP, meta.VERSION, CLUSTERS, cancellation_timeout=30)
 async def run_cluster(namespace: str, name: str, labels: kopf.Labels, memo: kopf.Memo,
                       stopped: kopf.DaemonStopped, **_: Any) -> None:
-    async def one_pass(cancelled: Any) -> float | None:
+    async def one_pass() -> float | None:
         with metrics.reconcile_pass(kinds.LIBVIRT_CLUSTER.kind):
             return await cluster_reconcile.reconcile(memo.runtime.deps, namespace, name)
     await _run_loop(memo.runtime, ("cluster", namespace, name), labels.get(meta.CLUSTER_NAME_LABEL), one_pass, stopped)
@@ -158,7 +249,7 @@ async def _run_loop(runtime: Runtime, key: tuple[str, str, str], cluster: str | 
         while not stopped:
             waker.clear()  # before the pass: a wake-up during the pass triggers another one
             async with runtime.locks[key]:
-                delay = await one_pass(lambda: bool(stopped))
+                delay = await one_pass()
             await _sleep_until_woken(waker, stopped, delay)
     finally:
         runtime.wakers.pop(key, None)
@@ -175,42 +266,9 @@ async def _sleep_until_woken(waker: asyncio.Event, stopped: kopf.DaemonStopped, 
             pass
 
 
-@kopf.on.delete(meta.GROUP, meta.VERSION, MACHINES)
-async def delete_machine(namespace: str, name: str, status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
-    runtime: Runtime = memo.runtime
-    runtime.deps.observe.machine_deleting(namespace, name, status.get("host"))
-    async with runtime.locks[("machine", namespace, name)]:
-        try:
-            with metrics.reconcile_pass(kinds.LIBVIRT_MACHINE.kind, "delete"):
-                await machine_reconcile.delete(runtime.deps, namespace, name)
-        except machine_reconcile.Wait as wait:
-            raise kopf.TemporaryError(wait.message, delay=wait.retry_after or 30) from None
-    runtime.locks.pop(("machine", namespace, name), None)
-    runtime.deps.observe.machine_gone(namespace, name)
-
-
-@kopf.on.update(meta.GROUP, meta.VERSION, MACHINES)
-def machine_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.wake("machine", namespace, name)
-
-
 @kopf.on.update(meta.GROUP, meta.VERSION, CLUSTERS)
 def libvirt_cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     memo.runtime.wake("cluster", namespace, name)
-
-
-# -- what a machine waits for: its Machine and its Cluster ----------------------------------------------------
-
-@kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "machines")
-def owner_machine_changed(namespace: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
-    ref = spec.get("infrastructureRef") or {}
-    if ref.get("kind") == kinds.LIBVIRT_MACHINE.kind and ref.get("name"):
-        memo.runtime.wake("machine", namespace, ref["name"])
-
-
-@kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "clusters")
-def cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.wake_cluster(namespace, name)
 
 
 # -- LibvirtHost: the inventory ----------------------------------------------------------------------------------

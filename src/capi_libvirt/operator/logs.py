@@ -43,3 +43,7 @@ def configure(log_format: str, verbose: bool = False) -> None:
             handler.addFilter(_LoggerName())
     else:
         kopf.configure(verbose=verbose, log_format=PLAIN_FORMAT, log_prefix=True)
+    if not verbose:
+        # kopf's per-object INFO lines: one "Handler ... succeeded" for every watch event of every machine, noise
+        # (and CPU) at a few hundred machines; its warnings and errors stay, and -v brings the rest back.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)

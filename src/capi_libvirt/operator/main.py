@@ -31,6 +31,7 @@ async def run_operator(namespaces: Sequence[str] = (), *, operator_config: confi
     """
     memo = memo if memo is not None else kopf.Memo()
     memo.config = operator_config or config.from_environment()
+    memo.namespaces = list(namespaces)
     me = election.Peering.new(peering) if peering else None
     state = memo.state = election.State(me)
     async with endpoints.serving("health probes", health_address, endpoints.health_routes(state)), \

@@ -15,7 +15,7 @@ from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import conditions
 from capi_libvirt.hypervisor import connection, credentials
 from capi_libvirt.reconcile import inventory as inventory_
-from capi_libvirt.reconcile.machine import RECHECK_WAITING, Dependencies, Wait
+from capi_libvirt.reconcile.machine import RECHECK_WAITING, Dependencies, Wait, recorded_host
 
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 30.0
@@ -57,7 +57,7 @@ async def upsert_host(deps: Dependencies, name: str, spec_data: dict) -> None:
 async def remove_host(deps: Dependencies, name: str) -> None:
     """Take the host out of the inventory; raises Wait while machines are still placed on it."""
     users = sorted(f"{m['metadata']['namespace']}/{m['metadata']['name']}" for m in await deps.kube.list_libvirt_machines()
-                   if (m.get("status") or {}).get("host") == name)
+                   if recorded_host(m) == name)
     if users:
         message = f"{len(users)} machine(s) still placed here: {', '.join(users[:5])}"
         await _publish(deps, name, {}, "False", IN_USE, message)

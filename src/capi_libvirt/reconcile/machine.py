@@ -1,10 +1,15 @@
 """The LibvirtMachine reconcile: from bootstrap data to a running domain, and back to nothing.
 
-`reconcile` is level-triggered and idempotent: it reads the object fresh, runs the phases in order, and each phase
-either moves on or raises `Wait` with the reason that becomes the Provisioned condition's. Every host operation is
-idempotent and keyed by names and a domain UUID fixed before anything is created (core.naming), so a retry, a
-duplicate event or a restart in the middle converges on the same single domain. `delete` tears everything down;
-"not found" counts as done, and an unreachable host keeps the finalizer with a condition saying why.
+`reconcile` is level-triggered and idempotent: it reads the object (from the watch-fed cache, see kube.api), runs the
+phases in order, and each phase either moves on or raises `Wait` with the reason that becomes the Provisioned
+condition's. Every host operation is idempotent and keyed by names and a domain UUID fixed before anything is created
+(core.naming), so a retry, a duplicate event or a restart in the middle converges on the same single domain.
+
+Placement is one write: the finalizer and spec.providerID (which names the host and the domain UUID) together, before
+anything is made on the host. The status follows in one write at the end of each pass that changed it. Deletion
+(`delete`, once the object has a deletionTimestamp) tears everything down, "not found" counting as done, and then
+releases the finalizer; an unreachable host keeps it, with a condition saying why. Creation on a host is limited to
+`Dependencies.creates_per_host` machines at a time, so a burst cannot swamp one hypervisor.
 """
 
 from __future__ import annotations
@@ -35,9 +40,13 @@ RECONCILE_ERROR = "ReconcileError"
 # Seconds until the next pass. Watches on Machines, Clusters and Secrets wake a waiting machine sooner.
 RECHECK_WAITING = 30.0
 RECHECK_BOOTSTRAP = 10.0  # a missing bootstrap Secret: the Machine watch usually wakes us first
-RECHECK_ADDRESS = 5.0
+RECHECK_ADDRESS = 2.0  # no libvirt event says a lease was given: look again soon (one cheap call)
 RECHECK_PROVISIONED = 60.0
 BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
+
+# Cluster API's naming of an infrastructure machine's finalizer. Not kopf's (infrastructure.cluster.x-k8s.io/libvirt,
+# on LibvirtHosts and LibvirtClusters): kopf removes its own from objects none of its handlers needs it on.
+FINALIZER = f"libvirtmachine.{meta.GROUP}"
 
 EventSink = Callable[[dict, str, str, str], Awaitable[None] | None]  # (body, type, reason, message)
 
@@ -68,6 +77,12 @@ class Dependencies:
     observe: Observer = dataclasses.field(default_factory=Observer)  # metrics: phase durations, pass outcomes
     failures: dict[tuple[str, ...], int] = dataclasses.field(default_factory=dict)  # per machine, for backoff
     placement_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one placement at a time
+    creates_per_host: int = placement.DEFAULT_CREATES_PER_HOST
+    creation_slots: dict[str, asyncio.Semaphore] = dataclasses.field(default_factory=dict)
+
+    def creation_slot(self, host: str) -> asyncio.Semaphore:
+        """Held while a machine's overlay, ISO and domain are made on `host`."""
+        return self.creation_slots.setdefault(host, asyncio.Semaphore(self.creates_per_host))
 
     @property
     def hosts(self) -> connection.HostRegistry:
@@ -177,6 +192,13 @@ async def wait_for_cluster_infrastructure(deps: Dependencies, p: MachinePass) ->
 
 
 async def read_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
+    """Before placement: nothing is placed for a machine whose data is missing or unusable. Once placed, the Secret
+    is read again only if the domain must still be made (ensure_domain), not on every pass."""
+    if recorded_host(p.body) is None:
+        await _fetch_bootstrap_data(deps, p)
+
+
+async def _fetch_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
     secret_name = (p.machine or {}).get("spec", {}).get("bootstrap", {}).get("dataSecretName")
     if not secret_name:
         raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, "waiting for the Machine's bootstrap.dataSecretName")
@@ -203,12 +225,32 @@ def placement_group(body: dict) -> tuple[str, str, str] | None:
     return None
 
 
+def recorded_host(body: dict) -> str | None:
+    """Where the machine was placed: its status, or (placement's own record, written first) its providerID."""
+    host = (body.get("status") or {}).get("host")
+    if host:
+        return host
+    recorded = (body.get("spec") or {}).get("providerID")
+    if recorded and FINALIZER in (body["metadata"].get("finalizers") or []):
+        try:
+            parsed = provider_id.parse_provider_id(recorded)
+        except ValueError:
+            return None
+        if parsed.domain_uuid == naming.domain_uuid(body["metadata"]["uid"]):  # ours, not one a spec made up
+            return parsed.host
+    return None
+
+
 async def choose_host(deps: Dependencies, p: MachinePass) -> None:
-    """Place the machine (once): recorded in status BEFORE anything is created, under one lock for all placements,
-    so machines placed a moment ago count against their host and a burst spreads."""
-    if p.status.get("host"):
-        p.host = p.status["host"]
+    """Place the machine (once): the finalizer and the providerID naming the host are written BEFORE anything is
+    created, under one lock for all placements, so machines placed a moment ago count against their host and a burst
+    spreads. Allocation is counted from the cache of every LibvirtMachine, not a LIST."""
+    host = recorded_host(p.body)
+    if host:
+        p.host = host
+        p.status.update(host=host, domainUUID=p.domain_uuid)
         deps.hosts.get(p.host)  # a host gone from the inventory raises HostUnreachable
+        await _keep_finalizer(deps, p)
         return
     never_probed = [name for name, known in deps.inventory.hosts.items() if known.probe is None and not known.problem]
     if never_probed:  # just added (or the operator just started): look before deciding, outside the lock
@@ -218,7 +260,7 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
         group_per_host: dict[str, int] = {}
         group = placement_group(p.body)
         for other in await deps.kube.list_libvirt_machines():
-            host = (other.get("status") or {}).get("host")
+            host = recorded_host(other)
             if not host or other["metadata"]["uid"] == p.uid:
                 continue
             spec = other.get("spec") or {}
@@ -232,14 +274,24 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
         result = placement.choose_host(request, deps.inventory.loads(allocated), group_per_host)
         if isinstance(result, placement.NoHost):
             raise Wait(result.reason, result.message, RECHECK_WAITING)
+        finalizers = list(p.body["metadata"].get("finalizers") or [])
+        p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {
+            "metadata": {"finalizers": finalizers + [f for f in [FINALIZER] if f not in finalizers],
+                         "resourceVersion": p.body["metadata"]["resourceVersion"]},
+            "spec": {"providerID": provider_id.format_provider_id(result.host, p.domain_uuid)}})
         p.host = result.host
         p.status.update(host=result.host, domainUUID=p.domain_uuid)
         if result.failure_domain:
             p.status["failureDomain"] = result.failure_domain
-        await deps.kube.patch_libvirt_machine_status(p.namespace, p.name, {
-            "host": result.host, "domainUUID": p.domain_uuid,
-            **({"failureDomain": result.failure_domain} if result.failure_domain else {})})
     await _event(deps, p.body, "Normal", "Placed", f"placed on host {p.host}")
+
+
+async def _keep_finalizer(deps: Dependencies, p: MachinePass) -> None:
+    """A machine placed by a release whose finalizer was kopf's (which kopf now takes off) gets this one."""
+    finalizers = list(p.body["metadata"].get("finalizers") or [])
+    if FINALIZER not in finalizers:
+        p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {"metadata": {
+            "finalizers": finalizers + [FINALIZER], "resourceVersion": p.body["metadata"]["resourceVersion"]}})
 
 
 async def check_networks(deps: Dependencies, p: MachinePass) -> None:
@@ -271,6 +323,8 @@ async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
 async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     if p.domain is not None:
         return
+    if p.bootstrap is None:  # placed in an earlier pass (that ended, or crashed, before the domain was made)
+        await _fetch_bootstrap_data(deps, p)
     host = deps.hosts.get(p.host or "")
     volumes = p.volumes()
     pool_dir = await host.call(machines.pool_path, volumes.pool, doing="read pool path")
@@ -282,11 +336,13 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
                                   iso_path=f"{pool_dir}/{volumes.nocloud}",
                                   serial_log_path=f"{pool_dir}/{volumes.serial_log}", owner=owner)
     iso = nocloud.build_nocloud_iso(
-        user_data=p.bootstrap.value if p.bootstrap else b"",
+        user_data=p.bootstrap.value if p.bootstrap else b"",  # (always set: fetched above)
         meta_data=cloud_init.meta_data(p.domain_uuid, naming.hostname(p.name), provider),
         network_config=cloud_init.network_config(p.spec.interfaces, [nic.mac for nic in config.interfaces]),
     )
     await host.call(machines.replace_nocloud, volumes, iso, doing="upload NoCloud ISO")
+    if p.spec.serial_log:
+        await host.call(machines.ensure_serial_log, volumes, doing="create serial log")
     p.domain = await host.call(machines.define_domain, p.domain_uuid, domain_xml.domain_xml(config),
                                doing="define domain")
     await _event(deps, p.body, "Normal", "DomainDefined", f"domain {p.domain_name} defined on host {p.host}")
@@ -319,14 +375,24 @@ async def observe_addresses(deps: Dependencies, p: MachinePass) -> None:
     p.status["initialization"] = {"provisioned": True}  # v1beta2 contract
 
 
+def control_plane_initialized(cluster: dict) -> bool:
+    """Cluster API's word that the workload cluster's API server answers (v1beta2 status, or v1beta1's condition)."""
+    status = cluster.get("status") or {}
+    if (status.get("initialization") or {}).get("controlPlaneInitialized"):
+        return True
+    return any(c.get("type") == "ControlPlaneInitialized" and c.get("status") == "True"
+               for c in status.get("conditions") or [])
+
+
 async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
     """Give the workload cluster's Node our providerID when its kubelet did not, as the Docker provider does.
 
     Best effort: until the control plane answers there is no Node to patch, and that is not a provisioning failure.
     Once Cluster API has matched the Node (Machine.status.nodeRef) there is nothing left to do.
     """
-    if (p.machine or {}).get("status", {}).get("nodeRef") or p.cluster is None:
-        return
+    if (p.machine or {}).get("status", {}).get("nodeRef") or p.cluster is None or \
+            not control_plane_initialized(p.cluster):
+        return  # matched already, or no control plane to have a Node (and no kubeconfig Secret to read yet)
     nodes = api.WorkloadNodes(deps.kube)
     try:
         kubeconfig = await nodes.kubeconfig(p.namespace, p.cluster["metadata"]["name"])
@@ -344,8 +410,9 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
 
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, read_bootstrap_data,
-          choose_host, check_networks, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses,
-          patch_workload_node)
+          choose_host, check_networks, ensure_overlay, ensure_domain, ensure_running, publish_provider_id,
+          observe_addresses, patch_workload_node)
+CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
 
 # -- the reconcile --------------------------------------------------------------------------------------------------
@@ -355,10 +422,13 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
     """One pass over the machine; returns seconds until the next pass (None: only when a watch wakes it).
 
     `cancelled` is asked before every phase: once the object is being deleted, no phase starts creating things.
+    A machine being deleted is `delete`d instead.
     """
     body = await deps.kube.get_libvirt_machine(namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
+    if body is None:
         return None
+    if body["metadata"].get("deletionTimestamp"):
+        return await delete(deps, namespace, name)
     status = dict(body.get("status") or {})
     key = (namespace, name)
     try:
@@ -369,27 +439,33 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
         return None
     p = MachinePass(body=body, spec=spec, status=status)
     try:
-        for phase in PHASES:
-            if cancelled():
-                return None
-            with deps.observe.phase("LibvirtMachine", phase.__name__):
-                await phase(deps, p)
-            deps.after_phase(phase.__name__)
+        async with contextlib.AsyncExitStack() as creating:
+            for phase in PHASES:
+                if cancelled():
+                    return None
+                if phase is CREATION[0] and p.domain is None:
+                    await creating.enter_async_context(deps.creation_slot(p.host or ""))
+                with deps.observe.phase("LibvirtMachine", phase.__name__):
+                    await phase(deps, p)
+                deps.after_phase(phase.__name__)
     except Paused:
-        await _write_status(deps, body, p.status, None, paused=True)
+        await _write_status(deps, p.body, p.status, None, paused=True)
         return None
+    except api.Conflict:
+        await deps.kube.reread_libvirt_machine(namespace, name)
+        return 0.0  # again, from what the object is now
     except Wait as wait:
         if not wait.failure:
             deps.failures.pop(key, None)
-        return await _write_status(deps, body, p.status, _with_backoff(deps, key, wait) if wait.failure else wait)
+        return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, wait) if wait.failure else wait)
     except errors.HypervisorError as error:
-        return await _write_status(deps, body, p.status, _with_backoff(deps, key, _wait_for_hypervisor(error)))
+        return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, _wait_for_hypervisor(error)))
     except Exception as error:  # noqa: BLE001  anything else: a condition that names its kind, details in the log
         log.exception("reconcile of %s/%s failed", namespace, name)
         wait = Wait(RECONCILE_ERROR, f"unexpected {type(error).__name__}; see the operator log", failure=True)
-        return await _write_status(deps, body, p.status, _with_backoff(deps, key, wait))
+        return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, wait))
     deps.failures.pop(key, None)
-    return await _write_status(deps, body, p.status, None)
+    return await _write_status(deps, p.body, p.status, None)
 
 
 def _wait_for_hypervisor(error: errors.HypervisorError) -> Wait:
@@ -420,6 +496,9 @@ async def _write_status(deps: Dependencies, body: dict, status: dict, wait: Wait
     status["conditions"] = conditions.summarize_ready(status.get("conditions"), now, generation,
                                                       order=(conditions.PROVISIONED,))
     status["observedGeneration"] = generation
+    # Every condition was judged in this pass, against this generation (placement, earlier in the pass, moved it on).
+    if generation is not None:
+        status["conditions"] = [{**c, "observedGeneration": generation} for c in status["conditions"]]
     deps.observe.machine_outcome(body, status, wait, paused)
     if status != (body.get("status") or {}):
         await deps.kube.patch_libvirt_machine_status(body["metadata"]["namespace"], body["metadata"]["name"], status)
@@ -438,22 +517,44 @@ async def _event(deps: Dependencies, body: dict, kind: str, reason: str, message
 
 # -- deletion -----------------------------------------------------------------------------------------------------
 
-async def delete(deps: Dependencies, namespace: str, name: str) -> None:
-    """Remove the domain, overlay, ISO and serial log from the machine's host; raises Wait while that is impossible.
+async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
+    """Remove the domain, overlay, ISO and serial log from the machine's host, then release the finalizer; returns
+    seconds until the next try while that is impossible (an unreachable host, a paused cluster), else None.
 
-    The object is read fresh: a pass that ran until a moment ago may have recorded the host. While the cluster or the
-    machine is paused (clusterctl move), nothing is touched and the finalizer stays.
+    While the cluster or the machine is paused (clusterctl move), nothing is touched and the finalizer stays.
     """
     body = await deps.kube.get_libvirt_machine(namespace, name)
-    if body is None:
-        return
-    key = ("delete", namespace, name)
-    status = dict(body.get("status") or {})
+    if body is None or FINALIZER not in (body["metadata"].get("finalizers") or []):
+        return None  # gone, or never placed (nothing was made: the finalizer comes first)
     cluster_name = body["metadata"].get("labels", {}).get(meta.CLUSTER_NAME_LABEL)
     cluster = await deps.kube.get_cluster(namespace, cluster_name) if cluster_name else None
     if is_paused(body, cluster):
-        raise Wait(Reason.PAUSED, "paused: the host is left alone until the pause ends", RECHECK_WAITING)
-    host_name = status.get("host")
+        return RECHECK_WAITING
+    deps.observe.machine_deleting(namespace, name, recorded_host(body))
+    try:
+        await _delete_from_host(deps, body)
+    except Wait as wait:
+        return wait.retry_after
+    remaining = [f for f in body["metadata"].get("finalizers") or [] if f != FINALIZER]
+    try:
+        await deps.kube.patch_libvirt_machine(namespace, name, {
+            "metadata": {"finalizers": remaining or None, "resourceVersion": body["metadata"]["resourceVersion"]}})
+    except api.Conflict:
+        await deps.kube.reread_libvirt_machine(namespace, name)
+        return 0.0
+    except Exception as error:  # noqa: BLE001  gone meanwhile (404) or the API hiccuped: the next pass sees
+        log.info("releasing the finalizer of %s/%s failed: %s", namespace, name, type(error).__name__)
+        return BACKOFF_FIRST
+    deps.observe.machine_gone(namespace, name)
+    return None
+
+
+async def _delete_from_host(deps: Dependencies, body: dict) -> None:
+    """What the machine has on its host, removed; raises Wait (with a Deleting condition written) while it cannot be."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    key = ("delete", namespace, name)
+    status = dict(body.get("status") or {})
+    host_name = recorded_host(body)
     if host_name is None:
         return  # the host is recorded before anything is created: no host, nothing was made
     try:

@@ -1,0 +1,76 @@
+"""The operator's copy of the objects it reconciles and reads: LibvirtMachines, Cluster API Machines and Clusters.
+
+Fed by the watches kopf already runs (every event's body goes in) and by the responses of the operator's own writes,
+so a reconcile reads what it needs without asking the API server, and placement counts every machine without a LIST.
+Objects only move forward: a body older than the one held (a lower resourceVersion, as an event that raced a write's
+response) is ignored, and so is one of an object already seen deleted. No I/O here: `KubeAPI` fills and reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+Key = tuple[str, str, str]  # (resource plural, namespace ("" when cluster-scoped), name)
+MAX_TOMBSTONES = 10_000
+
+
+def _version(body: dict) -> int:
+    try:
+        return int(body["metadata"].get("resourceVersion") or 0)
+    except ValueError:  # not etcd's integers (another storage): treat every body as the newest
+        return 1 << 62
+
+
+def key_of(resource: str, body: dict) -> Key:
+    return resource, body["metadata"].get("namespace") or "", body["metadata"]["name"]
+
+
+class ObjectCache:
+    def __init__(self) -> None:
+        self._objects: dict[Key, dict] = {}
+        self._deleted: dict[Key, int] = {}  # the version an object was deleted at, against late bodies of it
+
+    def get(self, resource: str, namespace: str, name: str) -> dict | None:
+        return self._objects.get((resource, namespace, name))
+
+    def put(self, resource: str, body: dict) -> bool:
+        """Keep the body unless an equal or newer one is held; True when it was newer (something changed)."""
+        key, version = key_of(resource, body), _version(body)
+        held = self._objects.get(key)
+        if (held is not None and _version(held) >= version) or self._deleted.get(key, -1) >= version:
+            return False
+        self._objects[key] = body
+        return True
+
+    def delete(self, resource: str, body: dict) -> None:
+        key = key_of(resource, body)
+        held = self._objects.get(key)
+        if held is None or held["metadata"].get("uid") == body["metadata"].get("uid"):
+            self._objects.pop(key, None)
+            self._deleted[key] = max(_version(body), self._deleted.pop(key, -1))
+            if len(self._deleted) > MAX_TOMBSTONES:  # the oldest deletions: their late events have long arrived
+                for old in list(self._deleted)[:MAX_TOMBSTONES // 2]:
+                    del self._deleted[old]
+
+    def apply(self, resource: str, event_type: str | None, body: dict) -> bool:
+        """A watch event (ADDED, MODIFIED, DELETED, or None for a listed object); True when the cache changed."""
+        if event_type == "DELETED":
+            self.delete(resource, body)
+            return True
+        return self.put(resource, body)
+
+    def replace_all(self, resource: str, bodies: list[dict], list_version: str | None) -> None:
+        """A fresh LIST of the resource: its objects, and none of those held that it no longer has."""
+        listed = {key_of(resource, body) for body in bodies}
+        version = int(list_version) if list_version and list_version.isdigit() else 1 << 62
+        for key in [k for k in self._objects if k[0] == resource and k not in listed]:
+            if _version(self._objects[key]) <= version:
+                self._objects.pop(key)
+        for body in bodies:
+            self.put(resource, body)
+
+    def items(self, resource: str) -> Iterator[dict]:
+        return iter([body for key, body in list(self._objects.items()) if key[0] == resource])
+
+    def __len__(self) -> int:
+        return len(self._objects)

@@ -30,8 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--operator-arg", action="append", default=[], help="passed to `capi-libvirt run`")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     parser.add_argument("--name", default="latest", help="results file stem (default latest)")
+    parser.add_argument("--rewrite", type=pathlib.Path, metavar="RESULTS.json",
+                        help="only write the table and plot again from a results file")
+    parser.add_argument("--libvirtd-log", type=pathlib.Path, help="with --rewrite: summarise this libvirtd log again")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    if args.rewrite:
+        suite.rewrite(args.rewrite, args.libvirtd_log)
+        return 0
     suite.run(suite.Settings(sizes=args.sizes, rounds=args.rounds, idle_s=args.idle_seconds,
                              floor_concurrency=args.floor_concurrency, operator_args=tuple(args.operator_arg),
                              out=args.out, name=args.name))

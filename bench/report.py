@@ -12,7 +12,7 @@ from bench import measure
 TARGETS = {
     "vs_serial": "all domains running at least 5x sooner than one-at-a-time creation (largest N)",
     "vs_floor": "all domains running within 1.3x the floor at the same concurrency (largest N)",
-    "writes": "at most 4 API writes per machine lifecycle, events excluded",
+    "writes": "at most 4 API writes per machine lifecycle, events (and the host prober's status writes) excluded",
     "reads": "at most 2 API reads per machine lifecycle",
     "cpu": "operator CPU at most 0.05 s per machine lifecycle (largest N)",
     "idle_cpu": "idle CPU with the largest N provisioned at most 1% of one core",
@@ -85,7 +85,8 @@ def markdown(results: dict) -> str:
     s, settings, machine = results["summary"], results["settings"], results["machine"]
     sizes = sorted((n for n in s if n != "targets"), key=int)
     lines = [f"# make bench: {machine['date']}, commit {machine['commit']}", "",
-             f"{machine['cpus']} CPUs, {machine['memory_gib']} GiB, KVM: {machine['kvm']}; {settings['rounds']} rounds "
+             f"{machine['cpus']} CPUs, {machine['memory_gib']} GiB, guests under TCG (domainType qemu); "
+             f"{settings['rounds']} rounds "
              f"per N; floor concurrency {settings['floor_concurrency']}; median (min-max), seconds unless named.", "",
              "| N | ours: all running | floor: all running | floor one at a time | ours: all provisioned | "
              "floor: all leased | ours: delete -> clean | floor: delete -> clean |",
@@ -102,6 +103,7 @@ def markdown(results: dict) -> str:
                   + ", ".join(failed)]
     lines += ["", "Per machine lifecycle (the operator's share):", "",
               "| N | API writes | API reads | events | libvirt operations | CPU s | RSS MB |", "|---|---|---|---|---|---|---|"]
+    # (the host prober's LibvirtHost status writes, every 30 s, are counted apart: see the request list below)
     for n in sizes:
         r = s[n]
         lines.append(f"| {n} | {_cell(r['writes_per_machine'])} | {_cell(r['reads_per_machine'])} | "
@@ -115,7 +117,8 @@ def markdown(results: dict) -> str:
                          f"({idle['cpu_percent_of_core']:.2f}% of a core), RSS {idle['rss_mb']:.0f} MB, API requests "
                          + (", ".join(f"{k} {v:.0f}" for k, v in idle["api"].items()) or "none"))
     log = results.get("libvirtd_log") or {}
-    lines += ["", f"libvirtd warnings and errors over the run: {log.get('lines', 0)}"]
+    lines += ["", f"libvirtd warnings and errors over the run: {log.get('lines', 0)} (besides one taint notice per "
+              "domain: the test host runs QEMU as root); the most frequent:"]
     lines += [f"- {count} x {message}" for message, count in (log.get("by_message") or {}).items()]
     lines += ["", "Targets (largest N):", "", "| target | measured | met |", "|---|---|---|"]
     for key, text in TARGETS.items():

@@ -46,7 +46,8 @@ release-manifests: venv
 	$(BIN)/capi-libvirt release-manifests --out out --version $(RELEASE_VERSION)
 
 lint: venv
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench devenv
+	$(BIN)/lint-imports
 	$(BIN)/hadolint Dockerfile
 
 test: prerequisites lint
@@ -60,10 +61,10 @@ bench: prerequisites
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 run: prerequisites
-	$(BIN)/capi-libvirt dev
+	$(BIN)/python -m devenv run
 
 demo: prerequisites
-	$(BIN)/capi-libvirt demo
+	$(BIN)/python -m devenv demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -28,8 +28,8 @@ from typing import Iterator
 import libvirt
 
 from capi_libvirt.api import meta
-from capi_libvirt.devenv import base_image, control_plane, libvirt_host, paths
-from capi_libvirt.devenv.remote_access import RemoteAccess
+from devenv import base_image, control_plane, libvirt_host, paths
+from devenv.remote_access import RemoteAccess
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 IPXE_ISO = pathlib.Path("/usr/lib/ipxe/ipxe.iso")

@@ -24,7 +24,7 @@ from kubernetes_asyncio import client, config, watch
 from bench import measure, testbed
 from capi_libvirt.api import meta, v1alpha1
 from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud, volume_xml
-from capi_libvirt.devenv import base_image
+from devenv import base_image
 
 ROUND_TIMEOUT_S = 900.0
 PROVISION_TIMEOUT_S = 180.0  # a guest whose DHCP never succeeded must not hang the run: the round says so instead

@@ -10,7 +10,7 @@ import subprocess
 import yaml
 
 from capi_libvirt.api import release, templates
-from capi_libvirt.devenv import paths
+from devenv import paths
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 VERSION = "v0.1.0"

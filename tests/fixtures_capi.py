@@ -8,9 +8,9 @@ from typing import Iterator
 
 import pytest
 
-from capi_libvirt.devenv import capi_controller as capi
-from capi_libvirt.devenv import control_plane as cp
 from clusterctl_cli import CLUSTERCTL, write_repository
+from devenv import capi_controller as capi
+from devenv import control_plane as cp
 
 from prereq import require
 

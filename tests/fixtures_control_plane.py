@@ -15,10 +15,10 @@ import pytest
 import yaml
 from kubernetes_asyncio import client, config
 
-from capi_libvirt.devenv import control_plane as cp
-from capi_libvirt.devenv import paths
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import main
+from devenv import control_plane as cp
+from devenv import paths
 
 from fixtures_libvirt import SESSION_SUBNET
 from prereq import require

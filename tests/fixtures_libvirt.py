@@ -9,9 +9,9 @@ from typing import Iterator
 
 import pytest
 
-from capi_libvirt.devenv import base_image
-from capi_libvirt.devenv.guest_image import NODE, GuestImage, find_guest_image, image_folder
-from capi_libvirt.devenv.libvirt_host import LibvirtHost
+from devenv import base_image
+from devenv.guest_image import NODE, GuestImage, find_guest_image, image_folder
+from devenv.libvirt_host import LibvirtHost
 
 from prereq import require
 

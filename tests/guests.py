@@ -7,7 +7,7 @@ import time
 
 import libvirt
 
-from capi_libvirt.devenv import base_image
+from devenv import base_image
 
 REFRESH_ATTEMPTS = 50
 

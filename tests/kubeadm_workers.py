@@ -17,8 +17,8 @@ import pathlib
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
-from capi_libvirt.devenv import paths
 from clusterctl_cli import generate_cluster
+from devenv import paths
 
 WORKER_CPUS = 1
 WORKER_MEMORY_MIB = 1024  # containerd, the kubelet and cloud-init side by side

@@ -1,5 +1,6 @@
-"""The `capi-libvirt` command: run the operator, show a machine's console log, generate manifests, or bring up the
-local development environment."""
+"""The `capi-libvirt` command: run the operator, show a machine's console log, or generate manifests.
+
+The local development environment (`make run`, `make demo`) is not part of the product: it is `python -m devenv`."""
 
 from __future__ import annotations
 
@@ -176,19 +177,6 @@ def _positive_bytes(value: str) -> int:
     return number
 
 
-def _cmd_dev(args: argparse.Namespace) -> int:
-    from capi_libvirt.devenv import session
-
-    return session.run_dev(namespaces=args.namespace, force_local=args.local)
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from capi_libvirt.devenv import demo
-
-    logging.getLogger("kopf").setLevel(logging.WARNING)  # the narration is the demo's output
-    return demo.run_demo()
-
-
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="capi-libvirt", description=__doc__)
     top.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -226,13 +214,6 @@ def parser() -> argparse.ArgumentParser:
     release_manifests.add_argument("--config", default="config", help="the config/ folder (default: config)")
     release_manifests.set_defaults(func=_cmd_release_manifests)
 
-    dev = sub.add_parser("dev", help="run the operator; without a reachable cluster, on a local control plane + host")
-    dev.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
-    dev.add_argument("--local", action="store_true", help="always start the local control plane and libvirt host")
-    dev.set_defaults(func=_cmd_dev)
-
-    demo = sub.add_parser("demo", help="one machine's whole life on a local API server and libvirt host, narrated")
-    demo.set_defaults(func=_cmd_demo)
     return top
 
 

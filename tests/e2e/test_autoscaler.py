@@ -20,7 +20,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta, templates
-from capi_libvirt.devenv import autoscaling, node_joins, workload_cluster
+from devenv import autoscaling, node_joins, workload_cluster
 from guests import provider_objects
 from kubeadm_workers import WORKER_MEMORY_MIB, assert_joined_by_kubelet, by_kind, create, is_ready, worker_objects
 

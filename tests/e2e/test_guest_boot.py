@@ -17,9 +17,9 @@ import libvirt
 import pytest
 
 from capi_libvirt.core.nocloud import build_nocloud_iso
-from capi_libvirt.devenv.base_image import upload
-from capi_libvirt.devenv.guest_image import GuestImage
-from capi_libvirt.devenv.libvirt_host import LibvirtHost
+from devenv.base_image import upload
+from devenv.guest_image import GuestImage
+from devenv.libvirt_host import LibvirtHost
 
 pytestmark = pytest.mark.e2e
 

@@ -27,7 +27,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
-from capi_libvirt.devenv import node_joins, workload_cluster
+from devenv import node_joins, workload_cluster
 from guests import provider_objects
 from kubeadm_workers import (
     assert_joined_by_kubelet,

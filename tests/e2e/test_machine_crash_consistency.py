@@ -14,8 +14,8 @@ from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import domain_xml, naming
-from capi_libvirt.devenv import capi_objects
 from capi_libvirt.operator import config as operator_config
+from devenv import capi_objects
 from guests import refreshed_pool
 
 from fixtures_control_plane import OPERATOR_USER, operator_running

@@ -16,7 +16,7 @@ from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import naming
-from capi_libvirt.devenv import capi_objects
+from devenv import capi_objects
 from guests import host_objects, machine_spec
 
 from fixtures_control_plane import operator_running

@@ -8,6 +8,7 @@ import json
 import pathlib
 
 import pytest
+
 from bench import report, suite, testbed
 
 from fixtures_libvirt import require_libvirt_host_prerequisites

@@ -17,9 +17,9 @@ from typing import Callable, TypeVar
 import pytest
 
 from capi_libvirt.api import meta
-from capi_libvirt.devenv import capi_controller as capi
-from capi_libvirt.devenv import control_plane as cp
-from capi_libvirt.devenv import paths
+from devenv import capi_controller as capi
+from devenv import control_plane as cp
+from devenv import paths
 
 from prereq import require
 

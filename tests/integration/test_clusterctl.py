@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from capi_libvirt.api import meta, release, templates
-from capi_libvirt.devenv import control_plane as cp
-from capi_libvirt.devenv import paths
 from clusterctl_cli import REPO, VERSION, clusterctl, generate_cluster
+from devenv import control_plane as cp
+from devenv import paths
 
 from prereq import require
 

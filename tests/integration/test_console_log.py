@@ -23,8 +23,8 @@ from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import naming, volume_xml
-from capi_libvirt.devenv import control_plane as cp
 from capi_libvirt.hypervisor import connection, machines
+from devenv import control_plane as cp
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

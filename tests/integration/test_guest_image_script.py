@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from capi_libvirt.devenv import guest_image as gi
-from capi_libvirt.devenv import paths
+from devenv import guest_image as gi
+from devenv import paths
 
 pytestmark = pytest.mark.integration
 

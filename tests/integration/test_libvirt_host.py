@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
-from capi_libvirt.devenv.libvirt_host import LibvirtHost, process_alive
+from devenv.libvirt_host import LibvirtHost, process_alive
 
 from fixtures_libvirt import require_libvirt_host_prerequisites
 

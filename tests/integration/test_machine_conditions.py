@@ -12,8 +12,8 @@ from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import naming
-from capi_libvirt.devenv import capi_objects
-from capi_libvirt.devenv.libvirt_host import LibvirtHost
+from devenv import capi_objects
+from devenv.libvirt_host import LibvirtHost
 
 from fixtures_control_plane import operator_running
 from waiting import wait_until

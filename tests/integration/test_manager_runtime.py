@@ -29,8 +29,8 @@ from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from capi_libvirt.api import meta
-from capi_libvirt.devenv import control_plane as cp
 from capi_libvirt.operator import election, metrics
+from devenv import control_plane as cp
 
 from fixtures_control_plane import OPERATOR_USER, REPO
 from waiting import wait_until

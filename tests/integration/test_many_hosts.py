@@ -15,9 +15,9 @@ import pytest
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
-from capi_libvirt.devenv import capi_objects
-from capi_libvirt.devenv import remote_access as ra
-from capi_libvirt.devenv.libvirt_host import LibvirtHost
+from devenv import capi_objects
+from devenv import remote_access as ra
+from devenv.libvirt_host import LibvirtHost
 
 from fixtures_control_plane import operator_running
 from prereq import require

@@ -14,8 +14,8 @@ from typing import Iterator
 import libvirt
 import pytest
 
-from capi_libvirt.devenv.libvirt_host import LibvirtHost, process_alive
-from capi_libvirt.devenv.remote_access import (
+from devenv.libvirt_host import LibvirtHost, process_alive
+from devenv.remote_access import (
     RemoteAccess,
     issue_certificate,
     known_hosts_line,

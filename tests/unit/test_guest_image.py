@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from capi_libvirt.devenv import guest_image as gi
-from capi_libvirt.devenv import paths
+from devenv import guest_image as gi
+from devenv import paths
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +56,7 @@ def test_script_python_and_upstream_build_default_to_one_kubernetes_version() ->
     pattern = re.compile(r'^: "\$\{KUBERNETES_VERSION:=(v[0-9.]+)\}"', re.M)
     image_default = pattern.search(SCRIPT.read_text()).group(1)
     upstream_default = pattern.search((REPO / "hack" / "build-upstream.sh").read_text()).group(1)
-    paths_default = re.search(r'"KUBERNETES_VERSION", "(v[0-9.]+)"', (REPO / "src/capi_libvirt/devenv/paths.py")
+    paths_default = re.search(r'"KUBERNETES_VERSION", "(v[0-9.]+)"', (REPO / "devenv/paths.py")
                               .read_text()).group(1)
     assert image_default == upstream_default == paths_default
 

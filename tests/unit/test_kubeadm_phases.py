@@ -7,7 +7,7 @@ import pathlib
 import pytest
 import yaml
 
-from capi_libvirt.devenv import kubeadm_phases, paths
+from devenv import kubeadm_phases, paths
 
 pytestmark = pytest.mark.unit
 

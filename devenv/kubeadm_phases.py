@@ -23,7 +23,7 @@ from typing import Iterable
 
 import yaml
 
-from capi_libvirt.devenv import paths
+from devenv import paths
 
 log = logging.getLogger(__name__)
 

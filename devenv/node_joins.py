@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from capi_libvirt.devenv.api_gateway import ApiGateway
-from capi_libvirt.devenv.autoscaling import NODE_JOINS, KubeControllerManager
-from capi_libvirt.devenv.control_plane import LocalControlPlane
-from capi_libvirt.devenv.libvirt_host import LibvirtHost
+from devenv.api_gateway import ApiGateway
+from devenv.autoscaling import NODE_JOINS, KubeControllerManager
+from devenv.control_plane import LocalControlPlane
+from devenv.libvirt_host import LibvirtHost
 
 
 @contextlib.contextmanager

@@ -26,8 +26,8 @@ import urllib.parse
 from types import TracebackType
 from typing import Callable, TypeVar
 
-from capi_libvirt.devenv.control_plane import LocalControlPlane
-from capi_libvirt.devenv.libvirt_host import LibvirtHost
+from devenv.control_plane import LocalControlPlane
+from devenv.libvirt_host import LibvirtHost
 
 log = logging.getLogger(__name__)
 

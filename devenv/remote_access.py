@@ -33,9 +33,9 @@ import time
 import urllib.parse
 from types import TracebackType
 
-from capi_libvirt.devenv import paths
-from capi_libvirt.devenv.libvirt_host import LibvirtHost, LibvirtHostError, process_alive, run, terminate
 from capi_libvirt.hypervisor import credentials
+from devenv import paths
+from devenv.libvirt_host import LibvirtHost, LibvirtHostError, process_alive, run, terminate
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import conditions, naming
-from capi_libvirt.devenv import base_image, capi_objects, control_plane, guest_image, libvirt_host, paths
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import main as operator_main
+from devenv import base_image, capi_objects, control_plane, guest_image, libvirt_host, paths
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
+REPO = pathlib.Path(__file__).resolve().parents[1]
 NAMESPACE, CLUSTER, MACHINE = "demo", "demo", "worker-0"
 DEADLINE_S = 900.0
 

@@ -14,12 +14,12 @@ import sys
 
 from kubernetes_asyncio import client, config
 
-from capi_libvirt.devenv import base_image, control_plane, guest_image, libvirt_host, paths
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import main as operator_main
+from devenv import base_image, control_plane, guest_image, libvirt_host, paths
 
 log = logging.getLogger(__name__)
-REPO = pathlib.Path(__file__).resolve().parents[3]
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 async def _cluster_reachable() -> bool:

@@ -34,9 +34,9 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from capi_libvirt.devenv import paths
-from capi_libvirt.devenv.control_plane import ControlPlaneError, LocalControlPlane, free_port
-from capi_libvirt.devenv.remote_access import issue_certificate, make_ca
+from devenv import paths
+from devenv.control_plane import ControlPlaneError, LocalControlPlane, free_port
+from devenv.remote_access import issue_certificate, make_ca
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import BinaryIO
 
 import libvirt
 
-from capi_libvirt.devenv.guest_image import GuestImage
+from devenv.guest_image import GuestImage
 
 BASE_PREFIX = "base-"
 

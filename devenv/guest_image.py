@@ -21,7 +21,7 @@ import os
 import pathlib
 import subprocess
 
-from capi_libvirt.devenv import paths
+from devenv import paths
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import dataclasses
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
-from capi_libvirt.devenv.control_plane import LocalControlPlane
+from devenv.control_plane import LocalControlPlane
 
 CP_GROUP = "controlplane.devenv.capi-libvirt.local"
 CP_VERSION = "v1alpha1"

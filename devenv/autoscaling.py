@@ -21,8 +21,8 @@ import subprocess
 import time
 from typing import Mapping, Sequence
 
-from capi_libvirt.devenv import paths
-from capi_libvirt.devenv.control_plane import LocalControlPlane, free_port
+from devenv import paths
+from devenv.control_plane import LocalControlPlane, free_port
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from capi_libvirt.devenv import kubeadm_phases, paths
+from devenv import kubeadm_phases, paths
 
 log = logging.getLogger(__name__)
 

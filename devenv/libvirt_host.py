@@ -31,7 +31,7 @@ from typing import Callable, Mapping, Sequence
 
 import libvirt
 
-from capi_libvirt.devenv import paths
+from devenv import paths
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@
 # node in node-<recipe-hash>/. The minimal recipe hash is the start of the sha256 of this very file; the node one is
 # that of this file followed by the line `flavor=node` and `kubernetes=$KUBERNETES_VERSION`, so a new Kubernetes
 # version builds a new image. Any change to the recipe below builds new images; an unchanged recipe only checks the
-# cache. devenv/guest_image.py computes the same hashes. `--folder` prints the folder of the current
+# cache. src/capi_libvirt/devenv/guest_image.py computes the same hashes. `--folder` prints the folder of the current
 # recipe and builds nothing.
 # The build happens in a temporary folder beside the result and is renamed into place only once complete (with the
 # marker file written last), so an interrupted build leaves nothing that looks finished. Prints the image folder.
@@ -23,7 +23,7 @@ set -euo pipefail
 
 : "${CAPI_LIBVIRT_CACHE:=$HOME/.cache/capi-libvirt}"
 : "${DEBIAN_MIRROR:=http://deb.debian.org/debian}"
-: "${KUBERNETES_VERSION:=v1.35.4}"   # as hack/build-upstream.sh and devenv/paths.py
+: "${KUBERNETES_VERSION:=v1.35.4}"   # as hack/build-upstream.sh and src/capi_libvirt/devenv/paths.py
 
 usage() { echo "usage: $0 [--folder] [minimal|node]" >&2; exit 2; }
 flavor=minimal

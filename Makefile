@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
-.PHONY: help system-deps venv upstream guest-image prerequisites manifests lint test test-fast bench run demo clean release-manifests
+.PHONY: help system-deps venv upstream guest-image prerequisites manifests lint lock lock-check test test-fast bench run demo clean release-manifests
 
 help:
 	@echo "make demo       watch one VM go from a LibvirtMachine to booted and back to nothing (start here)"
@@ -22,10 +22,27 @@ system-deps:
 
 venv: system-deps $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# Installed from the hashed lock (make lock writes it from pyproject.toml's bounds), then the project itself.
+$(VENV)/.installed: pyproject.toml requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install -q --disable-pip-version-check --require-hashes -r requirements-dev.lock
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
+
+# requirements.lock (the image's) and requirements-dev.lock (the venv's, with the test extra), hashes included.
+# Keeps the pins it can; `make lock UPGRADE=1` moves every pin to the newest release pyproject.toml's bounds allow.
+LOCK = $(BIN)/uv pip compile pyproject.toml --quiet --python-version 3.11 --generate-hashes \
+	--custom-compile-command "make lock" $(if $(UPGRADE),--upgrade)
+lock: venv
+	$(LOCK) -o requirements.lock
+	$(LOCK) --extra test -o requirements-dev.lock
+
+# Fails when a lock file no longer matches pyproject.toml (a dependency added or a bound moved without `make lock`).
+lock-check: venv
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && cp requirements.lock requirements-dev.lock $$tmp/ \
+	 && $(LOCK) -o $$tmp/requirements.lock && $(LOCK) --extra test -o $$tmp/requirements-dev.lock \
+	 && diff -q requirements.lock $$tmp/requirements.lock && diff -q requirements-dev.lock $$tmp/requirements-dev.lock \
+	 || { echo "requirements*.lock are out of date with pyproject.toml: run \`make lock\`"; exit 1; }
 
 upstream: system-deps
 	@hack/build-upstream.sh
@@ -45,7 +62,7 @@ RELEASE_VERSION ?= v0.1.0
 release-manifests: venv
 	$(BIN)/capi-libvirt release-manifests --out out --version $(RELEASE_VERSION)
 
-lint: venv
+lint: venv lock-check
 	$(BIN)/ruff check src tests bench devenv
 	$(BIN)/lint-imports
 	$(BIN)/hadolint Dockerfile

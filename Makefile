@@ -57,7 +57,8 @@ prerequisites: venv upstream guest-image
 manifests: venv
 	$(BIN)/capi-libvirt manifests --dir config/crd
 
-RELEASE_VERSION ?= v0.1.0
+# v + the package version (pyproject.toml); the manager image in config/manager carries the same tag.
+RELEASE_VERSION ?= v$(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 
 release-manifests: venv
 	$(BIN)/capi-libvirt release-manifests --out out --version $(RELEASE_VERSION)

@@ -9,9 +9,12 @@ RUN apt-get update \
       gcc=4:12.2.0-3 libc6-dev=2.36-9+deb12u14 libvirt-dev=9.0.0-4+deb12u2 pkg-config=1.8.1-1 \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+# Dependencies first, from the hashed lock (a layer that changes only with the lock), then the product without deps.
+COPY requirements.lock ./
+RUN pip install --no-cache-dir --prefix=/install --require-hashes -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip install --no-cache-dir --prefix=/install .
+RUN pip install --no-cache-dir --prefix=/install --no-deps .
 
 FROM ${PYTHON_IMAGE}
 RUN apt-get update \

@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
-.PHONY: help system-deps venv upstream guest-image prerequisites manifests lint lock lock-check test test-fast bench run demo clean release-manifests
+.PHONY: help system-deps venv upstream guest-image prerequisites manifests lint lock lock-check image test test-fast bench run demo clean release-manifests
 
 help:
 	@echo "make demo       watch one VM go from a LibvirtMachine to booted and back to nothing (start here)"
@@ -15,6 +15,7 @@ help:
 	@echo "make test       install everything needed, then run every test tier (unit, integration, e2e)"
 	@echo "make test-fast  the unit tier only"
 	@echo "make manifests  regenerate config/crd from the API models"
+	@echo "make image      build the operator image from the Dockerfile (buildah; no Docker engine needed)"
 	@echo "make bench      provisioning speed, idle cost and API traffic at N = 1, 10, 50, against the bare libvirt floor"
 
 system-deps:
@@ -52,7 +53,12 @@ guest-image: system-deps upstream
 	@hack/build-guest-image.sh minimal >/dev/null
 	@hack/build-guest-image.sh node >/dev/null
 
-prerequisites: venv upstream guest-image
+# The operator image from the Dockerfile, with buildah (no Docker engine); the base image is a local stand-in when no
+# registry serves it (hack/make-base-image.sh). Tagged as config/manager names it; prints the reference and size.
+image: system-deps
+	@hack/build-image.sh
+
+prerequisites: venv upstream guest-image image
 
 manifests: venv
 	$(BIN)/capi-libvirt manifests --dir config/crd

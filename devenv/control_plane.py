@@ -35,6 +35,22 @@ log = logging.getLogger(__name__)
 SERVICE_CLUSTER_IP_RANGE = "100.64.0.0/24"
 
 
+# kind -> (API prefix, plural, namespaced): the kinds a provider's components hold, for apply_objects.
+COLLECTIONS = {
+    "Namespace": ("/api/v1", "namespaces", False),
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "Service": ("/api/v1", "services", True),
+    "Secret": ("/api/v1", "secrets", True),
+    "ConfigMap": ("/api/v1", "configmaps", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "ClusterKopfPeering": ("/apis/zalando.org/v1", "clusterkopfpeerings", False),
+}
+
+
 class ControlPlaneError(RuntimeError):
     """The local control plane could not be started or used; `status` is the HTTP status of a refused request."""
 
@@ -226,6 +242,26 @@ class LocalControlPlane:
     def apply(self, collection: str, document: dict) -> None:
         """Create the object, or replace it when it exists."""
         self._create_or_replace(collection, document)
+
+    def apply_objects(self, documents: Iterable[dict | None]) -> list[str]:
+        """Create or replace each object of a manifest (what `kubectl apply -f` of a components file does here): CRDs
+        first, waited on until served, then the rest in the manifest's order. Returns `Kind namespace/name` of each.
+        A kind missing from COLLECTIONS is an error naming it, never skipped."""
+        documents = [d for d in documents if d]
+        self.install_crd_documents(documents)
+        applied = []
+        for document in documents:
+            kind, metadata = document["kind"], document["metadata"]
+            if kind == "CustomResourceDefinition":
+                applied.append(f"{kind} {metadata['name']}")
+                continue
+            if kind not in COLLECTIONS:
+                raise ControlPlaneError(f"apply_objects: no collection known for kind {kind} ({metadata['name']})")
+            prefix, plural, namespaced = COLLECTIONS[kind]
+            where = f"/namespaces/{metadata['namespace']}" if namespaced else ""
+            self._create_or_replace(f"{prefix}{where}/{plural}", document)
+            applied.append(f"{kind} {metadata.get('namespace', '')}/{metadata['name']}")
+        return applied
 
     def grant(self, role: dict, user: str) -> None:
         """Create (or replace) `role`, a ClusterRole or a Role (in its namespace), and bind it to `user` alone."""

@@ -14,6 +14,7 @@ packages=(
   openssl ca-certificates                                        # keys for the local kube-apiserver; test PKI
   openssh-server openssh-client                                  # qemu+ssh to test hosts (sshd in their namespace)
   ipxe                                                           # make bench: a guest that only takes a DHCP lease
+  podman buildah runc uidmap                                     # make image: build the Dockerfile and run it, daemonless
 )
 
 missing=()

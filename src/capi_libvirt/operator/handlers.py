@@ -28,6 +28,7 @@ from capi_libvirt.hypervisor import connection, credentials
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import election, metrics, workqueue
+from capi_libvirt.operator import login as operator_login
 from capi_libvirt.reconcile import cluster as cluster_reconcile
 from capi_libvirt.reconcile import hosts as hosts_reconcile
 from capi_libvirt.reconcile import inventory
@@ -192,7 +193,9 @@ async def _probe_while_active(deps: machine_reconcile.Dependencies, state: elect
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    return kopf.login_with_kubeconfig(**kwargs) or kopf.login_with_service_account(**kwargs)
+    if operator_login.in_cluster():
+        return operator_login.service_account_connection()
+    return kopf.login_with_kubeconfig(**kwargs)
 
 
 # -- LibvirtMachine, and what a machine waits for: its Machine and its Cluster -------------------------------------

@@ -11,7 +11,10 @@ from typing import Any
 
 from capi_libvirt.api import kinds, meta
 
-CONTRACT_LABELS = {"cluster.x-k8s.io/v1beta1": meta.VERSION, "cluster.x-k8s.io/v1beta2": meta.VERSION}
+# The one contract this provider claims: v1beta2, which Cluster API v1.11 introduced (tested here with v1.12.8). No
+# v1beta1 label: it would claim managers of the v1beta1 contract (Cluster API v1.10 and older), which are not tested,
+# and Cluster API's lookup of the contract of an apiVersion would pick either label at random.
+CONTRACT_LABELS = {"cluster.x-k8s.io/v1beta2": meta.VERSION}
 # Keywords a CRD schema node may carry; anything else pydantic emits (title, ...) is dropped.
 KEPT_KEYWORDS = {
     "type", "description", "properties", "required", "items", "additionalProperties", "enum", "default", "format",

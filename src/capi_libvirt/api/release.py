@@ -20,7 +20,7 @@ PROVIDER_LABEL = "infrastructure-libvirt"  # clusterctl's name for the provider:
 PROVIDER_LABEL_KEY = "cluster.x-k8s.io/provider"
 IMAGE_VARIABLE = "CAPI_LIBVIRT_IMAGE"
 IMAGE_REPOSITORY = "ghcr.io/capi-libvirt/capi-libvirt"
-CONTRACT = "v1beta2"  # the Cluster API contract the release series implements (v1beta1 fields are kept too)
+CONTRACT = "v1beta2"  # the Cluster API contract the release series implements (Cluster API v1.11 and later)
 
 COMPONENTS = "infrastructure-components.yaml"
 METADATA = "metadata.yaml"

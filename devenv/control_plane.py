@@ -263,6 +263,21 @@ class LocalControlPlane:
             applied.append(f"{kind} {metadata.get('namespace', '')}/{metadata['name']}")
         return applied
 
+    def delete_objects(self, documents: Iterable[dict | None], *, keep: Iterable[str] = ("CustomResourceDefinition",
+                                                                                        "Namespace")) -> None:
+        """Delete what apply_objects applied, last first, but the kinds in `keep` (by default CRDs, which other tests
+        of a shared API server use, and Namespaces, which stay Terminating where no namespace controller runs).
+        Objects already gone are fine."""
+        for document in reversed([d for d in documents if d and d["kind"] not in set(keep)]):
+            prefix, plural, namespaced = COLLECTIONS[document["kind"]]
+            metadata = document["metadata"]
+            where = f"/namespaces/{metadata['namespace']}" if namespaced else ""
+            try:
+                self.request("DELETE", f"{prefix}{where}/{plural}/{metadata['name']}")
+            except ControlPlaneError as error:
+                if error.status != 404:
+                    raise
+
     def grant(self, role: dict, user: str) -> None:
         """Create (or replace) `role`, a ClusterRole or a Role (in its namespace), and bind it to `user` alone."""
         rbac = "/apis/rbac.authorization.k8s.io/v1"

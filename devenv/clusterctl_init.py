@@ -12,7 +12,8 @@ its CA injected by cainjector) must admit. In a cluster the kubelet would start 
    issued (devenv/capi_controller.py, installed_by_clusterctl).
 
 Our own manager is not started here: it is an image, run by the caller with devenv.pod_runner from its Deployment.
-The kubeadm control-plane manager is not built (hack/build-upstream.sh), so its webhook Service has a slice and no
+stop() ends what start() started and takes the address off `lo`; the API server keeps what clusterctl installed, so
+give it one of its own. The kubeadm control-plane manager is not built (hack/build-upstream.sh), so its webhook Service has a slice and no
 server; nothing calls it unless a KubeadmControlPlane is made.
 """
 

@@ -64,11 +64,12 @@ PROVIDERS = {  # the inventory clusterctl writes: provider name -> (type, versio
 }
 PROVISION_DEADLINE_S = 600.0
 DELETE_DEADLINE_S = 180.0
-# The kubeadm control plane provider: installed (and its certificate issued), its manager not built nor run here.
-CONTROL_PLANE = capi.Provider(name="kubeadm-control-plane-manager", binary=lambda: pathlib.Path("/nonexistent"),
-                              config="controlplane/kubeadm/config", name_prefix="capi-kubeadm-control-plane-",
-                              label="control-plane-kubeadm", feature_gates={}, probe=lambda plane: None,
-                              install_crds=False)
+# Each provider's webhook Service and the Secret cert-manager writes for its Certificate. The kubeadm control plane's is
+# installed and issued; its manager is not built nor run here.
+WEBHOOK_SECRETS = {(p.namespace, p.webhook_service): p.certificate_secret for p in (capi.CORE, capi.KUBEADM_BOOTSTRAP)}
+WEBHOOK_SECRETS[("capi-kubeadm-control-plane-system", "capi-kubeadm-control-plane-webhook-service")] = \
+    "capi-kubeadm-control-plane-webhook-service-cert"
+WEBHOOK_SECRETS[("cert-manager", "cert-manager-webhook")] = "cert-manager-webhook-ca"  # its webhook's dynamic CA
 
 
 def wait_for(what: str, probe: Callable[[], T], timeout: float = 120.0, interval: float = 1.0) -> T:
@@ -178,11 +179,8 @@ def test_clusterctl_init_installs_cert_manager_and_the_providers_that_run(
 
     # The CA cainjector injected into every conversion and webhook is the one of the Secret cert-manager wrote for the
     # Service's certificate (its CA Issuer's for the providers; its webhook's dynamic CA for cert-manager itself).
-    def ca_of(namespace: str, secret: str) -> str:
-        return plane.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{secret}")["data"]["ca.crt"]
-    expected = {(p.namespace, p.webhook_service): ca_of(p.namespace, p.certificate_secret)
-                for p in (capi.CORE, capi.KUBEADM_BOOTSTRAP, CONTROL_PLANE)}
-    expected[("cert-manager", "cert-manager-webhook")] = ca_of("cert-manager", "cert-manager-webhook-ca")
+    expected = {(namespace, service): plane.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{secret}")[
+        "data"]["ca.crt"] for (namespace, service), secret in WEBHOOK_SECRETS.items()}
     client_configs = {}
     for crd in items(plane, capi.CRDS):
         webhook = (crd["spec"].get("conversion") or {}).get("webhook")
@@ -201,7 +199,8 @@ def test_clusterctl_init_installs_cert_manager_and_the_providers_that_run(
     # API server, the Service's EndpointSlice and cert-manager's certificate at start).
     assert [m.provider for m in installed.managers] == [capi.CORE, capi.KUBEADM_BOOTSTRAP]
     for manager in installed.managers:
-        assert manager._process is not None and manager._process.poll() is None, manager.provider.name
+        assert manager.pid is not None, manager.provider.name
+        os.kill(manager.pid, 0)  # alive
         assert manager.kubeconfig != plane.kubeconfig_path
         assert "system:serviceaccount:" in manager.kubeconfig.read_text()
         assert any(arg.startswith("--feature-gates=") for arg in manager.argv()), "the Deployment's feature gates"

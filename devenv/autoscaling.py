@@ -131,6 +131,12 @@ NODE_LIFECYCLE = ("node-lifecycle-controller",)
 NODE_JOINS = (*NODE_LIFECYCLE, "certificatesigningrequest-approving-controller",
               "certificatesigningrequest-signing-controller", "bootstrap-signer-controller", "token-cleaner-controller")
 
+# What a management cluster where `clusterctl init` runs needs (devenv/clusterctl_init.py): namespaces finish terminating
+# (clusterctl deletes its cert-manager-test namespace after each check; one left Terminating fails the next init or
+# upgrade), owner references are honoured, and aggregated ClusterRoles get their rules (Cluster API's manager roles are
+# aggregated from its providers' labelled ones). Not the endpoint(slice) controllers: the test bed writes the slices.
+MANAGEMENT_CLUSTER = ("namespace-controller", "garbage-collector-controller", "clusterrole-aggregation-controller")
+
 
 class KubeControllerManager(UpstreamProcess):
     """kube-controller-manager running only the named controllers; the cluster CA is its CSR signing key."""

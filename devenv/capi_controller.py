@@ -13,6 +13,13 @@ conversion and the annotation CAPI's CRD migrator writes on it, so a shared API 
 them. What the controllers did to Cluster API objects (finalizers, owner references,
 status) stays: delete the objects while the controller still runs.
 
+Installed by clusterctl (`installed_by_clusterctl=True`, devenv/clusterctl_init.py): the API server already has what
+`clusterctl init` created (CRDs, webhook configurations and conversions by Service, the CA injected by cert-manager's
+cainjector, the ServiceAccount and RBAC), so nothing is installed or patched here. The manager runs as its Deployment
+says: the Deployment's args (but addresses, ports and leader election, which are this process's), logged in as the
+Deployment's ServiceAccount, serving the certificate cert-manager issued into the Secret its Certificate names, on the
+port the Service's EndpointSlice names (devenv/service_address.py).
+
 Only one of each provider may run per API server at a time (the webhook configurations have fixed names), and it
 reconciles every object of its kinds in every namespace, as a real installation does.
 """
@@ -50,6 +57,9 @@ WEBHOOK_COLLECTIONS = {
 }
 PROBE_VERSION = "1.35.0"  # the Machine webhook prefixes a "v": the probe's proof of a webhook round trip
 PROBE_NAME = "capi-controller-probe"
+# Flags the test bed sets itself in place of the Deployment's (addresses, ports, files, leader election).
+OWN_FLAGS = ("kubeconfig", "leader-elect", "webhook-port", "webhook-cert-dir", "health-addr", "diagnostics-address",
+             "metrics-bind-addr")
 
 
 class CapiControllerError(RuntimeError):
@@ -78,6 +88,24 @@ class Provider:
     @property
     def config_dir(self) -> pathlib.Path:
         return module_dir() / self.config
+
+    # What clusterctl installs of the provider, named by kustomize's namePrefix.
+    @property
+    def namespace(self) -> str:
+        return f"{self.name_prefix}system"
+
+    @property
+    def deployment(self) -> str:
+        return f"{self.name_prefix}controller-manager"
+
+    @property
+    def webhook_service(self) -> str:
+        return f"{self.name_prefix}webhook-service"
+
+    @property
+    def certificate_secret(self) -> str:
+        """The Secret cert-manager writes for the provider's Certificate (its webhook serving certificate)."""
+        return f"{self.webhook_service}-cert"
 
 
 def probe_core(plane: LocalControlPlane) -> None:
@@ -183,14 +211,19 @@ class CapiController:
 
     def __init__(self, plane: LocalControlPlane, *, provider: Provider = CORE,
                  feature_gates: Mapping[str, bool] | None = None, extra_args: tuple[str, ...] = (),
-                 timeout: float = 180.0) -> None:
+                 timeout: float = 180.0, installed_by_clusterctl: bool = False,
+                 webhook_port: int | None = None) -> None:
+        """`installed_by_clusterctl`: run from what clusterctl installed (see the module's docstring); `webhook_port`:
+        the port the webhook Service's EndpointSlice names then."""
         self.plane = plane
+        self.installed_by_clusterctl = installed_by_clusterctl
+        self.deployment_args: list[str] = []  # the Deployment's container args, when installed by clusterctl
         self.provider = provider
         self.feature_gates = dict(provider.feature_gates if feature_gates is None else feature_gates)
         self.extra_args = list(extra_args)
         self.timeout = timeout
         self.workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"{provider.name}-", dir=plane.workdir))
-        self.webhook_port = free_port()
+        self.webhook_port = webhook_port or free_port()
         self.health_port = free_port()
         self.diagnostics_port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
@@ -213,18 +246,27 @@ class CapiController:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
+    @property
+    def kubeconfig(self) -> pathlib.Path:
+        """The admin's, or the Deployment's ServiceAccount's when installed by clusterctl."""
+        return self.workdir / "kubeconfig" if self.installed_by_clusterctl else self.plane.kubeconfig_path
+
     def argv(self) -> list[str]:
         gates = ",".join(f"{gate}={str(enabled).lower()}" for gate, enabled in sorted(self.feature_gates.items()))
+        if self.installed_by_clusterctl:
+            theirs = [arg for arg in self.deployment_args
+                      if arg.lstrip("-").split("=", 1)[0] not in OWN_FLAGS]
+            return [str(self.provider.binary()), *theirs, *self._own_flags(), *self.extra_args]
+        return [str(self.provider.binary()), *self._own_flags(), f"--feature-gates={gates}", *self.extra_args]
+
+    def _own_flags(self) -> list[str]:
         return [
-            str(self.provider.binary()),
-            f"--kubeconfig={self.plane.kubeconfig_path}",
+            f"--kubeconfig={self.kubeconfig}",
             "--leader-elect=false",
             f"--webhook-port={self.webhook_port}",
             f"--webhook-cert-dir={self.cert_dir}",
             f"--health-addr={ADDRESS}:{self.health_port}",
             f"--diagnostics-address={ADDRESS}:{self.diagnostics_port}",
-            f"--feature-gates={gates}",
-            *self.extra_args,
         ]
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -235,11 +277,14 @@ class CapiController:
             raise CapiControllerError(f"{binary} is missing: run `make upstream` (hack/build-upstream.sh)")
         started = time.monotonic()
         try:
-            if self.provider.install_crds:
+            if self.installed_by_clusterctl:
+                self._run_as_installed()
+            elif self.provider.install_crds:
                 self.plane.install_crd_documents(provider_crds(self.provider))
-            ca_bundle = self._write_certificates()
-            self._install_webhooks(ca_bundle)
-            self._patch_crds(ca_bundle)
+            if not self.installed_by_clusterctl:
+                ca_bundle = self._write_certificates()
+                self._install_webhooks(ca_bundle)
+                self._patch_crds(ca_bundle)
             self._spawn()
             self._wait_ready()
         except BaseException:
@@ -265,6 +310,33 @@ class CapiController:
         self.stop()
 
     # -- certificates and API server configuration -----------------------------------------------------------------
+
+    def _run_as_installed(self) -> None:
+        """What a kubelet would give the Deployment's pod: its args, its ServiceAccount's token, the Secret cert-manager
+        issued mounted as the certificate folder."""
+        provider = self.provider
+        deployment = self._wait_for(f"/apis/apps/v1/namespaces/{provider.namespace}/deployments/{provider.deployment}")
+        pod = deployment["spec"]["template"]["spec"]
+        [container] = [c for c in pod["containers"] if c["name"] == "manager"]
+        self.deployment_args = list(container.get("args") or [])
+        self.plane.service_account_kubeconfig(provider.namespace, pod.get("serviceAccountName", "default"),
+                                              self.kubeconfig)
+        secret = self._wait_for(f"/api/v1/namespaces/{provider.namespace}/secrets/{provider.certificate_secret}")
+        self.cert_dir.mkdir(mode=0o700)
+        for key in ("tls.crt", "tls.key", "ca.crt"):
+            (self.cert_dir / key).write_bytes(base64.b64decode(secret["data"][key]))
+
+    def _wait_for(self, path: str) -> dict:
+        """The object at `path`, once it exists (cert-manager issues the Secret a few seconds after the install)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return self.plane.request("GET", path)
+            except ControlPlaneError as error:
+                if error.status != 404 or time.monotonic() > deadline:
+                    raise CapiControllerError(f"{self.provider.name}: {path} not found after {self.timeout:.0f}s: "
+                                              "was it installed by clusterctl, and does cert-manager run?") from None
+            time.sleep(0.5)
 
     def _write_certificates(self) -> str:
         """A CA and a serving certificate for 127.0.0.1 (tls.crt, tls.key: the manager's default names); the CA's

@@ -192,6 +192,10 @@ class LocalControlPlane:
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
+            # A webhook given by Service (what clusterctl installs) is reached at an address of the Service's
+            # EndpointSlices (written by the test bed: devenv/service_address.py), never at its ClusterIP: nothing
+            # serves ClusterIPs here, and they would be dialled through the default route.
+            "--enable-aggregator-routing=true",
         ])
         self._wait_ready()
 
@@ -219,17 +223,40 @@ class LocalControlPlane:
     def _write_kubeconfig(self) -> None:
         for path, user, token in [(self.kubeconfig_path, "admin", self.token)] + [
                 (self.kubeconfig_for(user), user, token) for user, token in self.user_tokens.items()]:
-            config = {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "local",
-                              "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)}}],
-                "users": [{"name": user, "user": {"token": token}}],
-                "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
-                "current-context": "local",
-            }
-            path.write_text(yaml.safe_dump(config))
-            path.chmod(0o600)
+            self._write_kubeconfig_file(path, user, token)
+
+    def _write_kubeconfig_file(self, path: pathlib.Path, user: str, token: str) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "local",
+                          "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+            "current-context": "local",
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+
+    def service_account_token(self, namespace: str, account: str, seconds: int = 7200,
+                              timeout: float = 60.0) -> str:
+        """A token of the ServiceAccount from the TokenRequest API (what a kubelet mounts in a pod), once it exists."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", {
+                    "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                    "spec": {"expirationSeconds": seconds}})["status"]["token"]
+            except ControlPlaneError as error:
+                if error.status != 404 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
+
+    def service_account_kubeconfig(self, namespace: str, account: str, path: pathlib.Path) -> pathlib.Path:
+        """A kubeconfig logging in as the ServiceAccount: how a pod of its Deployment would authenticate."""
+        self._write_kubeconfig_file(path, f"system:serviceaccount:{namespace}:{account}",
+                                    self.service_account_token(namespace, account))
+        return path
 
     def accept_joins(self, server: str) -> None:
         """Prepare the API server for `kubeadm join` as `kubeadm init` does, with `server` (an API gateway's URL: an

@@ -12,6 +12,8 @@ CLUSTER_API_VERSION = os.environ.get("CLUSTER_API_VERSION", "v1.12.8")
 KUSTOMIZE_VERSION = os.environ.get("KUSTOMIZE_VERSION", "v5.8.1")
 # A pseudo-version: the Go module proxy serves no tagged cluster-autoscaler release.
 CLUSTER_AUTOSCALER_VERSION = os.environ.get("CLUSTER_AUTOSCALER_VERSION", "v0.0.0-20250613073258-1959f5f61f6c")
+# What clusterctl CLUSTER_API_VERSION installs by default; hack/cert-manager/go.mod pins the same.
+CERT_MANAGER_VERSION = os.environ.get("CERT_MANAGER_VERSION", "v1.20.2")
 
 
 def cache_dir() -> pathlib.Path:
@@ -71,6 +73,22 @@ def cluster_api_manager_binary() -> pathlib.Path:
 def kubeadm_bootstrap_manager_binary() -> pathlib.Path:
     """Cluster API's kubeadm bootstrap provider (bootstrap/kubeadm/main.go of the same module)."""
     return bin_dir() / f"cluster-api-kubeadm-bootstrap-manager-{CLUSTER_API_VERSION}"
+
+
+def cluster_api_components_dir() -> pathlib.Path:
+    """core-, bootstrap- and control-plane-components.yaml and metadata.yaml as Cluster API's release makes them
+    (kustomized from the cached module by hack/build-upstream.sh)."""
+    return cache_dir() / f"cluster-api-components-{CLUSTER_API_VERSION}"
+
+
+def cert_manager_binary(component: str) -> pathlib.Path:
+    """cert-manager's `controller`, `cainjector` or `webhook`, built from hack/cert-manager by hack/build-upstream.sh."""
+    return bin_dir() / f"cert-manager-{component}-{CERT_MANAGER_VERSION}"
+
+
+def cert_manager_manifest() -> pathlib.Path:
+    """cert-manager.yaml as the release makes it (helm template of the module's chart), rendered once per version."""
+    return cache_dir() / f"cert-manager-{CERT_MANAGER_VERSION}" / "cert-manager.yaml"
 
 
 def cluster_api_crd_dir() -> pathlib.Path:

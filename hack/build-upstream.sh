@@ -9,6 +9,10 @@ set -euo pipefail
 : "${CLUSTER_API_VERSION:=v1.12.8}"
 : "${KUSTOMIZE_VERSION:=v5.8.1}"
 : "${CLUSTER_AUTOSCALER_VERSION:=v0.0.0-20250613073258-1959f5f61f6c}"
+# cert-manager: the version clusterctl $CLUSTER_API_VERSION installs by default (its CertManagerDefaultVersion); it is
+# pinned by hack/cert-manager/go.mod, which this must name. helm: the version cert-manager's release pins to render it.
+: "${CERT_MANAGER_VERSION:=v1.20.2}"
+: "${HELM_VERSION:=v4.1.1}"
 : "${CAPI_LIBVIRT_CACHE:=$HOME/.cache/capi-libvirt}"
 
 bin="$CAPI_LIBVIRT_CACHE/bin"
@@ -207,4 +211,84 @@ PATCH
   rm -rf "$apis_shim" "$ca_copy"
 fi
 
+# cert-manager's controller, cainjector and webhook for `clusterctl init` in the test bed: thin mains of our own
+# (hack/cert-manager, a Go module requiring the root module github.com/cert-manager/cert-manager at
+# $CERT_MANAGER_VERSION), since the Go module proxy does not serve upstream's cmd/* modules. Rebuilt when the mains'
+# sources change (their hash is kept beside the binaries).
+cm_src="$(cd "$(dirname "$0")" && pwd)/cert-manager"
+grep -q "github.com/cert-manager/cert-manager $CERT_MANAGER_VERSION\$" "$cm_src/go.mod" \
+  || { log "$cm_src/go.mod does not require cert-manager $CERT_MANAGER_VERSION"; exit 1; }
+cm_hash=$(cd "$cm_src" && cat go.mod go.sum */main.go | sha256sum | cut -c1-16)
+cm_stamp="$bin/cert-manager-$CERT_MANAGER_VERSION.sources"
+cm_built=true
+for component in controller cainjector webhook; do
+  [ -x "$bin/cert-manager-$component-$CERT_MANAGER_VERSION" ] || cm_built=false
+done
+if ! $cm_built || [ "$(cat "$cm_stamp" 2>/dev/null)" != "$cm_hash" ]; then
+  log "building cert-manager $CERT_MANAGER_VERSION controller, cainjector and webhook (hack/cert-manager; 4-8 minutes on 2 cores, once)"
+  cm_out=$(mktemp -d)
+  (cd "$cm_src" && go build -trimpath -ldflags "-s -w" -o "$cm_out/" ./controller ./cainjector ./webhook)
+  for component in controller cainjector webhook; do
+    mv "$cm_out/$component" "$bin/cert-manager-$component-$CERT_MANAGER_VERSION"
+  done
+  rm -rf "$cm_out"
+  echo "$cm_hash" > "$cm_stamp"
+fi
+
+# helm, only to render cert-manager.yaml from the chart in cert-manager's module with the release's own command.
+helm="$bin/helm-$HELM_VERSION"
+if [ ! -x "$helm" ]; then
+  log "building helm $HELM_VERSION (3-8 minutes on 2 cores, once): it renders cert-manager.yaml"
+  go_install helm.sh/helm/v4/cmd/helm "$HELM_VERSION" "$helm" ""
+fi
+
+# cert-manager.yaml as cert-manager's release makes it (make/manifests.mk): `helm template` of deploy/charts/cert-manager
+# from the module, the namespace first, then the CRDs (from the crds-enabled render), then the rest. Cached by version.
+cm_yaml="$CAPI_LIBVIRT_CACHE/cert-manager-$CERT_MANAGER_VERSION/cert-manager.yaml"
+if [ ! -s "$cm_yaml" ]; then
+  log "rendering cert-manager.yaml $CERT_MANAGER_VERSION (helm template of the module's chart)"
+  cm_dir=$(module_field "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" Dir)
+  work=$(mktemp -d)
+  cp -r "$cm_dir/deploy/charts/cert-manager" "$work/chart"; chmod -R u+w "$work/chart"
+  # Chart.yaml as the release's: version and appVersion are the release (the image tags default to appVersion).
+  sed -e "s/^version: v0.0.0/version: $CERT_MANAGER_VERSION/" -e "s/^appVersion: v0.0.0/appVersion: $CERT_MANAGER_VERSION/" \
+      -e 's/"{{IS_PRERELEASE}}"/"false"/' "$work/chart/Chart.template.yaml" > "$work/chart/Chart.yaml"
+  rm "$work/chart/Chart.template.yaml" "$work/chart/README.template.md"
+  helm_args=(--kube-version=1.29.0 --api-versions= --namespace=cert-manager --set=creator=static
+             --set=startupapicheck.enabled=false)
+  "$helm" template "${helm_args[@]}" --set=crds.enabled=true cert-manager "$work/chart" > "$work/all.yaml"
+  "$helm" template "${helm_args[@]}" cert-manager "$work/chart" > "$work/noncrd.yaml"
+  # The CRDs of the crds-enabled render (upstream's hack/extractcrd), by their top-level kind; no YAML library needed.
+  python3 - "$work/all.yaml" > "$work/crds.yaml" <<'PY'
+import re, sys
+docs = re.split(r"\n---", open(sys.argv[1]).read())
+print("\n---\n".join(d.strip("\n") for d in docs if re.search(r"^kind: CustomResourceDefinition$", d, re.M)))
+PY
+  mkdir -p "$(dirname "$cm_yaml")"
+  { cat "$cm_dir/deploy/manifests/namespace.yaml"; echo; echo "---"; cat "$work/crds.yaml"; echo; echo "---"
+    sed -e '1{/^---$/d;}' "$work/noncrd.yaml"; } > "$cm_yaml.tmp"
+  mv "$cm_yaml.tmp" "$cm_yaml"
+  rm -rf "$work"
+fi
+
+# The Cluster API components clusterctl installs (core, kubeadm bootstrap, kubeadm control plane), as Cluster API's
+# `make release-manifests` builds them: kustomize build of each config/default of the module, the images named as the
+# release names them (nothing pulls them here), the module's metadata.yaml beside them. Cached by version.
+capi_components="$CAPI_LIBVIRT_CACHE/cluster-api-components-$CLUSTER_API_VERSION"
+if [ ! -s "$capi_components/control-plane-components.yaml" ]; then
+  log "building the Cluster API $CLUSTER_API_VERSION components (kustomize build of the module's config)"
+  mkdir -p "$capi_components"
+  for entry in "config/default core-components.yaml cluster-api-controller" \
+               "bootstrap/kubeadm/config/default bootstrap-components.yaml kubeadm-bootstrap-controller" \
+               "controlplane/kubeadm/config/default control-plane-components.yaml kubeadm-control-plane-controller"; do
+    read -r config file image <<< "$entry"
+    "$kustomize" build "$capi_dir/$config" \
+      | sed -e "s#gcr.io/k8s-staging-cluster-api/$image:main#registry.k8s.io/cluster-api/$image:$CLUSTER_API_VERSION#" \
+      > "$capi_components/$file.tmp"
+    mv "$capi_components/$file.tmp" "$capi_components/$file"
+  done
+  install -m 644 "$capi_dir/metadata.yaml" "$capi_components/metadata.yaml"
+fi
+
 log "ready in $bin: $(cd "$bin" && ls | tr '\n' ' ')"
+log "cert-manager.yaml in $(dirname "$cm_yaml"), Cluster API components in $capi_components"

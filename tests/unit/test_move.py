@@ -10,8 +10,9 @@ import types
 
 import pytest
 
-from capi_libvirt.core import domain_xml, naming, provider_id
+from capi_libvirt.core import capacity, domain_xml, naming, provider_id
 from capi_libvirt.hypervisor import machines
+from capi_libvirt.reconcile import hosts as hosts_reconcile
 from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile.machine import DELETE_FOR_MOVE_ANNOTATION, FINALIZER, IDENTITY_ANNOTATION
 
@@ -242,3 +243,38 @@ async def test_deleting_when_the_provider_id_names_no_domain_of_this_machine_lea
     deps, host, events = deps_for(placed(COPY_UID, annotation=None, deleting=True), domain_of(name="other"))
     assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
     assert [name for name, _ in host.calls] == ["domain_info"]
+
+
+# -- copies of LibvirtHosts and LibvirtMachineTemplates on a running target ---------------------------------------
+
+def test_a_template_copy_without_status_gets_capacity_and_node_info_and_a_current_one_nothing() -> None:
+    spec = machine_reconcile.v1alpha1.LibvirtMachineTemplateSpec.model_validate(
+        {"template": {"spec": {"image": {"volume": "base.qcow2"}, "cpus": 2, "memoryMiB": 4096}}})
+    wanted = capacity.template_status_update(spec, None)
+    assert wanted == {"capacity": {"cpu": "2", "memory": "4096Mi", "ephemeral-storage": "20Gi"},
+                      "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"}}
+    assert capacity.template_status_update(spec, {**wanted, "other": 1}) is None  # its own write ends the loop
+    assert capacity.template_status_update(spec, {**wanted, "capacity": {"cpu": "1"}}) == {
+        "capacity": wanted["capacity"]}
+
+
+async def test_hosts_missing_from_the_inventory_are_added_each_round_known_and_deleting_ones_are_not(
+        monkeypatch) -> None:
+    listed = [{"metadata": {"name": name}, "spec": {"uri": f"qemu+ssh://root@{name}/system"}}
+              for name in ("copied", "known", "static", "refused")]
+    listed.append({"metadata": {"name": "going", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {}})
+    upserted = []
+
+    async def upsert_host(deps, name, spec):
+        upserted.append((name, spec["uri"]))
+        if name == "refused":
+            raise machine_reconcile.Wait("HostUnreachable", "credentials Secret x/y not found")
+
+    async def list_libvirt_hosts():
+        return listed
+
+    monkeypatch.setattr(hosts_reconcile, "upsert_host", upsert_host)
+    deps = types.SimpleNamespace(kube=types.SimpleNamespace(list_libvirt_hosts=list_libvirt_hosts),
+                                 inventory=types.SimpleNamespace(hosts={"known": 1, "static": 1}, static={"static"}))
+    assert await hosts_reconcile.add_missing_hosts(deps) == ["copied", "refused"]
+    assert upserted == [("copied", "qemu+ssh://root@copied/system"), ("refused", "qemu+ssh://root@refused/system")]

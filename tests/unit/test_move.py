@@ -169,9 +169,11 @@ def test_machines_placed_before_the_annotation_get_it_and_the_finalizer_on_their
 
 async def test_a_moved_copy_is_adopted_status_rebuilt_never_placed_or_defined_again() -> None:
     deps, host, events = deps_for(placed(COPY_UID), domain_of())
+    deps.inventory.hosts["kvm1"] = types.SimpleNamespace(spec=types.SimpleNamespace(failure_domain="rack-a"))
     assert await machine_reconcile.reconcile(deps, "ns", "m0") == machine_reconcile.RECHECK_PROVISIONED
     status = deps.kube.status_patches[-1]
     assert status["host"] == "kvm1" and status["domainUUID"] == naming.domain_uuid(SOURCE_UID)
+    assert status["failureDomain"] == "rack-a"
     assert status["ready"] is True and status["initialization"] == {"provisioned": True} and status["state"] == "running"
     assert deps.kube.patches == []  # providerID, finalizer and annotation already right: nothing to write
     assert {name for name, _ in host.calls} == {"domain_info", "domain_addresses"}

@@ -264,6 +264,9 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
         p.host = host
         p.status.update(host=host, domainUUID=p.domain_uuid)
         deps.hosts.get(p.host)  # a host gone from the inventory raises HostUnreachable
+        known = deps.inventory.hosts.get(host)
+        if not p.status.get("failureDomain") and known is not None and known.spec.failure_domain:
+            p.status["failureDomain"] = known.spec.failure_domain  # a moved copy comes without status
         await _keep_finalizer_and_identity(deps, p)
         return
     if (p.body.get("spec") or {}).get("providerID"):  # adopt_moved_machine found nothing to adopt: never re-place

@@ -5,8 +5,10 @@ phases in order, and each phase either moves on or raises `Wait` with the reason
 condition's. Every host operation is idempotent and keyed by names and a domain UUID fixed before anything is created
 (core.naming), so a retry, a duplicate event or a restart in the middle converges on the same single domain.
 
-Placement is one write: the finalizer and spec.providerID (which names the host and the domain UUID) together, before
-anything is made on the host. The status follows in one write at the end of each pass that changed it. Deletion
+Placement is one write: the finalizer, spec.providerID (which names the host and the domain UUID) and the identity
+annotation (the UID every name derives from, which a copy made by clusterctl move keeps) together, before anything is
+made on the host. A copy arriving with a providerID is adopted (its status rebuilt from the host), never placed again;
+one deleted by clusterctl move (delete-for-move) releases its finalizer without touching the host. The status follows in one write at the end of each pass that changed it. Deletion
 (`delete`, once the object has a deletionTimestamp) tears everything down, "not found" counting as done, and then
 releases the finalizer; an unreachable host keeps it, with a condition saying why. Creation on a host is limited to
 `Dependencies.creates_per_host` machines at a time, so a burst cannot swamp one hypervisor.
@@ -498,8 +500,8 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
 
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
-          read_bootstrap_data, choose_host, check_networks, ensure_overlay, ensure_domain, ensure_running, publish_provider_id,
-          observe_addresses, patch_workload_node)
+          read_bootstrap_data, choose_host, check_networks, ensure_overlay, ensure_domain, ensure_running,
+          publish_provider_id, observe_addresses, patch_workload_node)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
 

@@ -73,7 +73,7 @@ async def _api(what: str, call: Awaitable[T]) -> T:
 
 
 async def locate(kube: api.KubeAPI, namespace: str, name: str) -> SerialLog:
-    """The machine's serial log, from the LibvirtMachine's status (host), spec (pool) and UID (volume name)."""
+    """The machine's serial log, from the LibvirtMachine's status (host), spec (pool) and identity (volume name)."""
     body = await _api(f"LibvirtMachine {namespace}/{name}", kube.get_libvirt_machine(namespace, name))
     if body is None:
         raise ConsoleLogError(f"LibvirtMachine {namespace}/{name} not found")
@@ -84,7 +84,7 @@ async def locate(kube: api.KubeAPI, namespace: str, name: str) -> SerialLog:
     if not host:
         raise ConsoleLogError(not_placed_message(body))
     return SerialLog(host=host, pool=spec.get("storagePool") or DEFAULT_POOL,
-                     volume=naming.serial_log_file_name(namespace, name, body["metadata"]["uid"]))
+                     volume=naming.serial_log_file_name(namespace, name, naming.identity_uid(body)))
 
 
 async def host_access(kube: api.KubeAPI, host: str,

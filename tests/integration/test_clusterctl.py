@@ -164,6 +164,9 @@ def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: 
             committed = yaml.safe_load((REPO / "config" / folder / f"{document['spec']['group']}_"
                                         f"{document['spec']['names']['plural']}.yaml").read_text())
             assert document["spec"] == committed["spec"]
+            if document["spec"]["group"] == meta.GROUP:  # what clusterctl move lists (and, on hosts, copies)
+                assert committed["metadata"]["labels"].items() <= document["metadata"]["labels"].items()
+                assert document["metadata"]["labels"]["clusterctl.cluster.x-k8s.io"] == ""
     deployment = next(d for d in documents if d["kind"] == "Deployment")
     assert deployment["metadata"]["namespace"] == namespace
     [manager] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "manager"]

@@ -88,3 +88,16 @@ def test_exclusive_bounds_use_the_openapi_v3_boolean_form():
     host = crd.custom_resource_definition(kinds.LIBVIRT_HOST)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     cpu = host["properties"]["spec"]["properties"]["overcommit"]["properties"]["cpu"]
     assert (cpu["minimum"], cpu["exclusiveMinimum"]) == (0, True)
+
+
+def test_clusterctl_move_lists_every_kind_and_copies_hosts_without_deleting_them_from_the_source():
+    """clusterctl move lists only kinds whose CRD carries `clusterctl.cluster.x-k8s.io`; move-hierarchy on the
+    cluster-scoped LibvirtHost makes it (and a Secret it owns) copied, never deleted from the source. The namespaced
+    kinds move through their owners, so they get no move label of their own."""
+    for definition in crd.all_definitions():
+        labels = definition["metadata"]["labels"]
+        assert labels["clusterctl.cluster.x-k8s.io"] == ""
+        moves_hierarchy = "clusterctl.cluster.x-k8s.io/move-hierarchy" in labels
+        assert moves_hierarchy == (definition["spec"]["names"]["kind"] == kinds.LIBVIRT_HOST.kind)
+        assert "clusterctl.cluster.x-k8s.io/move" not in labels
+    assert crd.crd_labels(kinds.LIBVIRT_HOST)["clusterctl.cluster.x-k8s.io/move-hierarchy"] == ""

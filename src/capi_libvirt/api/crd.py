@@ -15,6 +15,13 @@ from capi_libvirt.api import kinds, meta
 # v1beta1 label: it would claim managers of the v1beta1 contract (Cluster API v1.10 and older), which are not tested,
 # and Cluster API's lookup of the contract of an apiVersion would pick either label at random.
 CONTRACT_LABELS = {"cluster.x-k8s.io/v1beta2": meta.VERSION}
+# clusterctl move lists only the kinds whose CRD carries this label (`clusterctl init` adds it; a CRD applied from
+# config/crd needs it too). The namespaced kinds then move through their ownerReferences (Cluster, Machine).
+CLUSTERCTL_LABELS = {"clusterctl.cluster.x-k8s.io": ""}
+# LibvirtHosts own nothing and nothing owns them: move-hierarchy makes clusterctl copy every host (and a Secret with an
+# ownerReference to one) to the target if absent, and never delete them from the source, where other clusters may
+# still use them.
+MOVE_HIERARCHY_LABELS = {"clusterctl.cluster.x-k8s.io/move-hierarchy": ""}
 # Keywords a CRD schema node may carry; anything else pydantic emits (title, ...) is dropped.
 KEPT_KEYWORDS = {
     "type", "description", "properties", "required", "items", "additionalProperties", "enum", "default", "format",
@@ -105,6 +112,14 @@ def _object_schema(kind: kinds.Kind) -> dict[str, Any]:
     return {"type": "object", "description": kind.description, "properties": properties, "required": ["spec"]}
 
 
+def crd_labels(kind: kinds.Kind) -> dict[str, str]:
+    """The contract label, clusterctl's, and move-hierarchy on the one cluster-scoped kind that move must copy."""
+    labels = {**CONTRACT_LABELS, **CLUSTERCTL_LABELS}
+    if kind is kinds.LIBVIRT_HOST:
+        labels.update(MOVE_HIERARCHY_LABELS)
+    return labels
+
+
 def custom_resource_definition(kind: kinds.Kind) -> dict[str, Any]:
     """The CRD of one kind, with status subresource, printer columns, short names and the contract labels."""
     version: dict[str, Any] = {
@@ -129,7 +144,7 @@ def custom_resource_definition(kind: kinds.Kind) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{kind.plural}.{meta.GROUP}", "labels": dict(CONTRACT_LABELS)},
+        "metadata": {"name": f"{kind.plural}.{meta.GROUP}", "labels": crd_labels(kind)},
         "spec": {
             "group": meta.GROUP,
             "scope": kind.scope,

@@ -18,3 +18,13 @@ def template_node_info(spec: v1alpha1.LibvirtMachineSpec) -> dict[str, str]:
     """`status.nodeInfo` of a template; the domains this provider defines are x86_64 Linux guests."""
     del spec  # every domain the provider defines today is an x86_64 machine (q35/pc)
     return {"architecture": "amd64", "operatingSystem": "linux"}
+
+
+def template_status_update(spec: v1alpha1.LibvirtMachineTemplateSpec, status: dict | None) -> dict | None:
+    """What of `status` (capacity, nodeInfo) differs from what the template's spec gives, or None: level-triggered, so
+    a template whose status is missing for any reason (a copy made by clusterctl move arrives without one) gets it."""
+    machine = spec.template.spec
+    wanted = {"capacity": template_capacity(machine), "nodeInfo": template_node_info(machine)}
+    current = status or {}
+    changed = {key: value for key, value in wanted.items() if current.get(key) != value}
+    return changed or None

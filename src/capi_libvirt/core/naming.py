@@ -1,7 +1,8 @@
 """Deterministic identity of a machine's libvirt objects: domain UUID and name, volume names, MAC addresses, hostname.
 
-Everything is derived from the LibvirtMachine's Kubernetes UID (plus its namespace and name for a readable prefix), so
-a retried or restarted reconcile finds the objects it made before instead of creating a second domain, and two
+Everything is derived from the LibvirtMachine's identity (plus its namespace and name for a readable prefix): the
+Kubernetes UID it had when it was placed, kept in the IDENTITY_ANNOTATION so that a copy (clusterctl move gives every
+copy a new UID) still names the same domain; see `identity_uid`. So a retried or restarted reconcile finds the objects it made before instead of creating a second domain, and two
 machines of different clusters or namespaces sharing one host never collide. Names contain only [a-z0-9-] (plus '.'
 in volume names), so they are safe as libvirt names, as file names in a directory pool and on a command line.
 """
@@ -12,6 +13,8 @@ import hashlib
 import re
 import unicodedata
 import uuid
+
+from capi_libvirt.core import provider_id
 
 # Fixed forever: changing it would give every existing machine a new domain UUID, i.e. a second domain.
 # (It is uuid5(NAMESPACE_URL, "https://capi-libvirt.x-k8s.io/domain"), written out so no refactoring can move it.)
@@ -28,6 +31,29 @@ NOCLOUD_SUFFIX = "-cidata.iso"
 SERIAL_LOG_SUFFIX = ".serial.log"
 
 _NOT_LABEL_CHAR = re.compile(r"[^a-z0-9]+")
+
+# The UID the machine had when it was placed, written by the placement patch beside spec.providerID. Outside kopf's
+# `capi-libvirt.x-k8s.io/` prefix on purpose: kopf leaves its own annotations out of its diff base.
+IDENTITY_ANNOTATION = "infrastructure.cluster.x-k8s.io/libvirt-machine-uid"
+
+
+def identity_uid(body: dict) -> str:
+    """The UID every name, the domain UUID and the MACs of the machine derive from.
+
+    The IDENTITY_ANNOTATION when spec.providerID names the domain UUID derived from it (a moved copy: new UID, same
+    machine), else metadata.uid. An annotation the providerID does not vouch for (copied onto an object that was never
+    placed, or edited) is ignored, so a clone of a manifest never takes over another machine's names.
+    """
+    metadata = body.get("metadata") or {}
+    annotated = (metadata.get("annotations") or {}).get(IDENTITY_ANNOTATION)
+    recorded = (body.get("spec") or {}).get("providerID")
+    if annotated and annotated.strip() and recorded:
+        try:
+            if provider_id.parse_provider_id(recorded).domain_uuid == domain_uuid(annotated):
+                return annotated
+        except ValueError:
+            pass
+    return metadata.get("uid") or ""
 
 
 def domain_uuid(machine_uid: str) -> str:

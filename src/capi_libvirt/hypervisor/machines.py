@@ -281,10 +281,13 @@ def domain_addresses(conn: libvirt.virConnect, uuid: str) -> list[str]:
     return []
 
 
-def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volumes: MachineVolumes) -> list[str]:
+def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volumes: MachineVolumes,
+                   namespace: str | None = None, name: str | None = None) -> list[str]:
     """Destroy and undefine the domain, delete the overlay, ISO and serial log; absent parts count as done.
 
-    The domain is only touched when its `<metadata>` names this machine as its owner. Returns what was removed.
+    The domain is only touched when its `<metadata>` names this machine as its owner: the identity UID and, when given,
+    the namespace and name (an identity annotation copied onto another object never reaches this domain). Returns what
+    was removed.
     """
     removed: list[str] = []
     try:
@@ -295,7 +298,8 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volume
         domain = None
     if domain is not None:
         owner = domain_xml.parse_owner(domain.XMLDesc(0))
-        if owner is None or owner.uid != machine_uid:
+        if owner is None or owner.uid != machine_uid or (namespace is not None and owner.namespace != namespace) or \
+                (name is not None and owner.name != name):
             raise errors.HypervisorError(f"domain {uuid} is not owned by machine {machine_uid}; left alone")
         if domain.isActive():
             try:

@@ -158,6 +158,11 @@ class KubeAPI:
         self.calls += 1
         return await _or_none(self.objects.get_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name))
 
+    async def list_libvirt_hosts(self) -> list[dict]:
+        self.calls += 1
+        listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts")
+        return listed.get("items", [])
+
     async def patch_libvirt_host_status(self, name: str, status: dict) -> dict:
         self.calls += 1
         return await self.objects.patch_cluster_custom_object_status(

@@ -299,15 +299,22 @@ async def host_deleted(name: str, memo: kopf.Memo, **_: Any) -> None:
 
 # -- LibvirtMachineTemplate -------------------------------------------------------------------------------------
 
-@kopf.on.resume(meta.GROUP, meta.VERSION, kinds.LIBVIRT_MACHINE_TEMPLATE.plural)
-@kopf.on.create(meta.GROUP, meta.VERSION, kinds.LIBVIRT_MACHINE_TEMPLATE.plural)
-@kopf.on.update(meta.GROUP, meta.VERSION, kinds.LIBVIRT_MACHINE_TEMPLATE.plural, field="spec")
-def reconcile_machine_template(spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
-    """Keep status.capacity and status.nodeInfo in step with the template, for scale-from-zero."""
+@kopf.on.event(meta.GROUP, meta.VERSION, kinds.LIBVIRT_MACHINE_TEMPLATE.plural)
+def reconcile_machine_template(event: kopf.RawEvent, patch: kopf.Patch, **_: Any) -> None:
+    """Keep status.capacity and status.nodeInfo in step with the template, for scale-from-zero.
+
+    Level-triggered on every event, not on kopf's create/resume/update: a copy clusterctl move makes carries kopf's
+    diff-base annotation of the source, so kopf would take it for handled and never run a create handler, and the copy
+    arrives without status. Writes only what differs, so its own status write ends the loop."""
+    body = event["object"]
+    if event["type"] == "DELETED" or body["metadata"].get("deletionTimestamp"):
+        return
     try:
-        template = v1alpha1.LibvirtMachineTemplateSpec.model_validate(dict(spec))
+        template = v1alpha1.LibvirtMachineTemplateSpec.model_validate(body.get("spec") or {})
     except ValueError as error:
-        raise kopf.PermanentError(f"invalid template spec: {error}") from None
-    machine = template.template.spec
-    patch.status["capacity"] = capacity.template_capacity(machine)
-    patch.status["nodeInfo"] = capacity.template_node_info(machine)
+        log.warning("LibvirtMachineTemplate %s/%s: invalid template spec: %s", body["metadata"].get("namespace"),
+                    body["metadata"].get("name"), error)
+        return
+    changed = capacity.template_status_update(template, body.get("status"))
+    for key, value in (changed or {}).items():
+        patch.status[key] = value

@@ -12,7 +12,13 @@ import logging
 from capi_libvirt.api import meta
 from capi_libvirt.core import conditions
 from capi_libvirt.core.conditions import Reason
-from capi_libvirt.reconcile.machine import RECHECK_WAITING, WAITING_FOR_OWNER, Dependencies, is_paused
+from capi_libvirt.reconcile.machine import (
+    DELETE_FOR_MOVE_ANNOTATION,
+    RECHECK_WAITING,
+    WAITING_FOR_OWNER,
+    Dependencies,
+    is_paused,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +45,12 @@ def _endpoint(body: dict, cluster: dict) -> dict | None:
 async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | None:
     """One pass; returns seconds until the next (None: only when a watch wakes it)."""
     body = await deps.kube.get_libvirt_cluster(namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
+    if body is None:
+        return None
+    if body["metadata"].get("deletionTimestamp"):
+        # Nothing of a LibvirtCluster lives on a host; for clusterctl move's deletion of the source copy, say so.
+        if DELETE_FOR_MOVE_ANNOTATION in (body["metadata"].get("annotations") or {}):
+            log.info("LibvirtCluster %s/%s deleted by clusterctl move; nothing on the hosts is touched", namespace, name)
         return None
     if MANAGED_BY_LABEL in (body["metadata"].get("labels") or {}):
         return None  # another controller owns this infrastructure

@@ -85,10 +85,33 @@ async def _publish(deps: Dependencies, name: str, status: dict, ready: str, reas
     await deps.kube.patch_libvirt_host_status(name, status)
 
 
+async def add_missing_hosts(deps: Dependencies) -> list[str]:
+    """Every LibvirtHost object (not being deleted) that is not in the inventory, added (upsert_host); returns their
+    names. Level-triggered, beside kopf's create/resume handler: a LibvirtHost that clusterctl move creates on a
+    running operator carries kopf's diff-base annotation of the source, so kopf takes it for handled and runs no
+    handler. A host still refused (a Secret not copied yet) is tried again on the next round."""
+    tried = []
+    for body in await deps.kube.list_libvirt_hosts():
+        name = body["metadata"]["name"]
+        if body["metadata"].get("deletionTimestamp") or name in deps.inventory.hosts or name in deps.inventory.static:
+            continue
+        tried.append(name)
+        try:
+            await upsert_host(deps, name, dict(body.get("spec") or {}))
+        except Wait as wait:
+            log.info("LibvirtHost %s not added yet: %s", name, wait.message)
+    return tried
+
+
 async def probe_forever(deps: Dependencies) -> None:
     """Every host, every PROBE_INTERVAL_S, concurrently; a host that does not answer counts as unreachable after
-    inventory.PROBE_TIMEOUT_S, so one dead host delays a round by that much at most."""
+    inventory.PROBE_TIMEOUT_S, so one dead host delays a round by that much at most. Each round first adds the
+    LibvirtHosts the inventory lacks (add_missing_hosts)."""
     while True:
+        try:
+            await add_missing_hosts(deps)
+        except Exception as error:  # noqa: BLE001  the API server hiccuped: the next round tries again
+            log.warning("listing LibvirtHosts failed: %s", type(error).__name__)
         names = list(deps.inventory.hosts)
         results = await asyncio.gather(*(probe_and_publish(deps, name) for name in names), return_exceptions=True)
         for name, result in zip(names, results):

@@ -5,8 +5,10 @@ phases in order, and each phase either moves on or raises `Wait` with the reason
 condition's. Every host operation is idempotent and keyed by names and a domain UUID fixed before anything is created
 (core.naming), so a retry, a duplicate event or a restart in the middle converges on the same single domain.
 
-Placement is one write: the finalizer and spec.providerID (which names the host and the domain UUID) together, before
-anything is made on the host. The status follows in one write at the end of each pass that changed it. Deletion
+Placement is one write: the finalizer, spec.providerID (which names the host and the domain UUID) and the identity
+annotation (the UID every name derives from, which a copy made by clusterctl move keeps) together, before anything is
+made on the host. A copy arriving with a providerID is adopted (its status rebuilt from the host), never placed again;
+one deleted by clusterctl move (delete-for-move) releases its finalizer without touching the host. The status follows in one write at the end of each pass that changed it. Deletion
 (`delete`, once the object has a deletionTimestamp) tears everything down, "not found" counting as done, and then
 releases the finalizer; an unreachable host keeps it, with a condition saying why. Creation on a host is limited to
 `Dependencies.creates_per_host` machines at a time, so a burst cannot swamp one hypervisor.
@@ -36,6 +38,12 @@ WAITING_FOR_OWNER = "WaitingForOwner"
 INVALID_SPEC = "InvalidSpec"
 NETWORK_NOT_FOUND = "NetworkNotFound"
 RECONCILE_ERROR = "ReconcileError"
+ADOPTION_REFUSED = "AdoptionRefused"
+DELETED_FOR_MOVE = "DeletedForMove"
+
+# clusterctl move puts this on every source object just before deleting it: the object goes, its machine does not.
+DELETE_FOR_MOVE_ANNOTATION = "clusterctl.cluster.x-k8s.io/delete-for-move"
+IDENTITY_ANNOTATION = naming.IDENTITY_ANNOTATION
 
 # Seconds until the next pass. Watches on Machines, Clusters and Secrets wake a waiting machine sooner.
 RECHECK_WAITING = 30.0
@@ -63,6 +71,12 @@ class Observer:
 
     def machine_outcome(self, body: dict, status: dict, wait: Wait | None, paused: bool) -> None:
         """One pass's result, as `_write_status` writes it."""
+
+    def machine_deleting(self, namespace: str, name: str, host: str | None) -> None:
+        """A machine's teardown began."""
+
+    def machine_gone(self, namespace: str, name: str) -> None:
+        """A machine's finalizer was released."""
 
 
 @dataclasses.dataclass
@@ -125,7 +139,8 @@ class MachinePass:
 
     @property
     def uid(self) -> str:
-        return self.body["metadata"]["uid"]
+        """The machine's identity (naming.identity_uid): the UID it was placed with, which a moved copy keeps."""
+        return naming.identity_uid(self.body)
 
     @property
     def domain_uuid(self) -> str:
@@ -226,7 +241,8 @@ def placement_group(body: dict) -> tuple[str, str, str] | None:
 
 
 def recorded_host(body: dict) -> str | None:
-    """Where the machine was placed: its status, or (placement's own record, written first) its providerID."""
+    """Where the machine was placed: its status, or (placement's own record, written first) its providerID when it
+    names the domain of the machine's identity (a moved copy: no status, a new UID, the identity annotation)."""
     host = (body.get("status") or {}).get("host")
     if host:
         return host
@@ -236,7 +252,7 @@ def recorded_host(body: dict) -> str | None:
             parsed = provider_id.parse_provider_id(recorded)
         except ValueError:
             return None
-        if parsed.domain_uuid == naming.domain_uuid(body["metadata"]["uid"]):  # ours, not one a spec made up
+        if parsed.domain_uuid == naming.domain_uuid(naming.identity_uid(body)):  # ours, not one a spec made up
             return parsed.host
     return None
 
@@ -250,8 +266,14 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
         p.host = host
         p.status.update(host=host, domainUUID=p.domain_uuid)
         deps.hosts.get(p.host)  # a host gone from the inventory raises HostUnreachable
-        await _keep_finalizer(deps, p)
+        known = deps.inventory.hosts.get(host)
+        if not p.status.get("failureDomain") and known is not None and known.spec.failure_domain:
+            p.status["failureDomain"] = known.spec.failure_domain  # a moved copy comes without status
+        await _keep_finalizer_and_identity(deps, p)
         return
+    if (p.body.get("spec") or {}).get("providerID"):  # adopt_moved_machine found nothing to adopt: never re-place
+        raise Wait(ADOPTION_REFUSED, f"spec.providerID {p.body['spec']['providerID']} names no domain of this machine;"
+                   " not placing it again", failure=True)
     never_probed = [name for name, known in deps.inventory.hosts.items() if known.probe is None and not known.problem]
     if never_probed:  # just added (or the operator just started): look before deciding, outside the lock
         await asyncio.gather(*(deps.inventory.probe(name) for name in never_probed))
@@ -261,7 +283,7 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
         group = placement_group(p.body)
         for other in await deps.kube.list_libvirt_machines():
             host = recorded_host(other)
-            if not host or other["metadata"]["uid"] == p.uid:
+            if not host or other["metadata"]["uid"] == p.body["metadata"]["uid"]:
                 continue
             spec = other.get("spec") or {}
             cpus, memory = allocated.get(host, (0, 0))
@@ -274,11 +296,7 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
         result = placement.choose_host(request, deps.inventory.loads(allocated), group_per_host)
         if isinstance(result, placement.NoHost):
             raise Wait(result.reason, result.message, RECHECK_WAITING)
-        finalizers = list(p.body["metadata"].get("finalizers") or [])
-        p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {
-            "metadata": {"finalizers": finalizers + [f for f in [FINALIZER] if f not in finalizers],
-                         "resourceVersion": p.body["metadata"]["resourceVersion"]},
-            "spec": {"providerID": provider_id.format_provider_id(result.host, p.domain_uuid)}})
+        p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, placement_patch(p.body, result.host))
         p.host = result.host
         p.status.update(host=result.host, domainUUID=p.domain_uuid)
         if result.failure_domain:
@@ -286,12 +304,81 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
     await _event(deps, p.body, "Normal", "Placed", f"placed on host {p.host}")
 
 
-async def _keep_finalizer(deps: Dependencies, p: MachinePass) -> None:
-    """A machine placed by a release whose finalizer was kopf's (which kopf now takes off) gets this one."""
-    finalizers = list(p.body["metadata"].get("finalizers") or [])
+def placement_patch(body: dict, host: str) -> dict:
+    """The one write that places a machine, guarded by its resourceVersion: our finalizer, the providerID naming the
+    host and the domain UUID, and the identity annotation (the UID all names derive from, which survives a move)."""
+    finalizers = list(body["metadata"].get("finalizers") or [])
+    uid = body["metadata"]["uid"]
+    return {
+        "metadata": {"finalizers": finalizers + [f for f in [FINALIZER] if f not in finalizers],
+                     "annotations": {IDENTITY_ANNOTATION: uid},
+                     "resourceVersion": body["metadata"]["resourceVersion"]},
+        "spec": {"providerID": provider_id.format_provider_id(host, naming.domain_uuid(uid))}}
+
+
+def identity_migration_patch(body: dict) -> dict | None:
+    """What a placed machine lacks of placement's record, or None: the finalizer (a release whose finalizer was kopf's,
+    which kopf now takes off) and the identity annotation (a release before it, or a machine adopted by its domain)."""
+    finalizers = list(body["metadata"].get("finalizers") or [])
+    identity = naming.identity_uid(body)
+    metadata: dict = {}
     if FINALIZER not in finalizers:
-        p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {"metadata": {
-            "finalizers": finalizers + [FINALIZER], "resourceVersion": p.body["metadata"]["resourceVersion"]}})
+        metadata["finalizers"] = finalizers + [FINALIZER]
+    if (body["metadata"].get("annotations") or {}).get(IDENTITY_ANNOTATION) != identity:
+        metadata["annotations"] = {IDENTITY_ANNOTATION: identity}
+    if not metadata:
+        return None
+    return {"metadata": {**metadata, "resourceVersion": body["metadata"]["resourceVersion"]}}
+
+
+async def _keep_finalizer_and_identity(deps: Dependencies, p: MachinePass) -> None:
+    patch = identity_migration_patch(p.body)
+    if patch is not None:
+        p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, patch)
+
+
+async def adopt_moved_machine(deps: Dependencies, p: MachinePass) -> None:
+    """A machine with a providerID that names no domain of its identity (copied by clusterctl move from a release that
+    wrote no identity annotation): look the domain up on the providerID's host. Its owner metadata naming this
+    namespace/name, with a UID the UUID derives from, is the identity: written as the annotation, and the pass goes on
+    as for any placed machine. Anything else stops here: a machine with a providerID is never placed again."""
+    recorded = (p.body.get("spec") or {}).get("providerID")
+    if not recorded or recorded_host(p.body) is not None:
+        return
+    identity = await identity_from_domain(deps, p.body)
+    if identity is None:
+        raise Wait(ADOPTION_REFUSED, f"spec.providerID {recorded} names no domain of this machine; not placing it "
+                   "again", failure=True)
+    annotations = {IDENTITY_ANNOTATION: identity}
+    finalizers = list(p.body["metadata"].get("finalizers") or [])
+    p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {"metadata": {
+        "annotations": annotations, "finalizers": finalizers + [f for f in [FINALIZER] if f not in finalizers],
+        "resourceVersion": p.body["metadata"]["resourceVersion"]}})
+    await _event(deps, p.body, "Normal", "Adopted", f"adopted domain {naming.domain_uuid(identity)} on host "
+                 f"{provider_id.parse_provider_id(recorded).host} by its owner metadata")
+
+
+def owner_matches(owner: domain_xml.Owner | None, namespace: str, name: str, uuid: str) -> bool:
+    """The domain's owner metadata names this machine, and the domain UUID derives from the owner's UID."""
+    return owner is not None and owner.namespace == namespace and owner.name == name and \
+        naming.domain_uuid(owner.uid) == uuid
+
+
+async def identity_from_domain(deps: Dependencies, body: dict) -> str | None:
+    """The identity the domain named by spec.providerID records for this machine, or None (no such domain, or one
+    another machine owns). HypervisorError when the host cannot be asked."""
+    try:
+        parsed = provider_id.parse_provider_id((body.get("spec") or {}).get("providerID") or "")
+    except ValueError:
+        return None
+    host = deps.hosts.get(parsed.host)
+    info = await host.call(machines.domain_info, parsed.domain_uuid, doing="look up domain")
+    if info is None:
+        return None
+    owner = domain_xml.parse_owner(info.xml)
+    if not owner_matches(owner, body["metadata"]["namespace"], body["metadata"]["name"], parsed.domain_uuid):
+        return None
+    return owner.uid if owner is not None else None
 
 
 async def check_networks(deps: Dependencies, p: MachinePass) -> None:
@@ -299,6 +386,9 @@ async def check_networks(deps: Dependencies, p: MachinePass) -> None:
     host = deps.hosts.get(p.host or "")
     p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
     if p.domain is not None:
+        if not owner_matches(domain_xml.parse_owner(p.domain.xml), p.namespace, p.name, p.domain_uuid):
+            raise Wait(ADOPTION_REFUSED, f"domain {p.domain_uuid} on host {p.host} belongs to another machine; left "
+                       "alone", failure=True)
         return  # already defined: it was checked then
     networks = [nic.network for nic in p.spec.interfaces if nic.network]
     try:
@@ -409,9 +499,9 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
         log.warning("Node %s of %s/%s carries another providerID", naming.hostname(p.name), p.namespace, p.name)
 
 
-PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, read_bootstrap_data,
-          choose_host, check_networks, ensure_overlay, ensure_domain, ensure_running, publish_provider_id,
-          observe_addresses, patch_workload_node)
+PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
+          read_bootstrap_data, choose_host, check_networks, ensure_overlay, ensure_domain, ensure_running,
+          publish_provider_id, observe_addresses, patch_workload_node)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
 
@@ -526,6 +616,13 @@ async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
     body = await deps.kube.get_libvirt_machine(namespace, name)
     if body is None or FINALIZER not in (body["metadata"].get("finalizers") or []):
         return None  # gone, or never placed (nothing was made: the finalizer comes first)
+    if DELETE_FOR_MOVE_ANNOTATION in (body["metadata"].get("annotations") or {}):
+        # clusterctl move deletes the source copy of a machine that lives on: never touch the host.
+        log.info("%s/%s deleted by clusterctl move (%s): its domain stays, the finalizer goes", namespace, name,
+                 DELETE_FOR_MOVE_ANNOTATION)
+        await _event(deps, body, "Normal", DELETED_FOR_MOVE, "deleted by clusterctl move; the domain on host "
+                     f"{recorded_host(body) or '(none recorded)'} is left to the moved copy")
+        return await _release_finalizer(deps, body)
     cluster_name = body["metadata"].get("labels", {}).get(meta.CLUSTER_NAME_LABEL)
     cluster = await deps.kube.get_cluster(namespace, cluster_name) if cluster_name else None
     if is_paused(body, cluster):
@@ -535,6 +632,11 @@ async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
         await _delete_from_host(deps, body)
     except Wait as wait:
         return wait.retry_after
+    return await _release_finalizer(deps, body)
+
+
+async def _release_finalizer(deps: Dependencies, body: dict) -> float | None:
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     remaining = [f for f in body["metadata"].get("finalizers") or [] if f != FINALIZER]
     try:
         await deps.kube.patch_libvirt_machine(namespace, name, {
@@ -554,19 +656,28 @@ async def _delete_from_host(deps: Dependencies, body: dict) -> None:
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     key = ("delete", namespace, name)
     status = dict(body.get("status") or {})
-    host_name = recorded_host(body)
-    if host_name is None:
+    host_name, uid = recorded_host(body), naming.identity_uid(body)
+    recorded = (body.get("spec") or {}).get("providerID")
+    if host_name is None and not recorded:
         return  # the host is recorded before anything is created: no host, nothing was made
     try:
         spec = v1alpha1.LibvirtMachineSpec.model_validate(body.get("spec") or {})
         pool = spec.storage_pool
     except pydantic.ValidationError:
         pool = (body.get("spec") or {}).get("storagePool", "default")
-    uid = body["metadata"]["uid"]
-    volumes = machine_volumes(namespace, name, uid, pool)
     try:
+        if host_name is None:
+            # A providerID that names no domain of this identity (a copy moved without the identity annotation):
+            # ask the host what it has, rather than take "no host" for "nothing made" and leak the domain.
+            identity = await identity_from_domain(deps, body)
+            if identity is None:
+                log.info("%s/%s: no domain of this machine at %s; nothing to delete", namespace, name, recorded)
+                return
+            host_name, uid = provider_id.parse_provider_id(recorded).host, identity
+        volumes = machine_volumes(namespace, name, uid, pool)
         host = deps.hosts.get(host_name)
-        removed = await host.call(machines.delete_machine, naming.domain_uuid(uid), uid, volumes, doing="delete machine")
+        removed = await host.call(machines.delete_machine, naming.domain_uuid(uid), uid, volumes, namespace, name,
+                                  doing="delete machine")
     except errors.HypervisorError as error:
         wait = _wait_for_hypervisor(error)
         if not isinstance(error, errors.HostUnreachable):

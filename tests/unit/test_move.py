@@ -1,0 +1,282 @@
+"""clusterctl move: a copied LibvirtMachine (new UID, no status, same spec, finalizers and annotations) keeps naming
+the same domain, is adopted rather than placed again, and the deletion of the source copy never touches the host.
+
+The reconcile runs against fakes of the API and of the hosts: what they record is every write and every host call."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+
+from capi_libvirt.core import capacity, domain_xml, naming, provider_id
+from capi_libvirt.hypervisor import machines
+from capi_libvirt.reconcile import hosts as hosts_reconcile
+from capi_libvirt.reconcile import machine as machine_reconcile
+from capi_libvirt.reconcile.machine import DELETE_FOR_MOVE_ANNOTATION, FINALIZER, IDENTITY_ANNOTATION
+
+pytestmark = pytest.mark.unit
+
+SOURCE_UID = "11111111-1111-4111-8111-111111111111"
+COPY_UID = "22222222-2222-4222-8222-222222222222"
+PROVIDER_ID = provider_id.format_provider_id("kvm1", naming.domain_uuid(SOURCE_UID))
+
+
+def placed(uid: str = SOURCE_UID, *, annotation: str | None = SOURCE_UID, status: dict | None = None,
+           extra_annotations: dict | None = None, deleting: bool = False) -> dict:
+    """A LibvirtMachine as placement leaves it (or as clusterctl copies it: another uid, no status)."""
+    annotations = dict(extra_annotations or {})
+    if annotation is not None:
+        annotations[IDENTITY_ANNOTATION] = annotation
+    body = {"metadata": {"namespace": "ns", "name": "m0", "uid": uid, "resourceVersion": "7", "generation": 1,
+                         "finalizers": [FINALIZER], "annotations": annotations,
+                         "labels": {"cluster.x-k8s.io/cluster-name": "c1"},
+                         "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                                              "name": "m0"}]},
+            "spec": {"providerID": PROVIDER_ID, "image": {"volume": "base.qcow2"}}}
+    if status is not None:
+        body["status"] = status
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return body
+
+
+def domain_of(namespace: str = "ns", name: str = "m0", uid: str = SOURCE_UID) -> machines.DomainInfo:
+    owner = domain_xml.Owner(namespace=namespace, name=name, uid=uid, cluster="c1")
+    xml = (f'<domain><metadata><capi:machine xmlns:capi="{domain_xml.METADATA_NAMESPACE}">'
+           + "".join(f"<capi:{field}>{getattr(owner, field)}</capi:{field}>" for field in domain_xml.OWNER_FIELDS)
+           + "</capi:machine></metadata></domain>")
+    return machines.DomainInfo(uuid=naming.domain_uuid(uid), name=naming.domain_name(namespace, name, uid),
+                               state="running", xml=xml)
+
+
+class FakeHost:
+    def __init__(self, domain: machines.DomainInfo | None) -> None:
+        self.domain, self.calls = domain, []
+
+    async def call(self, fn, *args, doing=""):
+        self.calls.append((fn.__name__, args))
+        if fn is machines.domain_info:
+            return self.domain if self.domain is not None and self.domain.uuid == args[0] else None
+        if fn is machines.delete_machine:
+            return [f"domain {args[0]}"]
+        if fn is machines.domain_addresses:
+            return ["192.0.2.10"]
+        if fn is machines.start_domain:
+            return None
+        raise AssertionError(f"unexpected host call {fn.__name__}")
+
+
+@dataclasses.dataclass
+class FakeKube:
+    body: dict
+    cluster: dict = dataclasses.field(default_factory=lambda: {
+        "metadata": {"name": "c1", "namespace": "ns"}, "spec": {},
+        "status": {"initialization": {"infrastructureProvisioned": True}}})
+    patches: list = dataclasses.field(default_factory=list)
+    status_patches: list = dataclasses.field(default_factory=list)
+
+    async def get_libvirt_machine(self, namespace, name):
+        return self.body
+
+    async def get_cluster(self, namespace, name):
+        return self.cluster
+
+    async def get_machine(self, namespace, name):
+        return {"metadata": {"name": name}, "spec": {"clusterName": "c1", "bootstrap": {"dataSecretName": "s"}},
+                "status": {"nodeRef": {"name": "m0"}}}
+
+    async def patch_libvirt_machine(self, namespace, name, patch):
+        self.patches.append(patch)
+        metadata = patch.get("metadata") or {}
+        merged = {**self.body["metadata"], **{k: v for k, v in metadata.items() if k != "annotations"}}
+        merged["annotations"] = {**(self.body["metadata"].get("annotations") or {}),
+                                 **(metadata.get("annotations") or {})}
+        self.body = {**self.body, "metadata": merged, "spec": {**self.body["spec"], **(patch.get("spec") or {})}}
+        return self.body
+
+    async def patch_libvirt_machine_status(self, namespace, name, status):
+        self.status_patches.append(status)
+
+    async def reread_libvirt_machine(self, namespace, name):
+        return self.body
+
+    async def list_libvirt_machines(self):
+        raise AssertionError("a placed or moved machine is never placed again")
+
+
+def deps_for(body: dict, domain: machines.DomainInfo | None) -> tuple[machine_reconcile.Dependencies, FakeHost,
+                                                                         list]:
+    host, events = FakeHost(domain), []
+
+    class Registry:
+        def get(self, name):
+            assert name == "kvm1", name
+            return host
+
+    inventory = types.SimpleNamespace(registry=Registry(), hosts={})
+    deps = machine_reconcile.Dependencies(kube=FakeKube(body), inventory=inventory,
+                                          post_event=lambda body, kind, reason, message: events.append(reason),
+                                          now=lambda: "2026-01-01T00:00:00Z")
+    return deps, host, events
+
+
+# -- identity -----------------------------------------------------------------------------------------------------
+
+def test_identity_is_the_annotation_the_provider_id_vouches_for_else_the_uid() -> None:
+    copy = placed(COPY_UID)
+    assert naming.identity_uid(copy) == SOURCE_UID
+    assert naming.identity_uid(placed(COPY_UID, annotation=None)) == COPY_UID
+    never_placed = placed(COPY_UID)
+    del never_placed["spec"]["providerID"]
+    assert naming.identity_uid(never_placed) == COPY_UID, "a cloned manifest without providerID is a new machine"
+    assert naming.identity_uid(placed(COPY_UID, annotation="33333333-3333-4333-8333-333333333333")) == COPY_UID
+    assert naming.identity_uid({"metadata": {"uid": "u"}, "spec": {"providerID": "not one"}}) == "u"
+
+
+def test_a_copy_records_the_same_host_and_names_as_its_source() -> None:
+    source, copy = placed(SOURCE_UID, status={"host": "kvm1"}), placed(COPY_UID)
+    assert machine_reconcile.recorded_host(copy) == machine_reconcile.recorded_host(source) == "kvm1"
+    assert machine_reconcile.recorded_host(placed(COPY_UID, annotation=None)) is None  # today's failure, without it
+    spec = machine_reconcile.v1alpha1.LibvirtMachineSpec.model_validate(copy["spec"])
+    a = machine_reconcile.MachinePass(body=source, spec=spec, status={})
+    b = machine_reconcile.MachinePass(body=copy, spec=spec, status={})
+    assert (a.uid, a.domain_uuid, a.domain_name, a.volumes()) == (b.uid, b.domain_uuid, b.domain_name, b.volumes())
+
+
+def test_the_placement_patch_writes_finalizer_provider_id_and_identity_in_one_guarded_write() -> None:
+    body = {"metadata": {"namespace": "ns", "name": "m0", "uid": SOURCE_UID, "resourceVersion": "3",
+                         "finalizers": ["other"]}, "spec": {}}
+    patch = machine_reconcile.placement_patch(body, "kvm1")
+    assert patch == {"metadata": {"finalizers": ["other", FINALIZER], "annotations": {IDENTITY_ANNOTATION: SOURCE_UID},
+                                  "resourceVersion": "3"},
+                     "spec": {"providerID": PROVIDER_ID}}
+
+
+def test_machines_placed_before_the_annotation_get_it_and_the_finalizer_on_their_next_pass() -> None:
+    old = placed(SOURCE_UID, annotation=None)
+    assert machine_reconcile.identity_migration_patch(old) == {
+        "metadata": {"annotations": {IDENTITY_ANNOTATION: SOURCE_UID}, "resourceVersion": "7"}}
+    old["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]
+    old["status"] = {"host": "kvm1"}
+    assert machine_reconcile.identity_migration_patch(old)["metadata"]["finalizers"] == [
+        "kopf.zalando.org/KopfFinalizerMarker", FINALIZER]
+    assert machine_reconcile.identity_migration_patch(placed(COPY_UID)) is None
+
+
+# -- adoption -----------------------------------------------------------------------------------------------------
+
+async def test_a_moved_copy_is_adopted_status_rebuilt_never_placed_or_defined_again() -> None:
+    deps, host, events = deps_for(placed(COPY_UID), domain_of())
+    deps.inventory.hosts["kvm1"] = types.SimpleNamespace(spec=types.SimpleNamespace(failure_domain="rack-a"))
+    assert await machine_reconcile.reconcile(deps, "ns", "m0") == machine_reconcile.RECHECK_PROVISIONED
+    status = deps.kube.status_patches[-1]
+    assert status["host"] == "kvm1" and status["domainUUID"] == naming.domain_uuid(SOURCE_UID)
+    assert status["failureDomain"] == "rack-a"
+    assert status["ready"] is True and status["initialization"] == {"provisioned": True} and status["state"] == "running"
+    assert deps.kube.patches == []  # providerID, finalizer and annotation already right: nothing to write
+    assert {name for name, _ in host.calls} == {"domain_info", "domain_addresses"}
+
+
+async def test_a_copy_moved_without_the_annotation_is_adopted_by_its_domains_owner_metadata() -> None:
+    deps, host, events = deps_for(placed(COPY_UID, annotation=None), domain_of())
+    assert await machine_reconcile.reconcile(deps, "ns", "m0") == machine_reconcile.RECHECK_PROVISIONED
+    assert deps.kube.patches[0]["metadata"]["annotations"] == {IDENTITY_ANNOTATION: SOURCE_UID}
+    assert "Adopted" in events
+    assert deps.kube.status_patches[-1]["domainUUID"] == naming.domain_uuid(SOURCE_UID)
+
+
+@pytest.mark.parametrize("domain", [None, domain_of(name="someone-else")])
+async def test_a_provider_id_naming_no_domain_of_this_machine_is_refused_not_placed_again(domain) -> None:
+    deps, host, events = deps_for(placed(COPY_UID, annotation=None), domain)
+    await machine_reconcile.reconcile(deps, "ns", "m0")
+    provisioned = [c for c in deps.kube.status_patches[-1]["conditions"] if c["type"] == "Provisioned"][0]
+    assert provisioned["reason"] == machine_reconcile.ADOPTION_REFUSED
+    assert deps.kube.patches == []
+
+
+async def test_a_clone_under_another_name_does_not_take_over_the_domain() -> None:
+    clone = placed(COPY_UID)
+    clone["metadata"]["name"] = "m1"
+    deps, host, events = deps_for(clone, domain_of())
+    await machine_reconcile.reconcile(deps, "ns", "m1")
+    provisioned = [c for c in deps.kube.status_patches[-1]["conditions"] if c["type"] == "Provisioned"][0]
+    assert provisioned["reason"] == machine_reconcile.ADOPTION_REFUSED
+    assert [name for name, _ in host.calls] == ["domain_info"]
+
+
+# -- deletion -----------------------------------------------------------------------------------------------------
+
+async def test_delete_for_move_releases_the_finalizer_without_a_host_call() -> None:
+    body = placed(SOURCE_UID, status={"host": "kvm1"}, extra_annotations={DELETE_FOR_MOVE_ANNOTATION: ""},
+                  deleting=True)
+    deps, host, events = deps_for(body, domain_of())
+    assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
+    assert host.calls == []
+    assert deps.kube.patches == [{"metadata": {"finalizers": None, "resourceVersion": "7"}}]
+    assert events == [machine_reconcile.DELETED_FOR_MOVE]
+
+
+async def test_a_paused_cluster_keeps_the_finalizer_and_the_host_untouched() -> None:
+    deps, host, events = deps_for(placed(SOURCE_UID, status={"host": "kvm1"}, deleting=True), domain_of())
+    deps.kube.cluster["spec"]["paused"] = True
+    assert await machine_reconcile.reconcile(deps, "ns", "m0") == machine_reconcile.RECHECK_WAITING
+    assert host.calls == [] and deps.kube.patches == []
+
+
+async def test_deleting_a_moved_copy_removes_the_domain_of_its_identity() -> None:
+    deps, host, events = deps_for(placed(COPY_UID, deleting=True), domain_of())
+    assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
+    assert host.calls == [("delete_machine", (naming.domain_uuid(SOURCE_UID), SOURCE_UID,
+                                              machine_reconcile.machine_volumes("ns", "m0", SOURCE_UID, "default"),
+                                              "ns", "m0"))]
+    assert deps.kube.patches[-1]["metadata"]["finalizers"] is None
+
+
+async def test_deleting_a_copy_without_annotation_or_status_looks_the_domain_up_instead_of_leaking_it() -> None:
+    deps, host, events = deps_for(placed(COPY_UID, annotation=None, deleting=True), domain_of())
+    assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
+    assert [name for name, _ in host.calls] == ["domain_info", "delete_machine"]
+    assert host.calls[1][1][:2] == (naming.domain_uuid(SOURCE_UID), SOURCE_UID)
+
+
+async def test_deleting_when_the_provider_id_names_no_domain_of_this_machine_leaves_the_host_alone() -> None:
+    deps, host, events = deps_for(placed(COPY_UID, annotation=None, deleting=True), domain_of(name="other"))
+    assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
+    assert [name for name, _ in host.calls] == ["domain_info"]
+
+
+# -- copies of LibvirtHosts and LibvirtMachineTemplates on a running target ---------------------------------------
+
+def test_a_template_copy_without_status_gets_capacity_and_node_info_and_a_current_one_nothing() -> None:
+    spec = machine_reconcile.v1alpha1.LibvirtMachineTemplateSpec.model_validate(
+        {"template": {"spec": {"image": {"volume": "base.qcow2"}, "cpus": 2, "memoryMiB": 4096}}})
+    wanted = capacity.template_status_update(spec, None)
+    assert wanted == {"capacity": {"cpu": "2", "memory": "4096Mi", "ephemeral-storage": "20Gi"},
+                      "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"}}
+    assert capacity.template_status_update(spec, {**wanted, "other": 1}) is None  # its own write ends the loop
+    assert capacity.template_status_update(spec, {**wanted, "capacity": {"cpu": "1"}}) == {
+        "capacity": wanted["capacity"]}
+
+
+async def test_hosts_missing_from_the_inventory_are_added_each_round_known_and_deleting_ones_are_not(
+        monkeypatch) -> None:
+    listed = [{"metadata": {"name": name}, "spec": {"uri": f"qemu+ssh://root@{name}/system"}}
+              for name in ("copied", "known", "static", "refused")]
+    listed.append({"metadata": {"name": "going", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {}})
+    upserted = []
+
+    async def upsert_host(deps, name, spec):
+        upserted.append((name, spec["uri"]))
+        if name == "refused":
+            raise machine_reconcile.Wait("HostUnreachable", "credentials Secret x/y not found")
+
+    async def list_libvirt_hosts():
+        return listed
+
+    monkeypatch.setattr(hosts_reconcile, "upsert_host", upsert_host)
+    deps = types.SimpleNamespace(kube=types.SimpleNamespace(list_libvirt_hosts=list_libvirt_hosts),
+                                 inventory=types.SimpleNamespace(hosts={"known": 1, "static": 1}, static={"static"}))
+    assert await hosts_reconcile.add_missing_hosts(deps) == ["copied", "refused"]
+    assert upserted == [("copied", "qemu+ssh://root@copied/system"), ("refused", "qemu+ssh://root@refused/system")]

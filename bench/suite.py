@@ -56,8 +56,8 @@ def run(settings: Settings) -> dict:
         for n in settings.sizes:
             for index in range(settings.rounds):
                 idle = settings.idle_s if n == max(settings.sizes) and index == settings.rounds - 1 else 0
-                for label, make in (("ours", lambda: asyncio.run(ours.run(n, idle))), ("floor", lambda: floor.run(n)),
-                                    ("floor_serial", lambda: serial.run(n))):
+                for label, make in (("ours", lambda n=n, idle=idle: asyncio.run(ours.run(n, idle))),
+                                    ("floor", lambda n=n: floor.run(n)), ("floor_serial", lambda n=n: serial.run(n))):
                     result = make()
                     provisioned = f"{result.provisioned_s:.2f}s" if result.provisioned_s is not None else \
                         f"not all ({result.unprovisioned} without an address)"
@@ -80,8 +80,9 @@ def default_creation_concurrency() -> int:
 def machine_facts() -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=testbed.REPO).stdout.strip()
-    memory_kib = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
+    meminfo = pathlib.Path("/proc/meminfo").read_text().splitlines()
+    memory_kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))
+    return {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
             "cpus": len(__import__("os").sched_getaffinity(0)), "memory_gib": round(memory_kib / 1024**2, 1),
             "kernel": platform.release()}
 

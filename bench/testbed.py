@@ -23,7 +23,7 @@ import tempfile
 import time
 import urllib.request
 import xml.etree.ElementTree as ET
-from typing import Iterator
+from collections.abc import Iterator
 
 import libvirt
 

@@ -206,7 +206,7 @@ class Tracker:
                 raise TimeoutError(f"round {self.prefix}: {self.provisioned} provisioned, {self.gone} gone")
             try:
                 await asyncio.wait_for(self.changed.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return time.monotonic()
 
@@ -230,7 +230,7 @@ class Floor:
             base = pool.storageVolLookupByName(testbed.BASE_VOLUME)
             started = time.monotonic()
             macs = list(threads.map(lambda args: self._create(conn, pool, pool_dir, base, spec, *args),
-                                    zip(names, uids)))
+                                    zip(names, uids, strict=True)))
             running = time.monotonic()
             try:
                 provisioned: float | None = measure.wait_until(
@@ -239,7 +239,7 @@ class Floor:
                 provisioned = None
             unprovisioned = len(set(macs) - measure.leased_macs(conn, host.network_name))
             deleting = time.monotonic()
-            list(threads.map(lambda args: self._delete(conn, *args), zip(names, uids)))
+            list(threads.map(lambda args: self._delete(conn, *args), zip(names, uids, strict=True)))
             done = measure.wait_until(lambda: measure.host_clean(conn, host.pool_name, {testbed.BASE_VOLUME}),
                                       ROUND_TIMEOUT_S)
         return Round(n=n, running_s=running - started, provisioned_s=provisioned and provisioned - started,

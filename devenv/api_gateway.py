@@ -23,8 +23,9 @@ import os
 import socket
 import threading
 import urllib.parse
+from collections.abc import Callable
 from types import TracebackType
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from devenv.control_plane import LocalControlPlane
 from devenv.libvirt_host import LibvirtHost

@@ -19,7 +19,7 @@ import pathlib
 import signal
 import subprocess
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from devenv import paths
 from devenv.control_plane import LocalControlPlane, free_port

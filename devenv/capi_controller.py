@@ -37,7 +37,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import yaml
 

@@ -23,7 +23,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 
@@ -144,9 +145,8 @@ class LocalControlPlane:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        logfile = open(self.workdir / f"{name}.log", "wb")
-        process = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
-        logfile.close()
+        with open(self.workdir / f"{name}.log", "wb") as logfile:  # the child keeps its own copy of the descriptor
+            process = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
         self._processes.append((name, process))
         log.info("started %s (pid %d), log %s", name, process.pid, self.workdir / f"{name}.log")
         return process

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import pathlib
 import subprocess
-from typing import Iterable
+from collections.abc import Iterable
 
 import yaml
 

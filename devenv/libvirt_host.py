@@ -26,8 +26,8 @@ import stat
 import subprocess
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Callable, Mapping, Sequence
 
 import libvirt
 

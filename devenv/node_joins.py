@@ -12,7 +12,7 @@ provider).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from devenv.api_gateway import ApiGateway
 from devenv.autoscaling import NODE_JOINS, KubeControllerManager

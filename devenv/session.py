@@ -25,7 +25,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 async def _cluster_reachable() -> bool:
     """True when the kubeconfig of $KUBECONFIG or ~/.kube/config answers within a few seconds."""
     kubeconfig = os.environ.get("KUBECONFIG", str(pathlib.Path.home() / ".kube" / "config"))
-    if not pathlib.Path(kubeconfig.split(os.pathsep)[0]).exists():
+    if not pathlib.Path(kubeconfig.split(os.pathsep)[0]).exists():  # noqa: ASYNC240 - one stat, before any work
         return False
     try:
         configuration = client.Configuration()

@@ -4,7 +4,7 @@ API server, each with its webhooks on, and the release as a clusterctl repositor
 from __future__ import annotations
 
 import pathlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -8,7 +8,7 @@ import ipaddress
 import os
 import pathlib
 import uuid
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import kopf
 import pytest

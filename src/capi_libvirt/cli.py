@@ -11,7 +11,7 @@ import os
 import pathlib
 import re
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 log = logging.getLogger("capi_libvirt")
 
@@ -152,7 +152,7 @@ def _cmd_console_log(args: argparse.Namespace) -> int:
         where = os.environ.get("KUBECONFIG") or "~/.kube/config"
         print(f"capi-libvirt console-log: no usable kubeconfig ({where}): {error}", file=sys.stderr)
         return 1
-    except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+    except (TimeoutError, aiohttp.ClientError) as error:
         print(f"capi-libvirt console-log: Kubernetes API not reachable: {error}", file=sys.stderr)
         return 1
     return 0

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from typing import Awaitable, BinaryIO, TypeVar
+from collections.abc import Awaitable
+from typing import BinaryIO, TypeVar
 
 import pydantic
 from kubernetes_asyncio.client.exceptions import ApiException

@@ -11,7 +11,8 @@ import pathlib
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from typing import Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import libvirt
 import pytest

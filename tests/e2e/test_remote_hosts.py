@@ -95,7 +95,7 @@ async def test_machines_boot_and_are_deleted_over_qemu_ssh_and_qemu_tls(
                 return await wait_until(f"the machine over qemu+{transport} provisioned", check,
                                         PROVISION_DEADLINE_S, interval=1.0)
 
-            bodies = dict(zip(TRANSPORTS, await asyncio.gather(*(provisioned(t) for t in TRANSPORTS))))
+            bodies = dict(zip(TRANSPORTS, await asyncio.gather(*(provisioned(t) for t in TRANSPORTS)), strict=True))
             deps = memo.runtime.deps
             for transport, body in bodies.items():
                 name = f"remote-{transport}"

@@ -12,7 +12,8 @@ from __future__ import annotations
 import base64
 import os
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 

@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml

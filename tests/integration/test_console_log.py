@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import libvirt
 import pytest

@@ -5,7 +5,7 @@ as it is back). Pause and the cluster's infrastructure gate everything."""
 from __future__ import annotations
 
 import uuid
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 from kubernetes_asyncio import client
@@ -232,7 +232,7 @@ async def test_kubectl_get_shows_cluster_host_state_provider_id_and_address(api_
         accept="application/json;as=Table;v=v1;g=meta.k8s.io")
     columns = [c["name"] for c in table["columnDefinitions"] if c.get("priority", 0) == 0]
     assert columns == ["Name", "Cluster", "Host", "State", "ProviderID", "Address", "Age"]
-    cells = dict(zip([c["name"] for c in table["columnDefinitions"]], table["rows"][0]["cells"]))
+    cells = dict(zip([c["name"] for c in table["columnDefinitions"]], table["rows"][0]["cells"], strict=True))
     assert (cells["Cluster"], cells["Host"], cells["State"], cells["Address"]) == ("demo", "kvm1", "running", "192.0.2.7")
     assert cells["ProviderID"] == "libvirt://kvm1/5d64ece4-dc73-59e8-9624-de2ce4c5a35e"
 

@@ -10,7 +10,6 @@ their own, so they cannot see one another.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -20,7 +19,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -64,7 +63,7 @@ class OperatorProcess:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
                 async with session.get(f"http://127.0.0.1:{port}{path}") as response:
                     return response.status, await response.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+        except (TimeoutError, aiohttp.ClientError) as error:
             return 0, type(error).__name__
 
     async def readiness(self) -> tuple[int, dict]:

@@ -9,7 +9,7 @@ import collections
 import logging
 import shutil
 import uuid
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 from kubernetes_asyncio import client

@@ -9,7 +9,7 @@ import pathlib
 import shutil
 import subprocess
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import libvirt
 import pytest
@@ -199,7 +199,7 @@ def test_plain_qemu_ssh_passes_the_key_but_not_known_hosts_to_ssh(remote: Remote
         libvirt.open(uri)
     argv = recorded.read_text().splitlines()
     assert argv[argv.index("-i") + 1] == str(remote.ssh_key)
-    assert ["-o", "BatchMode=yes"] == argv[argv.index("BatchMode=yes") - 1:argv.index("BatchMode=yes") + 1]
+    assert argv[argv.index("BatchMode=yes") - 1:argv.index("BatchMode=yes") + 1] == ["-o", "BatchMode=yes"]
     assert not [arg for arg in argv if "known_hosts" in arg.lower() or "KnownHosts" in arg]
     assert "StrictHostKeyChecking=no" not in argv
 

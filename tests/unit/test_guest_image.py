@@ -90,7 +90,7 @@ def test_node_image_is_its_disk_alone(cache: pathlib.Path) -> None:
         folder, folder / "disk.qcow2", None, None, gi.NODE)
     assert image.files == [folder / "disk.qcow2"]
     with pytest.raises(ValueError, match="boots from its own disk"):
-        image.kernel_cmdline
+        _ = image.kernel_cmdline
     assert gi.find_guest_image() is None
 
 

@@ -7,7 +7,7 @@ import datetime
 import json
 import logging
 import types
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client import REGISTRY
@@ -18,7 +18,7 @@ from capi_libvirt.reconcile import machine as machine_reconcile
 
 pytestmark = pytest.mark.unit
 
-NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
+NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 ME = election.Peering(name="capi-libvirt", identity="pod-a/1/aaaaaa", priority=500)
 
 

@@ -10,7 +10,7 @@ fewest machines, then the most memory room; ties broken by name, so the same inp
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 # Machines being created on one host at once (overlay, ISO upload, define, start): a burst queues behind this instead
 # of swamping the hypervisor, and stays within libvirtd's default of 5 requests in flight per client.

@@ -13,7 +13,8 @@ import concurrent.futures
 import functools
 import logging
 import threading
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import libvirt
 

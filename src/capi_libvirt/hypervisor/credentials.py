@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 import urllib.parse
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 SSH_KEY, SSH_KNOWN_HOSTS = "ssh-privatekey", "known_hosts"
 SSH_BINARY = "/usr/bin/ssh"

@@ -8,7 +8,7 @@ response) is ignored, and so is one of an object already seen deleted. No I/O he
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 Key = tuple[str, str, str]  # (resource plural, namespace ("" when cluster-scoped), name)
 MAX_TOMBSTONES = 10_000

@@ -66,7 +66,7 @@ def _alive(record: object, now: datetime.datetime) -> bool:
     except (TypeError, ValueError):
         return False
     if lastseen.tzinfo is None:
-        lastseen = lastseen.replace(tzinfo=datetime.timezone.utc)
+        lastseen = lastseen.replace(tzinfo=datetime.UTC)
     return lastseen + datetime.timedelta(seconds=lifetime) > now
 
 
@@ -149,5 +149,5 @@ async def _read_role(me: Peering, objects: client.CustomObjectsApi) -> tuple[str
         return None, f"reading ClusterKopfPeering {me.name}: HTTP {error.status}"
     except Exception as error:  # noqa: BLE001  the API unreachable for a moment: not ready meanwhile
         return None, f"reading ClusterKopfPeering {me.name}: {type(error).__name__}"
-    found = role(body.get("status") or {}, me, datetime.datetime.now(datetime.timezone.utc))
+    found = role(body.get("status") or {}, me, datetime.datetime.now(datetime.UTC))
     return found, "" if found else "no live record of this replica in the peering object yet"

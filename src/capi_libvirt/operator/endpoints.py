@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 
 import aiohttp.web
 

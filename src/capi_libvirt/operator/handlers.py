@@ -265,7 +265,7 @@ async def _sleep_until_woken(waker: asyncio.Event, stopped: kopf.DaemonStopped, 
     while not stopped and not waker.is_set() and (deadline is None or loop.time() < deadline):
         try:
             await asyncio.wait_for(waker.wait(), timeout=1.0)  # 1 s granularity to notice `stopped`
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 

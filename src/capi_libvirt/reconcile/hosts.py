@@ -114,7 +114,7 @@ async def probe_forever(deps: Dependencies) -> None:
             log.warning("listing LibvirtHosts failed: %s", type(error).__name__)
         names = list(deps.inventory.hosts)
         results = await asyncio.gather(*(probe_and_publish(deps, name) for name in names), return_exceptions=True)
-        for name, result in zip(names, results):
+        for name, result in zip(names, results, strict=True):
             if isinstance(result, Exception):
                 log.warning("probe of host %s failed: %s", name, type(result).__name__)
         await asyncio.sleep(PROBE_INTERVAL_S)

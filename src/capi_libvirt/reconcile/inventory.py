@@ -62,7 +62,7 @@ class Inventory:
             host.reachable, host.problem = True, None
         except errors.HostUnreachable as error:
             host.reachable, host.problem = False, error.message
-        except asyncio.TimeoutError:
+        except TimeoutError:
             host.reachable, host.problem = False, f"no answer within {timeout:.0f}s"
         except errors.HypervisorError as error:  # reachable, but the probe failed: keep the last numbers
             log.warning("probe of host %s failed: %s", name, error)

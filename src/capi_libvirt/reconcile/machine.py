@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import datetime
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pydantic
 
@@ -60,7 +60,7 @@ EventSink = Callable[[dict, str, str, str], Awaitable[None] | None]  # (body, ty
 
 
 def utc_now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Observer:

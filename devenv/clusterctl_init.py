@@ -24,7 +24,7 @@ import os
 import pathlib
 import subprocess
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import yaml
 

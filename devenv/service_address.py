@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from typing import Iterable
+from collections.abc import Iterable
 
 from devenv.control_plane import LocalControlPlane
 

@@ -30,7 +30,8 @@ import shutil
 import subprocess
 import time
 import uuid
-from typing import Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -173,9 +174,10 @@ def test_clusterctl_init_installs_cert_manager_and_the_providers_that_run(
     names = {(c["metadata"]["namespace"], c["metadata"]["name"]) for c in certificates}
     assert {(p.namespace, f"{p.name_prefix}serving-cert") for p in (capi.CORE, capi.KUBEADM_BOOTSTRAP)} <= names
     for certificate in certificates:
-        assert wait_for(f"Certificate {certificate['metadata']['name']} Ready", lambda: condition(plane.request(
-            "GET", f"/apis/cert-manager.io/v1/namespaces/{certificate['metadata']['namespace']}/certificates/"
-                   f"{certificate['metadata']['name']}"), "Ready") == "True")
+        path = (f"/apis/cert-manager.io/v1/namespaces/{certificate['metadata']['namespace']}/certificates/"
+                f"{certificate['metadata']['name']}")
+        assert wait_for(f"Certificate {certificate['metadata']['name']} Ready",
+                        lambda path=path: condition(plane.request("GET", path), "Ready") == "True")
 
     # The CA cainjector injected into every conversion and webhook is the one of the Secret cert-manager wrote for the
     # Service's certificate (its CA Issuer's for the providers; its webhook's dynamic CA for cert-manager itself).

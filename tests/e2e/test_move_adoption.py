@@ -10,7 +10,7 @@ share the session host with other runs."""
 from __future__ import annotations
 
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from kubernetes_asyncio import client

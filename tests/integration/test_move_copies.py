@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import kopf
 import pytest

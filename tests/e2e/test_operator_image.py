@@ -153,7 +153,8 @@ async def test_the_image_installed_from_the_components_provisions_over_qemu_ssh_
     finally:
         pod.stop()
         # The shared API server gets back what it had: other tests apply these components with other field managers.
-        control_plane.delete_objects(components)
+        # The ClusterRole stays: it is config/rbac's, which the session's operator user is bound to (OPERATOR_USER).
+        control_plane.delete_objects(components, keep=("CustomResourceDefinition", "Namespace", "ClusterRole"))
 
     names = [naming.overlay_volume_name(namespace, made.machine, uid), naming.nocloud_volume_name(namespace, made.machine, uid),
              naming.serial_log_file_name(namespace, made.machine, uid)]

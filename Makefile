@@ -72,6 +72,7 @@ release-manifests: venv
 lint: venv lock-check
 	$(BIN)/ruff check src tests bench devenv
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
 
 test: prerequisites lint

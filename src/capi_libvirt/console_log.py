@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import Awaitable
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import pydantic
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -50,7 +50,7 @@ def parse_machine_ref(value: str) -> tuple[str, str]:
     return namespace, name
 
 
-def not_placed_message(body: dict) -> str:
+def not_placed_message(body: dict[str, Any]) -> str:
     """A machine without a host yet; its Provisioned condition says what it waits for."""
     meta_ = body["metadata"]
     message = f"LibvirtMachine {meta_['namespace']}/{meta_['name']} is not placed on a host yet"

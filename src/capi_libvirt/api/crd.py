@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pydantic
+
 from capi_libvirt.api import kinds, meta
 
 # The one contract this provider claims: v1beta2, which Cluster API v1.11 introduced (tested here with v1.12.8). No
@@ -91,11 +93,12 @@ def _prune(node: Any) -> Any:
     return out
 
 
-def structural(model: type) -> dict[str, Any]:
+def structural(model: type[pydantic.BaseModel]) -> dict[str, Any]:
     """The structural OpenAPI v3 schema of a pydantic model, as the Kubernetes API accepts it."""
-    raw = model.model_json_schema(by_alias=True, mode="validation")  # type: ignore[attr-defined]
+    raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
-    return _prune(_resolve(raw, defs))
+    schema: dict[str, Any] = _prune(_resolve(raw, defs))
+    return schema
 
 
 def _object_schema(kind: kinds.Kind) -> dict[str, Any]:

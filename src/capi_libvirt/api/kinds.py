@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import pydantic
 
@@ -33,7 +34,8 @@ class Kind:
     description: str
     columns: tuple[PrinterColumn, ...] = ()
     categories: tuple[str, ...] = ("cluster-api",)
-    spec_validations: Callable[[dict], list[dict]] | None = None  # CEL rules from the generated spec schema
+    # CEL rules from the generated spec schema
+    spec_validations: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None
     scope: str = "Namespaced"
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
 from pydantic import alias_generators
@@ -34,7 +34,7 @@ class Model(pydantic.BaseModel):
         use_attribute_docstrings=True,
     )
 
-    def to_api(self) -> dict:
+    def to_api(self) -> dict[str, Any]:
         """The object as the Kubernetes API expects it: camelCase keys, unset optional fields left out."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pathlib
 import re
 from collections.abc import Iterable
+from typing import Any
 
 import yaml
 
@@ -62,7 +63,7 @@ def image_variable(version: str) -> str:
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
 
 
-def _load_resource(folder: pathlib.Path, resource: str) -> list[dict]:
+def _load_resource(folder: pathlib.Path, resource: str) -> list[dict[str, Any]]:
     path = folder / resource
     if path.is_dir():
         return kustomize(path)
@@ -71,7 +72,7 @@ def _load_resource(folder: pathlib.Path, resource: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-def _set_namespace(document: dict, namespace: str) -> None:
+def _set_namespace(document: dict[str, Any], namespace: str) -> None:
     """kustomize's namespace transformer: namespaced objects move, and so do ServiceAccount subjects of bindings."""
     if document.get("kind") not in CLUSTER_SCOPED:
         document.setdefault("metadata", {})["namespace"] = namespace
@@ -80,7 +81,7 @@ def _set_namespace(document: dict, namespace: str) -> None:
             subject["namespace"] = namespace
 
 
-def kustomize(folder: pathlib.Path) -> list[dict]:
+def kustomize(folder: pathlib.Path) -> list[dict[str, Any]]:
     """The objects `kustomize build <folder>` gives, for the subset of kustomize config/ uses: `resources` (files and
     folders), `namespace`, and `labels` without selectors. Anything else in a kustomization.yaml is refused, so
     config/ cannot drift into what this reader would silently ignore (a test compares it with the real kustomize)."""
@@ -100,7 +101,7 @@ def kustomize(folder: pathlib.Path) -> list[dict]:
     return documents
 
 
-def components(config_dir: pathlib.Path, version: str) -> list[dict]:
+def components(config_dir: pathlib.Path, version: str) -> list[dict[str, Any]]:
     """The provider's objects, config/default as kustomize builds it: CRDs, RBAC, the Namespace and the controller
     Deployment, each labelled as clusterctl wants; the manager's image is `${CAPI_LIBVIRT_IMAGE:=<this release's>}`.
     The Namespace keeps its name (clusterctl moves everything to `--target-namespace` itself)."""
@@ -124,7 +125,7 @@ def components(config_dir: pathlib.Path, version: str) -> list[dict]:
 
 # -- metadata.yaml ---------------------------------------------------------------------------------------------------
 
-def metadata(version: str) -> dict:
+def metadata(version: str) -> dict[str, Any]:
     """The release series -> contract map clusterctl reads (and validates: apiVersion, kind, non-empty series)."""
     major, minor = parse_version(version)
     return {
@@ -147,7 +148,7 @@ _Dumper.add_representer(templates.Quoted, lambda dumper, value: dumper.represent
     "tag:yaml.org,2002:str", str(value), style='"'))
 
 
-def _dump_all(documents: Iterable[dict]) -> str:
+def _dump_all(documents: Iterable[dict[str, Any]]) -> str:
     return HEADER + yaml.dump_all(list(documents), Dumper=_Dumper, sort_keys=False, width=120, explicit_start=True)
 
 

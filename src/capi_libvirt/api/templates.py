@@ -11,6 +11,8 @@ a virtual IP on the libvirt network that something the user runs on them (kube-v
 
 from __future__ import annotations
 
+from typing import Any
+
 from capi_libvirt.api import meta
 
 BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
@@ -58,24 +60,25 @@ DISK_GIB = "${LIBVIRT_DISK_GIB:=20}"
 CLUSTER_CLASS = "libvirt-kubeadm-v0.1.0"  # versioned, so a changed class is a new class clusters move to
 
 
-def _ref(group: str, kind: str, name: str) -> dict:
+def _ref(group: str, kind: str, name: str) -> dict[str, Any]:
     """A v1beta2 contract reference: apiGroup, kind, name (same namespace)."""
     return {"apiGroup": group, "kind": kind, "name": name}
 
 
-def _template_ref(api_version: str, kind: str, name: str) -> dict:
+def _template_ref(api_version: str, kind: str, name: str) -> dict[str, Any]:
     """A ClusterClass template reference: v1beta2 ClusterClasses name templates by apiVersion."""
     return {"apiVersion": api_version, "kind": kind, "name": name}
 
 
-def _object(api_version: str, kind: str, name: str, spec: dict, annotations: dict | None = None) -> dict:
-    metadata: dict = {"name": name, "namespace": NAMESPACE}
+def _object(api_version: str, kind: str, name: str, spec: dict[str, Any],
+            annotations: dict[str, Any] | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": NAMESPACE}
     if annotations:
         metadata["annotations"] = annotations
     return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
 
 
-def node_registration() -> dict:
+def node_registration() -> dict[str, Any]:
     """The kubelet gets its providerID (and the node its name) from the machine's NoCloud meta-data."""
     return {
         "name": HOSTNAME_FROM_METADATA,
@@ -83,7 +86,7 @@ def node_registration() -> dict:
     }
 
 
-def machine_spec(cpus: str, memory_mib: str) -> dict:
+def machine_spec(cpus: str, memory_mib: str) -> dict[str, Any]:
     return {
         "image": {"volume": LIBVIRT_BASE_IMAGE},
         "storagePool": LIBVIRT_STORAGE_POOL,
@@ -94,12 +97,12 @@ def machine_spec(cpus: str, memory_mib: str) -> dict:
     }
 
 
-def _machine_template(name: str, cpus: str, memory_mib: str) -> dict:
+def _machine_template(name: str, cpus: str, memory_mib: str) -> dict[str, Any]:
     spec = {"template": {"spec": machine_spec(cpus, memory_mib)}}
     return _object(meta.API_VERSION, "LibvirtMachineTemplate", name, spec)
 
 
-def _kubeadm_config_spec() -> dict:
+def _kubeadm_config_spec() -> dict[str, Any]:
     return {
         "format": "cloud-config",
         "initConfiguration": {"nodeRegistration": node_registration()},
@@ -107,24 +110,24 @@ def _kubeadm_config_spec() -> dict:
     }
 
 
-def _worker_bootstrap_template(name: str) -> dict:
+def _worker_bootstrap_template(name: str) -> dict[str, Any]:
     return _object(BOOTSTRAP, "KubeadmConfigTemplate", name, {
         "template": {"spec": {"format": "cloud-config", "joinConfiguration": {"nodeRegistration": node_registration()}}},
     })
 
 
-def _endpoint() -> dict:
+def _endpoint() -> dict[str, Any]:
     return {"host": CONTROL_PLANE_ENDPOINT_HOST, "port": CONTROL_PLANE_ENDPOINT_PORT}
 
 
-def _cluster_network() -> dict:
+def _cluster_network() -> dict[str, Any]:
     return {"pods": {"cidrBlocks": [POD_CIDR]}, "services": {"cidrBlocks": [SERVICE_CIDR]}}
 
 
 # -- the default flavor ----------------------------------------------------------------------------------------------
 
-def _machine_deployment(name: str, replicas: str | None, annotations: dict | None = None) -> dict:
-    spec: dict = {
+def _machine_deployment(name: str, replicas: str | None, annotations: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
         "clusterName": CLUSTER_NAME,
         "selector": {"matchLabels": {}},  # Cluster API's defaulting adds the cluster and deployment labels
         "template": {"spec": {
@@ -139,8 +142,8 @@ def _machine_deployment(name: str, replicas: str | None, annotations: dict | Non
     return _object(CAPI, "MachineDeployment", name, spec, annotations)
 
 
-def cluster_template(worker_annotations: dict | None = None, worker_replicas: str | None = WORKER_MACHINE_COUNT
-                     ) -> list[dict]:
+def cluster_template(worker_annotations: dict[str, Any] | None = None,
+                     worker_replicas: str | None = WORKER_MACHINE_COUNT) -> list[dict[str, Any]]:
     """The default flavor: a Cluster on a LibvirtCluster, a KubeadmControlPlane of LibvirtMachines and one
     MachineDeployment of workers."""
     control_plane = f"{CLUSTER_NAME}-control-plane"
@@ -168,7 +171,7 @@ def cluster_template(worker_annotations: dict | None = None, worker_replicas: st
     ]
 
 
-def autoscaler_template() -> list[dict]:
+def autoscaler_template() -> list[dict[str, Any]]:
     """The default flavor with cluster-autoscaler owning the workers' replicas: min/max annotations and no
     `replicas` (Cluster API then starts the MachineDeployment at the minimum and leaves the count to the
     autoscaler). No capacity annotations: the autoscaler sizes a node group at zero from
@@ -179,18 +182,18 @@ def autoscaler_template() -> list[dict]:
 
 # -- the ClusterClass flavor -----------------------------------------------------------------------------------------
 
-def _variable(name: str, schema: dict, required: bool = True) -> dict:
+def _variable(name: str, schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
     return {"name": name, "required": required, "schema": {"openAPIV3Schema": schema}}
 
 
-def _patch(name: str, api_version: str, kind: str, match: dict, path: str, variable: str) -> dict:
+def _patch(name: str, api_version: str, kind: str, match: dict[str, Any], path: str, variable: str) -> dict[str, Any]:
     return {"name": name, "definitions": [{
         "selector": {"apiVersion": api_version, "kind": kind, "matchResources": match},
         "jsonPatches": [{"op": "add", "path": path, "valueFrom": {"variable": variable}}],
     }]}
 
 
-def cluster_class() -> list[dict]:
+def cluster_class() -> list[dict[str, Any]]:
     """A ClusterClass of a kubeadm control plane and a `default-worker` MachineDeployment class on libvirt, its
     templates, and two variables: the control-plane endpoint and the base image volume (patched in)."""
     name = CLUSTER_CLASS
@@ -241,13 +244,13 @@ def cluster_class() -> list[dict]:
     ]
 
 
-def _class_machine_template(name: str, cpus: str, memory_mib: str) -> dict:
+def _class_machine_template(name: str, cpus: str, memory_mib: str) -> dict[str, Any]:
     spec = machine_spec(cpus, memory_mib)
     spec["image"] = {"volume": "set-by-the-baseImage-variable"}
     return _object(meta.API_VERSION, "LibvirtMachineTemplate", name, {"template": {"spec": spec}})
 
 
-def clusterclass_template() -> list[dict]:
+def clusterclass_template() -> list[dict[str, Any]]:
     """The ClusterClass flavor: the class and its templates, and a Cluster whose topology uses it."""
     cluster = _object(CAPI, "Cluster", CLUSTER_NAME, {
         "clusterNetwork": _cluster_network(),

@@ -6,7 +6,7 @@ become its validation, so the API server refuses a bad object before the operato
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 
@@ -83,7 +83,7 @@ class KernelBoot(meta.Model):
     """Kernel command line."""
 
 
-def machine_spec_immutability(schema: dict) -> list[dict]:
+def machine_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:
     """CEL rules for a LibvirtMachine's (structural) spec schema: fixed once created (a new spec means a new machine,
     as Cluster API rolls them), and providerID may be set once, never changed. Templates stay editable."""
     rules = []
@@ -315,7 +315,7 @@ class LibvirtHostStatus(meta.Model):
     """Conditions: Ready (reachable and probed)."""
 
 
-def host_spec_immutability(schema: dict) -> list[dict]:
+def host_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:
     """CEL: a host's URI never changes under the machines placed on it."""
     del schema
     return [{"rule": "self.uri == oldSelf.uri", "message": "uri is immutable: create another LibvirtHost"}]

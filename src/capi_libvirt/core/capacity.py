@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from capi_libvirt.api import v1alpha1
 
 
@@ -20,7 +22,8 @@ def template_node_info(spec: v1alpha1.LibvirtMachineSpec) -> dict[str, str]:
     return {"architecture": "amd64", "operatingSystem": "linux"}
 
 
-def template_status_update(spec: v1alpha1.LibvirtMachineTemplateSpec, status: dict | None) -> dict | None:
+def template_status_update(spec: v1alpha1.LibvirtMachineTemplateSpec,
+                           status: dict[str, Any] | None) -> dict[str, Any] | None:
     """What of `status` (capacity, nodeInfo) differs from what the template's spec gives, or None: level-triggered, so
     a template whose status is missing for any reason (a copy made by clusterctl move arrives without one) gets it."""
     machine = spec.template.spec

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 Status = Literal["True", "False", "Unknown"]
 STATUSES: tuple[Status, ...] = ("True", "False", "Unknown")
@@ -47,19 +47,19 @@ class Reason:
     NO_CONDITIONS = "NoConditions"  # Ready when there is nothing to summarise yet
 
 
-def get_condition(conditions: Sequence[dict] | None, type: str) -> dict | None:
+def get_condition(conditions: Sequence[dict[str, Any]] | None, type: str) -> dict[str, Any] | None:
     """The condition of this type, or None."""
     return next((condition for condition in conditions or () if condition.get("type") == type), None)
 
 
-def is_true(conditions: Sequence[dict] | None, type: str) -> bool:
+def is_true(conditions: Sequence[dict[str, Any]] | None, type: str) -> bool:
     """Whether the condition of this type exists and is True."""
     condition = get_condition(conditions, type)
     return condition is not None and condition.get("status") == "True"
 
 
 def set_condition(
-    conditions: Sequence[dict] | None,
+    conditions: Sequence[dict[str, Any]] | None,
     type: str,
     status: Status,
     reason: str,
@@ -67,7 +67,7 @@ def set_condition(
     *,
     now: str,
     observed_generation: int | None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """A new list with the condition of `type` set; its lastTransitionTime is `now` only if the status changed.
 
     `now` is an RFC 3339 timestamp ("2024-05-01T12:00:00Z"); `message` must be safe to show (see the module doc) and is
@@ -79,10 +79,10 @@ def set_condition(
         raise ValueError(f"condition reason {reason!r} is not CamelCase ([A-Za-z][A-Za-z0-9_,:]*)")
     previous = get_condition(conditions, type)
     unchanged = previous is not None and previous.get("status") == status and previous.get("lastTransitionTime")
-    condition: dict = {
+    condition: dict[str, Any] = {
         "type": type,
         "status": status,
-        "lastTransitionTime": previous["lastTransitionTime"] if unchanged else now,
+        "lastTransitionTime": previous["lastTransitionTime"] if previous is not None and unchanged else now,
         "reason": reason,
         "message": message[:MESSAGE_MAX],
     }
@@ -92,18 +92,18 @@ def set_condition(
     return sort_conditions([*others, condition])
 
 
-def remove_condition(conditions: Sequence[dict] | None, type: str) -> list[dict]:
+def remove_condition(conditions: Sequence[dict[str, Any]] | None, type: str) -> list[dict[str, Any]]:
     """A new list without the condition of this type."""
     return sort_conditions([dict(other) for other in conditions or () if other.get("type") != type])
 
 
-def sort_conditions(conditions: Sequence[dict]) -> list[dict]:
+def sort_conditions(conditions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Ready first, then by type: a stable order, so the same state always serialises the same."""
     return sorted(conditions, key=lambda condition: (condition.get("type") != READY, str(condition.get("type"))))
 
 
 def summarize_ready(
-    conditions: Sequence[dict] | None,
+    conditions: Sequence[dict[str, Any]] | None,
     now: str,
     observed_generation: int | None,
     *,
@@ -111,7 +111,7 @@ def summarize_ready(
     ignore: Collection[str] = (PAUSED,),
     negative_polarity: Collection[str] = (DELETING,),
     true_reason: str = Reason.PROVISIONED,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """A new list with Ready computed from the other conditions.
 
     Ready is False with the reason and message of the first failing condition, else Unknown with those of the first
@@ -123,13 +123,14 @@ def summarize_ready(
     rank = {type: position for position, type in enumerate(order)}
     considered = sorted(
         (c for c in conditions or () if c.get("type") != READY and c.get("type") not in ignore),
-        key=lambda c: (rank.get(c.get("type"), len(rank)), str(c.get("type"))),
+        key=lambda c: (rank.get(str(c.get("type")), len(rank)), str(c.get("type"))),
     )
 
-    def healthy(condition: dict) -> bool:
+    def healthy(condition: dict[str, Any]) -> bool:
         expected = "False" if condition.get("type") in negative_polarity else "True"
         return condition.get("status") == expected
 
+    status: Status
     failing = next((c for c in considered if c.get("status") != "Unknown" and not healthy(c)), None)
     unknown = next((c for c in considered if c.get("status") == "Unknown"), None)
     if failing is not None:

@@ -13,6 +13,7 @@ import hashlib
 import re
 import unicodedata
 import uuid
+from typing import Any
 
 from capi_libvirt.core import provider_id
 
@@ -37,7 +38,7 @@ _NOT_LABEL_CHAR = re.compile(r"[^a-z0-9]+")
 IDENTITY_ANNOTATION = "infrastructure.cluster.x-k8s.io/libvirt-machine-uid"
 
 
-def identity_uid(body: dict) -> str:
+def identity_uid(body: dict[str, Any]) -> str:
     """The UID every name, the domain UUID and the MACs of the machine derive from.
 
     The IDENTITY_ANNOTATION when spec.providerID names the domain UUID derived from it (a moved copy: new UID, same
@@ -50,7 +51,7 @@ def identity_uid(body: dict) -> str:
     if annotated and annotated.strip() and recorded:
         try:
             if provider_id.parse_provider_id(recorded).domain_uuid == domain_uuid(annotated):
-                return annotated
+                return str(annotated)
         except ValueError:
             pass
     return metadata.get("uid") or ""

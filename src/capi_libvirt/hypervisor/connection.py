@@ -71,7 +71,7 @@ class HostConnection:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(self._call_sync, fn, args, doing))
 
-    def _call_sync(self, fn: Callable[..., T], args: tuple, doing: str) -> T:
+    def _call_sync(self, fn: Callable[..., T], args: tuple[object, ...], doing: str) -> T:
         conn = self._live_connection()
         try:
             return fn(conn, *args)

@@ -110,13 +110,13 @@ def ensure_overlay(conn: libvirt.virConnect, volumes: MachineVolumes, base_pool:
     pool = _active_pool(conn, volumes.pool)
     existing = _volume_or_none(pool, volumes.overlay)
     if existing is not None:
-        return existing.path()
+        return _path(existing)
     base = _active_pool(conn, base_pool).storageVolLookupByName(base_volume)
     base_capacity = base.info()[1]
     capacity = max(disk_gib * GIB, base_capacity)
     xml = volume_xml.overlay_volume_xml(volumes.overlay, capacity, base.path(),
                                         volume_xml.backing_format_of(base.XMLDesc()))
-    return pool.createXML(xml, 0).path()
+    return _path(pool.createXML(xml, 0))
 
 
 def replace_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes, iso: bytes) -> str:
@@ -144,7 +144,7 @@ def replace_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes, iso: byte
         abort_quietly(stream)
         volume.delete(0)
         raise
-    return volume.path()
+    return _path(volume)
 
 
 def ensure_serial_log(conn: libvirt.virConnect, volumes: MachineVolumes) -> str:
@@ -154,8 +154,14 @@ def ensure_serial_log(conn: libvirt.virConnect, volumes: MachineVolumes) -> str:
     pool = _active_pool(conn, volumes.pool)
     existing = _volume_or_none(pool, volumes.serial_log)
     if existing is not None:
-        return existing.path()
-    return pool.createXML(volume_xml.raw_volume_xml(volumes.serial_log, 0), 0).path()
+        return _path(existing)
+    return _path(pool.createXML(volume_xml.raw_volume_xml(volumes.serial_log, 0), 0))
+
+
+def _path(volume: libvirt.virStorageVol) -> str:
+    """The volume's path (libvirt-python is untyped: this names what it returns)."""
+    path: str = volume.path()
+    return path
 
 
 def abort_quietly(stream: libvirt.virStream) -> None:

@@ -29,7 +29,7 @@ CAPI_GROUP, CAPI_VERSION = meta.CAPI_GROUP, meta.CAPI_VERSION
 # The client logs whole response bodies at DEBUG, Secrets (bootstrap data, host keys) included: never below INFO,
 # whatever level the operator runs at.
 logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
-MERGE_PATCH = {"_content_type": "application/merge-patch+json"}
+MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 MACHINES, CLUSTERS, LIBVIRT_MACHINES = "machines", "clusters", "libvirtmachines"
 
 
@@ -78,10 +78,11 @@ class KubeAPI:
         """One LIST of each cached kind (all namespaces, or each watched one) into the cache."""
         kinds = ((CAPI_GROUP, CAPI_VERSION, MACHINES), (CAPI_GROUP, CAPI_VERSION, CLUSTERS),
                  (meta.GROUP, meta.VERSION, LIBVIRT_MACHINES))
+        scopes: list[str | None] = [*namespaces] or [None]  # None: all namespaces
         for group, version, plural in kinds:
-            items: list[dict] = []
+            items: list[dict[str, Any]] = []
             list_version = None
-            for namespace in namespaces or [None]:
+            for namespace in scopes:
                 self.calls += 1
                 if namespace is None:
                     listed = await self.objects.list_cluster_custom_object(group, version, plural)
@@ -93,7 +94,7 @@ class KubeAPI:
         self.primed = True
 
     async def _cached(self, group: str, version: str, plural: str, namespace: str, name: str,
-                      fetch_missing: bool = True) -> dict | None:
+                      fetch_missing: bool = True) -> dict[str, Any] | None:
         body = self.cache.get(plural, namespace, name)
         if body is None and fetch_missing:
             self.calls += 1
@@ -102,20 +103,20 @@ class KubeAPI:
                 self.cache.put(plural, body)
         return body
 
-    async def get_machine(self, namespace: str, name: str) -> dict | None:
+    async def get_machine(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._cached(CAPI_GROUP, CAPI_VERSION, MACHINES, namespace, name)
 
-    async def get_cluster(self, namespace: str, name: str) -> dict | None:
+    async def get_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._cached(CAPI_GROUP, CAPI_VERSION, CLUSTERS, namespace, name)
 
-    async def get_libvirt_machine(self, namespace: str, name: str) -> dict | None:
+    async def get_libvirt_machine(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Once primed, the cache holds every LibvirtMachine: one it lacks was deleted or its event is on the way
         (and queues it again). A Machine or Cluster the cache lacks is fetched: waiting for its event would write a
         passing WaitingForOwner condition first."""
         return await self._cached(meta.GROUP, meta.VERSION, LIBVIRT_MACHINES, namespace, name,
                                   fetch_missing=not self.primed)
 
-    async def reread_libvirt_machine(self, namespace: str, name: str) -> dict | None:
+    async def reread_libvirt_machine(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Fetched, not from the cache: after a Conflict."""
         self.calls += 1
         body = await _or_none(self.objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace,
@@ -124,22 +125,22 @@ class KubeAPI:
             self.cache.put(LIBVIRT_MACHINES, body)
         return body
 
-    async def get_libvirt_cluster(self, namespace: str, name: str) -> dict | None:
+    async def get_libvirt_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls += 1
         return await _or_none(self.objects.get_namespaced_custom_object(
             meta.GROUP, meta.VERSION, namespace, "libvirtclusters", name))
 
-    async def patch_libvirt_cluster(self, namespace: str, name: str, patch: dict) -> dict:
+    async def patch_libvirt_cluster(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         self.calls += 1
         return await self.objects.patch_namespaced_custom_object(
             meta.GROUP, meta.VERSION, namespace, "libvirtclusters", name, patch, **MERGE_PATCH)
 
-    async def patch_libvirt_cluster_status(self, namespace: str, name: str, status: dict) -> dict:
+    async def patch_libvirt_cluster_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.calls += 1
         return await self.objects.patch_namespaced_custom_object_status(
             meta.GROUP, meta.VERSION, namespace, "libvirtclusters", name, {"status": status}, **MERGE_PATCH)
 
-    async def list_libvirt_machines(self) -> list[dict]:
+    async def list_libvirt_machines(self) -> list[dict[str, Any]]:
         """Every LibvirtMachine (of the watched namespaces): what is allocated on each host, and each group's spread."""
         if self.primed:
             return list(self.cache.items(LIBVIRT_MACHINES))
@@ -154,24 +155,26 @@ class KubeAPI:
             return None
         return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
 
-    async def get_libvirt_host(self, name: str) -> dict | None:
+    async def get_libvirt_host(self, name: str) -> dict[str, Any] | None:
         self.calls += 1
         return await _or_none(self.objects.get_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name))
 
-    async def list_libvirt_hosts(self) -> list[dict]:
+    async def list_libvirt_hosts(self) -> list[dict[str, Any]]:
         self.calls += 1
         listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts")
         return listed.get("items", [])
 
-    async def patch_libvirt_host_status(self, name: str, status: dict) -> dict:
+    async def patch_libvirt_host_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.calls += 1
         return await self.objects.patch_cluster_custom_object_status(
             meta.GROUP, meta.VERSION, "libvirthosts", name, {"status": status}, **MERGE_PATCH)
 
-    async def post_event(self, involved: dict, type_: str, reason: str, message: str, now: str) -> None:
+    async def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str, now: str) -> None:
         self.calls += 1
         namespace = involved["metadata"].get("namespace") or "default"
-        await self.core.create_namespaced_event(namespace, event_body(involved, type_, reason, message, now))
+        body = event_body(involved, type_, reason, message, now)
+        # The client sends a dict body as it is; the annotation names only the CoreV1Event model.
+        await self.core.create_namespaced_event(namespace, body)  # type: ignore[arg-type]
 
     async def get_bootstrap_data(self, namespace: str, name: str) -> BootstrapData | None:
         data = await self.get_secret_data(namespace, name)
@@ -179,7 +182,7 @@ class KubeAPI:
             return None
         return BootstrapData(value=data.get("value", b""), format=data.get("format", b"cloud-config").decode())
 
-    async def patch_libvirt_machine(self, namespace: str, name: str, patch: dict) -> dict:
+    async def patch_libvirt_machine(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A merge patch; with `metadata.resourceVersion` in it, only of that version (else Conflict)."""
         self.calls += 1
         try:
@@ -192,7 +195,7 @@ class KubeAPI:
         self.cache.put(LIBVIRT_MACHINES, body)
         return body
 
-    async def patch_libvirt_machine_status(self, namespace: str, name: str, status: dict) -> dict:
+    async def patch_libvirt_machine_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.calls += 1
         body = await self.objects.patch_namespaced_custom_object_status(
             meta.GROUP, meta.VERSION, namespace, LIBVIRT_MACHINES, name, {"status": status}, **MERGE_PATCH)
@@ -204,7 +207,7 @@ EVENT_COMPONENT = "capi-libvirt"
 EVENT_MESSAGE_MAX = 1024
 
 
-def event_body(involved: dict, type_: str, reason: str, message: str, now: str) -> dict:
+def event_body(involved: dict[str, Any], type_: str, reason: str, message: str, now: str) -> dict[str, Any]:
     """A core/v1 Event about `involved` (an object's body), as `kubectl describe` shows them."""
     metadata = involved["metadata"]
     return {
@@ -223,14 +226,14 @@ class WorkloadNodes:
     def __init__(self, kube: KubeAPI) -> None:
         self.kube = kube
 
-    async def kubeconfig(self, namespace: str, cluster: str) -> dict | None:
+    async def kubeconfig(self, namespace: str, cluster: str) -> dict[str, Any] | None:
         self.kube.calls += 1
         secret = await _or_none(self.kube.core.read_namespaced_secret(f"{cluster}-kubeconfig", namespace))
         if secret is None or not (secret.data or {}).get("value"):
             return None
         return yaml.safe_load(base64.b64decode(secret.data["value"]))
 
-    async def set_provider_id(self, kubeconfig: dict, node_name: str, provider_id: str) -> str:
+    async def set_provider_id(self, kubeconfig: dict[str, Any], node_name: str, provider_id: str) -> str:
         """Set the Node's providerID when it has none; returns what happened: patched, absent, already-set or other."""
         configuration = client.Configuration()
         await config.load_kube_config_from_dict(kubeconfig, client_configuration=configuration)

@@ -9,31 +9,32 @@ response) is ignored, and so is one of an object already seen deleted. No I/O he
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 Key = tuple[str, str, str]  # (resource plural, namespace ("" when cluster-scoped), name)
 MAX_TOMBSTONES = 10_000
 
 
-def _version(body: dict) -> int:
+def _version(body: dict[str, Any]) -> int:
     try:
         return int(body["metadata"].get("resourceVersion") or 0)
     except ValueError:  # not etcd's integers (another storage): treat every body as the newest
         return 1 << 62
 
 
-def key_of(resource: str, body: dict) -> Key:
+def key_of(resource: str, body: dict[str, Any]) -> Key:
     return resource, body["metadata"].get("namespace") or "", body["metadata"]["name"]
 
 
 class ObjectCache:
     def __init__(self) -> None:
-        self._objects: dict[Key, dict] = {}
+        self._objects: dict[Key, dict[str, Any]] = {}
         self._deleted: dict[Key, int] = {}  # the version an object was deleted at, against late bodies of it
 
-    def get(self, resource: str, namespace: str, name: str) -> dict | None:
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._objects.get((resource, namespace, name))
 
-    def put(self, resource: str, body: dict) -> bool:
+    def put(self, resource: str, body: dict[str, Any]) -> bool:
         """Keep the body unless an equal or newer one is held; True when it was newer (something changed)."""
         key, version = key_of(resource, body), _version(body)
         held = self._objects.get(key)
@@ -42,7 +43,7 @@ class ObjectCache:
         self._objects[key] = body
         return True
 
-    def delete(self, resource: str, body: dict) -> None:
+    def delete(self, resource: str, body: dict[str, Any]) -> None:
         key = key_of(resource, body)
         held = self._objects.get(key)
         if held is None or held["metadata"].get("uid") == body["metadata"].get("uid"):
@@ -52,14 +53,14 @@ class ObjectCache:
                 for old in list(self._deleted)[:MAX_TOMBSTONES // 2]:
                     del self._deleted[old]
 
-    def apply(self, resource: str, event_type: str | None, body: dict) -> bool:
+    def apply(self, resource: str, event_type: str | None, body: dict[str, Any]) -> bool:
         """A watch event (ADDED, MODIFIED, DELETED, or None for a listed object); True when the cache changed."""
         if event_type == "DELETED":
             self.delete(resource, body)
             return True
         return self.put(resource, body)
 
-    def replace_all(self, resource: str, bodies: list[dict], list_version: str | None) -> None:
+    def replace_all(self, resource: str, bodies: list[dict[str, Any]], list_version: str | None) -> None:
         """A fresh LIST of the resource: its objects, and none of those held that it no longer has."""
         listed = {key_of(resource, body) for body in bodies}
         version = int(list_version) if list_version and list_version.isdigit() else 1 << 62
@@ -69,7 +70,7 @@ class ObjectCache:
         for body in bodies:
             self.put(resource, body)
 
-    def items(self, resource: str) -> Iterator[dict]:
+    def items(self, resource: str) -> Iterator[dict[str, Any]]:
         return iter([body for key, body in list(self._objects.items()) if key[0] == resource])
 
     def __len__(self) -> int:

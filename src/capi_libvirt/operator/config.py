@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Sequence
 
 HOST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label, as status.host and providerIDs take
 HOSTS_ENV = "CAPI_LIBVIRT_HOSTS"  # "name=uri,name=uri"
@@ -42,7 +43,7 @@ def parse_hosts(entries: list[str]) -> dict[str, str]:
     return hosts
 
 
-def from_environment(extra_hosts: list[str] = (), *, workers: int = DEFAULT_WORKERS,
+def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_WORKERS,
                      creates_per_host: int = DEFAULT_CREATES_PER_HOST) -> OperatorConfig:
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),

@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import socket
+from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -70,7 +71,7 @@ def _alive(record: object, now: datetime.datetime) -> bool:
     return lastseen + datetime.timedelta(seconds=lifetime) > now
 
 
-def role(records: dict, me: Peering, now: datetime.datetime) -> str | None:
+def role(records: dict[str, Any], me: Peering, now: datetime.datetime) -> str | None:
     """kopf's rule applied to the peering object's status: None while our own record is missing or expired."""
     if not _alive(records.get(me.identity), now):
         return None
@@ -79,7 +80,7 @@ def role(records: dict, me: Peering, now: datetime.datetime) -> str | None:
     return STANDBY if rivals else LEADER
 
 
-def _priority(record: dict) -> int:
+def _priority(record: dict[str, Any]) -> int:
     try:
         return int(record.get("priority", 0))
     except (TypeError, ValueError):
@@ -117,10 +118,10 @@ class State:
         """This replica does the work: it leads, or runs standalone."""
         return self.role in (LEADER, STANDALONE)
 
-    def readiness(self) -> tuple[bool, dict]:
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready: kopf started, and the role is known (leading, standing by or standalone)."""
         ready = self.started.is_set() and self.role is not None
-        report: dict = {"ready": ready, "role": self.role}
+        report: dict[str, Any] = {"ready": ready, "role": self.role}
         if not self.started.is_set():
             report["problem"] = "starting"
         elif self.problem:

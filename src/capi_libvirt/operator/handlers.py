@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
 
 import kopf
 
@@ -44,7 +45,7 @@ EXIT_TIMEOUT_S = 50  # SIGKILL after this long exiting (kopf's ultimate exit); b
 class Runtime:
     """What handlers share for the operator's life: the reconcile dependencies, the machine queue, wake-up events."""
 
-    def __init__(self, deps: machine_reconcile.Dependencies, namespaces: list[str] = (),
+    def __init__(self, deps: machine_reconcile.Dependencies, namespaces: Sequence[str] = (),
                  workers: int = operator_config.DEFAULT_WORKERS) -> None:
         self.deps = deps
         self.namespaces = list(namespaces)
@@ -116,7 +117,7 @@ class EventPoster:
         self.kube = kube
         self.pending: set[asyncio.Task] = set()
 
-    def __call__(self, body: dict, kind: str, reason: str, message: str) -> None:
+    def __call__(self, body: dict[str, Any], kind: str, reason: str, message: str) -> None:
         task = asyncio.create_task(self.kube.post_event(body, kind, reason, message, machine_reconcile.utc_now()))
         self.pending.add(task)
         task.add_done_callback(self._done)
@@ -134,11 +135,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     credentials.sweep_leftovers()  # key files a crash in the middle of connecting may have left behind
     hosts = connection.HostRegistry(cfg.hosts)
     kube = api.KubeAPI(await api.new_api_client())
+    observer = metrics.Observer()
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=EventPoster(kube),
-                                          after_phase=cfg.after_phase, observe=metrics.Observer(),
+                                          after_phase=cfg.after_phase, observe=observer,
                                           creates_per_host=cfg.creates_per_host)
     memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers),
-                                  memo.setdefault("state", election.State(None)))
+                                  memo.setdefault("state", election.State(None)), observer)
     log.info("static libvirt hosts: %s; LibvirtHost objects add more", ", ".join(hosts.names()) or "none")
 
 
@@ -151,11 +153,11 @@ def _configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.process.ultimate_exiting_timeout = EXIT_TIMEOUT_S
 
 
-def _start_runtime(runtime: Runtime, state: election.State) -> Runtime:
+def _start_runtime(runtime: Runtime, state: election.State, observer: metrics.Observer) -> Runtime:
     """The shared state's metrics, and the background tasks: the election observer, the machine workers and the host
     prober."""
     deps = runtime.deps
-    runtime.metrics = metrics.Source(deps.observe, deps.inventory, state)
+    runtime.metrics = metrics.Source(observer, deps.inventory, state)
     metrics.attach(runtime.metrics)
     if state.peering is not None:
         runtime.election = asyncio.create_task(election.observe(state, deps.kube.objects))
@@ -175,7 +177,8 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
             task.cancel()
         # Let a probe in flight end before its connection closes under it.
         await asyncio.gather(*tasks, return_exceptions=True)
-        metrics.detach(runtime.metrics)
+        if runtime.metrics is not None:
+            metrics.detach(runtime.metrics)
         await asyncio.get_running_loop().run_in_executor(None, runtime.deps.hosts.close)  # libvirt close blocks
         await runtime.deps.kube.client.close()
 
@@ -198,12 +201,17 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_kubeconfig(**kwargs)
 
 
+def _body(event: kopf.RawEvent) -> dict[str, Any]:
+    """The watched object: kopf types it as a TypedDict of a few fields; it is the plain JSON dict the cache keeps."""
+    return cast(dict[str, Any], event["object"])
+
+
 # -- LibvirtMachine, and what a machine waits for: its Machine and its Cluster -------------------------------------
 
 @kopf.on.event(meta.GROUP, meta.VERSION, MACHINES)
 def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
-    body = event["object"]
+    body = _body(event)
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
     if not runtime.deps.kube.cache.apply(api.LIBVIRT_MACHINES, event["type"], body):
         return  # the echo of our own write
@@ -217,7 +225,7 @@ def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> No
 @kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "machines")
 def owner_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
-    body = event["object"]
+    body = _body(event)
     ref = (body.get("spec") or {}).get("infrastructureRef") or {}
     if runtime.deps.kube.cache.apply(api.MACHINES, event["type"], body) and \
             ref.get("kind") == kinds.LIBVIRT_MACHINE.kind and ref.get("name"):
@@ -227,14 +235,15 @@ def owner_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None
 @kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "clusters")
 def cluster_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
-    body = event["object"]
+    body = _body(event)
     if runtime.deps.kube.cache.apply(api.CLUSTERS, event["type"], body):
         runtime.wake_cluster(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 # -- LibvirtCluster -----------------------------------------------------------------------------------------------
 
-@kopf.daemon(meta.GROUP, meta.VERSION, CLUSTERS, cancellation_timeout=30)
+# The two ignores below: kopf types `namespace` as str | None for any resource; LibvirtClusters are namespaced.
+@kopf.daemon(meta.GROUP, meta.VERSION, CLUSTERS, cancellation_timeout=30)  # type: ignore[arg-type]
 async def run_cluster(namespace: str, name: str, labels: kopf.Labels, memo: kopf.Memo,
                       stopped: kopf.DaemonStopped, **_: Any) -> None:
     async def one_pass() -> float | None:
@@ -243,7 +252,8 @@ async def run_cluster(namespace: str, name: str, labels: kopf.Labels, memo: kopf
     await _run_loop(memo.runtime, ("cluster", namespace, name), labels.get(meta.CLUSTER_NAME_LABEL), one_pass, stopped)
 
 
-async def _run_loop(runtime: Runtime, key: tuple[str, str, str], cluster: str | None, one_pass: Any,
+async def _run_loop(runtime: Runtime, key: tuple[str, str, str], cluster: str | None,
+                    one_pass: Callable[[], Awaitable[float | None]],
                     stopped: kopf.DaemonStopped) -> None:
     """Pass after pass until the object goes: each sleeps for what the last asked, or until a watch wakes it."""
     waker = runtime.wakers[key]
@@ -269,7 +279,7 @@ async def _sleep_until_woken(waker: asyncio.Event, stopped: kopf.DaemonStopped, 
             pass
 
 
-@kopf.on.update(meta.GROUP, meta.VERSION, CLUSTERS)
+@kopf.on.update(meta.GROUP, meta.VERSION, CLUSTERS)  # type: ignore[arg-type]  # namespaced: see run_cluster
 def libvirt_cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     memo.runtime.wake("cluster", namespace, name)
 

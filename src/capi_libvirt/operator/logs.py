@@ -42,7 +42,8 @@ def configure(log_format: str, verbose: bool = False) -> None:
         for handler in root.handlers:
             handler.addFilter(_LoggerName())
     else:
-        kopf.configure(verbose=verbose, log_format=PLAIN_FORMAT, log_prefix=True)
+        # A format string: kopf takes one (its make_formatter's `case str()`); the annotation names only LogFormat.
+        kopf.configure(verbose=verbose, log_format=PLAIN_FORMAT, log_prefix=True)  # type: ignore[arg-type]
     if not verbose:
         # kopf's per-object INFO lines: one "Handler ... succeeded" for every watch event of every machine, noise
         # (and CPU) at a few hundred machines; its warnings and errors stay, and -v brings the rest back.

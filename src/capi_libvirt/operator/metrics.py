@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -70,7 +71,7 @@ def reconcile_pass(kind: str, phase: str = "pass", count_success: bool = True) -
         DURATION.labels(kind, phase).observe(time.monotonic() - started)
 
 
-def machine_phase(status: dict, wait: machine_reconcile.Wait | None, paused: bool) -> str:
+def machine_phase(status: dict[str, Any], wait: machine_reconcile.Wait | None, paused: bool) -> str:
     """Where a machine stands after a pass: Pending (no host yet), Provisioning, Provisioned, Failed or Paused."""
     if paused:
         return "Paused"
@@ -87,10 +88,11 @@ class Observer(machine_reconcile.Observer):
     def __init__(self) -> None:
         self.machines: dict[tuple[str, str], tuple[str, str]] = {}  # (namespace, name) -> (host, phase)
 
-    def phase(self, kind: str, phase: str) -> contextlib.AbstractContextManager:
+    def phase(self, kind: str, phase: str) -> contextlib.AbstractContextManager[object]:
         return DURATION.labels(kind, phase).time()
 
-    def machine_outcome(self, body: dict, status: dict, wait: machine_reconcile.Wait | None, paused: bool) -> None:
+    def machine_outcome(self, body: dict[str, Any], status: dict[str, Any], wait: machine_reconcile.Wait | None,
+                        paused: bool) -> None:
         result = PAUSED if paused else SUCCESS if wait is None else FAILED if wait.failure else WAITING
         record(MACHINE, result, wait.reason if result == FAILED and wait is not None else None)
         key = (body["metadata"]["namespace"], body["metadata"]["name"])

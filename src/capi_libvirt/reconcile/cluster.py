@@ -8,6 +8,7 @@ Failure domains are those of the host inventory (LibvirtHost.spec.failureDomain)
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import conditions
@@ -27,14 +28,15 @@ WAITING_FOR_ENDPOINT = "WaitingForControlPlaneEndpoint"
 RECHECK_FAILURE_DOMAINS = 60.0  # failure domains follow the inventory
 
 
-def _owner_cluster_name(body: dict) -> str | None:
+def _owner_cluster_name(body: dict[str, Any]) -> str | None:
     for ref in body["metadata"].get("ownerReferences", []):
         if ref.get("kind") == "Cluster" and ref.get("apiVersion", "").startswith(f"{meta.CAPI_GROUP}/"):
-            return ref.get("name")
+            name: str | None = ref.get("name")
+            return name
     return None
 
 
-def _endpoint(body: dict, cluster: dict) -> dict | None:
+def _endpoint(body: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any] | None:
     for candidate in ((body.get("spec") or {}).get("controlPlaneEndpoint"),
                       (cluster.get("spec") or {}).get("controlPlaneEndpoint")):
         if candidate and candidate.get("host") and candidate.get("port"):
@@ -57,6 +59,7 @@ async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | No
     now, generation = deps.now(), body["metadata"].get("generation")
     status = dict(body.get("status") or {})
     retry: float | None = None
+    state: tuple[conditions.Status, str, str]
     cluster_name = _owner_cluster_name(body)
     cluster = await deps.kube.get_cluster(namespace, cluster_name) if cluster_name else None
     if cluster is None:
@@ -89,6 +92,6 @@ async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | No
     return retry
 
 
-async def _write(deps: Dependencies, body: dict, status: dict) -> None:
+async def _write(deps: Dependencies, body: dict[str, Any], status: dict[str, Any]) -> None:
     if status != (body.get("status") or {}):
         await deps.kube.patch_libvirt_cluster_status(body["metadata"]["namespace"], body["metadata"]["name"], status)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, NoReturn
 
 import pydantic
 
@@ -27,14 +28,14 @@ async def _close(replaced: connection.HostConnection | None) -> None:
         await asyncio.get_running_loop().run_in_executor(None, replaced.close)
 
 
-async def _refuse(deps: Dependencies, name: str, reason: str, message: str) -> None:
+async def _refuse(deps: Dependencies, name: str, reason: str, message: str) -> NoReturn:
     """Out of the inventory (no new machines, no stale credentials), with a condition; raises Wait to be retried."""
     await _close(deps.inventory.remove(name))
     await _publish(deps, name, {"reachable": False}, "False", reason, message)
     raise Wait(reason, message, RECHECK_WAITING)
 
 
-async def upsert_host(deps: Dependencies, name: str, spec_data: dict) -> None:
+async def upsert_host(deps: Dependencies, name: str, spec_data: dict[str, Any]) -> None:
     """Add or update the host; raises Wait (retried) while its spec or credentials Secret are not usable."""
     try:
         spec = v1alpha1.LibvirtHostSpec.model_validate(spec_data)
@@ -77,7 +78,8 @@ async def probe_and_publish(deps: Dependencies, name: str) -> None:
                        host.problem or "unreachable")
 
 
-async def _publish(deps: Dependencies, name: str, status: dict, ready: str, reason: str, message: str) -> None:
+async def _publish(deps: Dependencies, name: str, status: dict[str, Any], ready: conditions.Status, reason: str,
+                   message: str) -> None:
     previous = deps.inventory.conditions.get(name)
     status["conditions"] = conditions.set_condition(previous, conditions.READY, ready, reason, message,
                                                     now=deps.now(), observed_generation=None)

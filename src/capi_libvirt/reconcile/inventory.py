@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from typing import Any
 
 from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import placement
@@ -34,7 +35,7 @@ class Inventory:
         self.registry = registry
         self.hosts: dict[str, InventoryHost] = {}
         self.static = set(registry.names())  # from --host: no LibvirtHost object to publish on
-        self.conditions: dict[str, list[dict]] = {}  # last published on each LibvirtHost
+        self.conditions: dict[str, list[dict[str, Any]]] = {}  # last published on each LibvirtHost
         for name in registry.names():  # static hosts (--host): default spec, probed like the others
             # Not validated as an object's spec: a local URI may carry ?socket=, which LibvirtHost objects may not.
             self.hosts[name] = InventoryHost(name, v1alpha1.LibvirtHostSpec.model_construct(uri=registry.get(name).uri))
@@ -83,7 +84,7 @@ class Inventory:
                 failure_domain=host.spec.failure_domain, control_plane=host.spec.control_plane))
         return loads
 
-    def failure_domains(self) -> list[dict]:
+    def failure_domains(self) -> list[dict[str, Any]]:
         """LibvirtCluster.status.failureDomains: one per failure domain of the inventory."""
         domains: dict[str, bool] = {}
         for host in self.hosts.values():
@@ -92,10 +93,10 @@ class Inventory:
         return [{"name": name, "controlPlane": control_plane} for name, control_plane in sorted(domains.items())]
 
 
-def host_status(host: InventoryHost, now: str) -> dict:
+def host_status(host: InventoryHost, now: str) -> dict[str, Any]:
     """LibvirtHost.status from the last probe."""
     # Unreachable: the numbers are cleared (null in a merge patch), not left stale.
-    status: dict = {"reachable": host.reachable, "lastProbeTime": now, "libvirtVersion": None,
+    status: dict[str, Any] = {"reachable": host.reachable, "lastProbeTime": now, "libvirtVersion": None,
                     "hypervisorVersion": None, "cpus": None, "memoryMiB": None, "freeMemoryMiB": None,
                     "machines": None, "allocatedCPUs": None, "allocatedMemoryMiB": None, "pool": None}
     if host.probe is not None and host.reachable:

@@ -22,6 +22,7 @@ import dataclasses
 import datetime
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pydantic
 
@@ -56,7 +57,7 @@ BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
 # on LibvirtHosts and LibvirtClusters): kopf removes its own from objects none of its handlers needs it on.
 FINALIZER = f"libvirtmachine.{meta.GROUP}"
 
-EventSink = Callable[[dict, str, str, str], Awaitable[None] | None]  # (body, type, reason, message)
+EventSink = Callable[[dict[str, Any], str, str, str], Awaitable[None] | None]  # (body, type, reason, message)
 
 
 def utc_now() -> str:
@@ -66,10 +67,10 @@ def utc_now() -> str:
 class Observer:
     """What a reconcile reports as it goes, for the operator's metrics (operator.metrics); by default nothing."""
 
-    def phase(self, kind: str, phase: str) -> contextlib.AbstractContextManager:
+    def phase(self, kind: str, phase: str) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()  # around one phase: its duration
 
-    def machine_outcome(self, body: dict, status: dict, wait: Wait | None, paused: bool) -> None:
+    def machine_outcome(self, body: dict[str, Any], status: dict[str, Any], wait: Wait | None, paused: bool) -> None:
         """One pass's result, as `_write_status` writes it."""
 
     def machine_deleting(self, namespace: str, name: str, host: str | None) -> None:
@@ -120,22 +121,24 @@ class Paused(Exception):
 class MachinePass:
     """What one pass learns as it goes, phase by phase."""
 
-    body: dict
+    body: dict[str, Any]
     spec: v1alpha1.LibvirtMachineSpec
-    status: dict
-    machine: dict | None = None
-    cluster: dict | None = None
+    status: dict[str, Any]
+    machine: dict[str, Any] | None = None
+    cluster: dict[str, Any] | None = None
     bootstrap: api.BootstrapData | None = None
     host: str | None = None
     domain: machines.DomainInfo | None = None
 
     @property
     def namespace(self) -> str:
-        return self.body["metadata"]["namespace"]
+        namespace: str = self.body["metadata"]["namespace"]
+        return namespace
 
     @property
     def name(self) -> str:
-        return self.body["metadata"]["name"]
+        name: str = self.body["metadata"]["name"]
+        return name
 
     @property
     def uid(self) -> str:
@@ -185,7 +188,7 @@ async def find_cluster(deps: Dependencies, p: MachinePass) -> None:
         raise Wait(WAITING_FOR_OWNER, f"Cluster {cluster_name} not found")
 
 
-def is_paused(body: dict, cluster: dict | None) -> bool:
+def is_paused(body: dict[str, Any], cluster: dict[str, Any] | None) -> bool:
     return bool((cluster or {}).get("spec", {}).get("paused")) or \
         meta.PAUSED_ANNOTATION in (body["metadata"].get("annotations") or {})
 
@@ -231,7 +234,7 @@ GROUP_LABELS = ("cluster.x-k8s.io/deployment-name", "cluster.x-k8s.io/control-pl
 CONTROL_PLANE_LABEL = "cluster.x-k8s.io/control-plane"
 
 
-def placement_group(body: dict) -> tuple[str, str, str] | None:
+def placement_group(body: dict[str, Any]) -> tuple[str, str, str] | None:
     """The group a machine is spread with: its MachineDeployment, or its control plane, within its cluster."""
     labels = body["metadata"].get("labels") or {}
     for label in GROUP_LABELS:
@@ -240,10 +243,10 @@ def placement_group(body: dict) -> tuple[str, str, str] | None:
     return None
 
 
-def recorded_host(body: dict) -> str | None:
+def recorded_host(body: dict[str, Any]) -> str | None:
     """Where the machine was placed: its status, or (placement's own record, written first) its providerID when it
     names the domain of the machine's identity (a moved copy: no status, a new UID, the identity annotation)."""
-    host = (body.get("status") or {}).get("host")
+    host: str | None = (body.get("status") or {}).get("host")
     if host:
         return host
     recorded = (body.get("spec") or {}).get("providerID")
@@ -304,7 +307,7 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
     await _event(deps, p.body, "Normal", "Placed", f"placed on host {p.host}")
 
 
-def placement_patch(body: dict, host: str) -> dict:
+def placement_patch(body: dict[str, Any], host: str) -> dict[str, Any]:
     """The one write that places a machine, guarded by its resourceVersion: our finalizer, the providerID naming the
     host and the domain UUID, and the identity annotation (the UID all names derive from, which survives a move)."""
     finalizers = list(body["metadata"].get("finalizers") or [])
@@ -316,12 +319,12 @@ def placement_patch(body: dict, host: str) -> dict:
         "spec": {"providerID": provider_id.format_provider_id(host, naming.domain_uuid(uid))}}
 
 
-def identity_migration_patch(body: dict) -> dict | None:
+def identity_migration_patch(body: dict[str, Any]) -> dict[str, Any] | None:
     """What a placed machine lacks of placement's record, or None: the finalizer (a release whose finalizer was kopf's,
     which kopf now takes off) and the identity annotation (a release before it, or a machine adopted by its domain)."""
     finalizers = list(body["metadata"].get("finalizers") or [])
     identity = naming.identity_uid(body)
-    metadata: dict = {}
+    metadata: dict[str, Any] = {}
     if FINALIZER not in finalizers:
         metadata["finalizers"] = finalizers + [FINALIZER]
     if (body["metadata"].get("annotations") or {}).get(IDENTITY_ANNOTATION) != identity:
@@ -364,7 +367,7 @@ def owner_matches(owner: domain_xml.Owner | None, namespace: str, name: str, uui
         naming.domain_uuid(owner.uid) == uuid
 
 
-async def identity_from_domain(deps: Dependencies, body: dict) -> str | None:
+async def identity_from_domain(deps: Dependencies, body: dict[str, Any]) -> str | None:
     """The identity the domain named by spec.providerID records for this machine, or None (no such domain, or one
     another machine owns). HypervisorError when the host cannot be asked."""
     try:
@@ -465,7 +468,7 @@ async def observe_addresses(deps: Dependencies, p: MachinePass) -> None:
     p.status["initialization"] = {"provisioned": True}  # v1beta2 contract
 
 
-def control_plane_initialized(cluster: dict) -> bool:
+def control_plane_initialized(cluster: dict[str, Any]) -> bool:
     """Cluster API's word that the workload cluster's API server answers (v1beta2 status, or v1beta1's condition)."""
     status = cluster.get("status") or {}
     if (status.get("initialization") or {}).get("controlPlaneInitialized"):
@@ -552,8 +555,8 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
         return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, _wait_for_hypervisor(error)))
     except Exception as error:  # noqa: BLE001  anything else: a condition that names its kind, details in the log
         log.exception("reconcile of %s/%s failed", namespace, name)
-        wait = Wait(RECONCILE_ERROR, f"unexpected {type(error).__name__}; see the operator log", failure=True)
-        return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, wait))
+        failed = Wait(RECONCILE_ERROR, f"unexpected {type(error).__name__}; see the operator log", failure=True)
+        return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, failed))
     deps.failures.pop(key, None)
     return await _write_status(deps, p.body, p.status, None)
 
@@ -573,13 +576,14 @@ def _with_backoff(deps: Dependencies, key: tuple[str, ...], wait: Wait) -> Wait:
     return wait
 
 
-async def _write_status(deps: Dependencies, body: dict, status: dict, wait: Wait | None, *,
+async def _write_status(deps: Dependencies, body: dict[str, Any], status: dict[str, Any], wait: Wait | None, *,
                         paused: bool = False) -> float | None:
     """Set the Provisioned and Ready conditions, post an event when the reason changed, patch what changed."""
     now, generation = deps.now(), body["metadata"].get("generation")
     previous = conditions.get_condition(status.get("conditions"), conditions.PROVISIONED)
     if not paused:
-        state = ("True", Reason.PROVISIONED, "") if wait is None else ("False", wait.reason, wait.message)
+        state: tuple[conditions.Status, str, str] = \
+            ("True", Reason.PROVISIONED, "") if wait is None else ("False", wait.reason, wait.message)
         status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PROVISIONED, *state,
                                                         now=now, observed_generation=generation)
     status.setdefault("ready", False)
@@ -599,7 +603,7 @@ async def _write_status(deps: Dependencies, body: dict, status: dict, wait: Wait
     return wait.retry_after if wait is not None else RECHECK_PROVISIONED
 
 
-async def _event(deps: Dependencies, body: dict, kind: str, reason: str, message: str) -> None:
+async def _event(deps: Dependencies, body: dict[str, Any], kind: str, reason: str, message: str) -> None:
     result = deps.post_event(body, kind, reason, message)
     if result is not None:
         await result
@@ -635,7 +639,7 @@ async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
     return await _release_finalizer(deps, body)
 
 
-async def _release_finalizer(deps: Dependencies, body: dict) -> float | None:
+async def _release_finalizer(deps: Dependencies, body: dict[str, Any]) -> float | None:
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     remaining = [f for f in body["metadata"].get("finalizers") or [] if f != FINALIZER]
     try:
@@ -651,13 +655,13 @@ async def _release_finalizer(deps: Dependencies, body: dict) -> float | None:
     return None
 
 
-async def _delete_from_host(deps: Dependencies, body: dict) -> None:
+async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
     """What the machine has on its host, removed; raises Wait (with a Deleting condition written) while it cannot be."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     key = ("delete", namespace, name)
     status = dict(body.get("status") or {})
     host_name, uid = recorded_host(body), naming.identity_uid(body)
-    recorded = (body.get("spec") or {}).get("providerID")
+    recorded: str = (body.get("spec") or {}).get("providerID") or ""
     if host_name is None and not recorded:
         return  # the host is recorded before anything is created: no host, nothing was made
     try:

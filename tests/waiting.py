@@ -24,6 +24,18 @@ async def wait_until(what: str, probe: Callable[[], Awaitable[T]], deadline_s: f
     raise AssertionError(f"timed out after {deadline_s:.0f}s waiting for {what}; last seen: {last!r}")
 
 
+def wait_for(what: str, probe: Callable[[], T], timeout: float = 90.0, interval: float = 0.5) -> T:
+    """wait_until's twin for synchronous probes (tests that drive the API server with plain requests)."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
+
+
 class Clock:
     """When each phase was first seen, from the start of the run."""
 

@@ -44,6 +44,7 @@ from devenv import remote_access as ra
 from devenv.libvirt_host import LibvirtHost
 from guests import host_objects, machine_spec
 
+import waiting
 from prereq import require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -74,14 +75,8 @@ WEBHOOK_SECRETS[("cert-manager", "cert-manager-webhook")] = "cert-manager-webhoo
 
 
 def wait_for(what: str, probe: Callable[[], T], timeout: float = 120.0, interval: float = 1.0) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
+    """waiting.wait_for with this test's longer defaults (cert-manager and the managers start here)."""
+    return waiting.wait_for(what, probe, timeout, interval)
 
 
 def items(plane: cp.LocalControlPlane, path: str) -> list[dict]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import base64
 import os
-import time
-from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
@@ -23,6 +21,7 @@ from devenv import control_plane as cp
 from devenv import paths
 
 from prereq import require
+from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -35,15 +34,6 @@ DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
 TEMPLATE_SPEC = {"image": {"volume": "base.qcow2"}, "cpus": 1, "memoryMiB": 512, "diskGiB": 5}
 
 
-def wait_for(what: str, probe: Callable[[], T], timeout: float = 90.0, interval: float = 0.5) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
 
 
 def delete(plane: cp.LocalControlPlane, path: str) -> None:

@@ -284,6 +284,29 @@ class PoolStatus(meta.Model):
     """Free space in the pool."""
 
 
+class OrphanStatus(meta.Model):
+    """Domains on the host that carry this provider's owner metadata but that no LibvirtMachine here claims."""
+
+    count: int | None = pydantic.Field(default=None, ge=0)
+    """Orphans of this management cluster (their LibvirtMachine is gone): removed after the grace period."""
+    domains: list[Annotated[str, pydantic.Field(max_length=255)]] | None = pydantic.Field(default=None,
+                                                                                              max_length=10)
+    """Their domain names (at most 10)."""
+    removed: int | None = pydantic.Field(default=None, ge=0)
+    """Orphans removed from the host since the operator started."""
+    kept_count: int | None = pydantic.Field(default=None, ge=0)
+    """Domains of this provider no LibvirtMachine here claims, but not provably this management cluster's (another
+    management cluster's, an older release's, or moved away by clusterctl move): reported, never removed."""
+    kept: list[Annotated[str, pydantic.Field(max_length=300)]] | None = pydantic.Field(default=None,
+                                                                                           max_length=10)
+    """Their names, each with the reason it is kept (at most 10)."""
+    stray_volumes: int | None = pydantic.Field(default=None, ge=0)
+    """Volumes in the host's pool named as this provider names volumes that no domain uses: never removed (a name is
+    no proof of whose they are)."""
+    grace_period_seconds: int | None = pydantic.Field(default=None, ge=0)
+    """How long an orphan is kept before it is removed (absent: never removed, report only)."""
+
+
 class LibvirtHostStatus(meta.Model):
     """What the last health probe saw."""
 
@@ -309,6 +332,8 @@ class LibvirtHostStatus(meta.Model):
     """Memory of this provider's domains on the host."""
     pool: PoolStatus | None = None
     """The storage pool's capacity."""
+    orphans: OrphanStatus | None = None
+    """What the orphan collector found on the host in its last round."""
     conditions: list[meta.Condition] | None = pydantic.Field(
         default=None, max_length=32, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
     )

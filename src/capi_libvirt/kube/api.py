@@ -148,6 +148,26 @@ class KubeAPI:
         listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, LIBVIRT_MACHINES)
         return listed.get("items", [])
 
+    async def list_libvirt_machines_fresh(self, namespaces: list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Every LibvirtMachine (of the watched namespaces) as the API server has them now, not the cache: the last
+        word before the orphan collector removes anything."""
+        items: list[dict[str, Any]] = []
+        for namespace in [*namespaces] or [None]:
+            self.calls += 1
+            if namespace is None:
+                listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, LIBVIRT_MACHINES)
+            else:
+                listed = await self.objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace,
+                                                                          LIBVIRT_MACHINES)
+            items += listed.get("items", [])
+        return items
+
+    async def namespace_uid(self, name: str) -> str | None:
+        """The UID of a Namespace (kube-system's identifies the management cluster), None when it is absent."""
+        self.calls += 1
+        namespace = await _or_none(self.core.read_namespace(name))
+        return namespace.metadata.uid if namespace is not None else None
+
     async def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
         self.calls += 1
         secret = await _or_none(self.core.read_namespaced_secret(name, namespace))

@@ -11,9 +11,13 @@ HOST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label, 
 HOSTS_ENV = "CAPI_LIBVIRT_HOSTS"  # "name=uri,name=uri"
 CRASH_AFTER_ENV = "CAPI_LIBVIRT_CRASH_AFTER"  # tests only: end the process right after this reconcile phase
 CRASH_EXIT_CODE = 70
+MANAGEMENT_CLUSTER_ENV = "CAPI_LIBVIRT_MANAGEMENT_CLUSTER_ID"  # else the kube-system Namespace's UID
+ORPHAN_GRACE_ENV = "CAPI_LIBVIRT_ORPHAN_GRACE_PERIOD"  # seconds, or "never" (report orphans, never remove them)
 
 
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
+from capi_libvirt.reconcile.machine import ORPHAN_GRACE_S
+from capi_libvirt.reconcile.orphans import INTERVAL_S as ORPHAN_INTERVAL_S
 
 DEFAULT_WORKERS = 16  # machine reconciles at once (each mostly waits on libvirt or the API)
 
@@ -24,6 +28,11 @@ class OperatorConfig:
     crash_after: str | None = None  # fault injection: the phase after which the process dies, as a crash would
     workers: int = DEFAULT_WORKERS
     creates_per_host: int = DEFAULT_CREATES_PER_HOST
+    # This management cluster's identity in domains' owner metadata (None: the kube-system Namespace's UID). Give it
+    # when the management cluster may be rebuilt around the same hosts and must recognise its domains.
+    management_cluster_id: str | None = None
+    orphan_grace_s: float | None = ORPHAN_GRACE_S  # None: orphans are reported, never removed
+    orphan_interval_s: float = ORPHAN_INTERVAL_S
 
     def after_phase(self, phase: str) -> None:
         if phase == self.crash_after:
@@ -43,9 +52,24 @@ def parse_hosts(entries: list[str]) -> dict[str, str]:
     return hosts
 
 
+def parse_grace_period(value: str) -> float | None:
+    """Seconds (>= 0) before an orphan is removed, or "never" (None): report only."""
+    if value.strip().lower() == "never":
+        return None
+    seconds = float(value)
+    if not seconds >= 0:
+        raise ValueError(f"orphan grace period {value!r}: expected seconds >= 0 or 'never'")
+    return seconds
+
+
 def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_WORKERS,
-                     creates_per_host: int = DEFAULT_CREATES_PER_HOST) -> OperatorConfig:
+                     creates_per_host: int = DEFAULT_CREATES_PER_HOST, management_cluster_id: str | None = None,
+                     orphan_grace: str | None = None, orphan_interval_s: float = ORPHAN_INTERVAL_S) -> OperatorConfig:
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
+    grace = orphan_grace or os.environ.get(ORPHAN_GRACE_ENV)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
                           crash_after=os.environ.get(CRASH_AFTER_ENV) or None, workers=workers,
-                          creates_per_host=creates_per_host)
+                          creates_per_host=creates_per_host,
+                          management_cluster_id=management_cluster_id or os.environ.get(MANAGEMENT_CLUSTER_ENV) or None,
+                          orphan_grace_s=ORPHAN_GRACE_S if grace is None else parse_grace_period(grace),
+                          orphan_interval_s=orphan_interval_s)

@@ -29,7 +29,7 @@ import pydantic
 from capi_libvirt.api import meta, v1alpha1
 from capi_libvirt.core import cloud_init, conditions, domain_xml, naming, nocloud, placement, provider_id
 from capi_libvirt.core.conditions import Reason
-from capi_libvirt.hypervisor import connection, errors, machines
+from capi_libvirt.hypervisor import connection, errors, host_domains, machines
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory as inventory_
 
@@ -52,6 +52,7 @@ RECHECK_BOOTSTRAP = 10.0  # a missing bootstrap Secret: the Machine watch usuall
 RECHECK_ADDRESS = 2.0  # no libvirt event says a lease was given: look again soon (one cheap call)
 RECHECK_PROVISIONED = 60.0
 BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
+ORPHAN_GRACE_S = 3600.0  # default: an orphan is removed an hour after it was first seen (operator config)
 
 # Cluster API's naming of an infrastructure machine's finalizer. Not kopf's (infrastructure.cluster.x-k8s.io/libvirt,
 # on LibvirtHosts and LibvirtClusters): kopf removes its own from objects none of its handlers needs it on.
@@ -79,6 +80,9 @@ class Observer:
     def machine_gone(self, namespace: str, name: str) -> None:
         """A machine's finalizer was released."""
 
+    def orphans_removed(self, host: str, domains: int, volumes: int) -> None:
+        """The orphan collector removed domains and volumes from a host."""
+
 
 @dataclasses.dataclass
 class Dependencies:
@@ -94,6 +98,11 @@ class Dependencies:
     placement_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one placement at a time
     creates_per_host: int = placement.DEFAULT_CREATES_PER_HOST
     creation_slots: dict[str, asyncio.Semaphore] = dataclasses.field(default_factory=dict)
+    # This management cluster's identity, written into every domain's owner metadata (None: unknown, so no domain is
+    # ever provably ours to collect), and the orphan collector's grace period (None: report only, never remove).
+    management_cluster: str | None = None
+    orphan_grace_s: float | None = ORPHAN_GRACE_S
+    moved_away: set[str] = dataclasses.field(default_factory=set)  # identities deleted here by clusterctl move
 
     def creation_slot(self, host: str) -> asyncio.Semaphore:
         """Held while a machine's overlay, ISO and domain are made on `host`."""
@@ -400,6 +409,24 @@ async def check_networks(deps: Dependencies, p: MachinePass) -> None:
         raise Wait(NETWORK_NOT_FOUND, str(error), failure=True) from None
 
 
+async def record_owner(deps: Dependencies, p: MachinePass) -> None:
+    """The domain's owner metadata names this management cluster: a domain adopted after clusterctl move (made by the
+    source's operator), released by a move source, or made by a release before management cluster identities.
+    Rewritten in place (virDomainSetMetadata): the domain is neither redefined nor restarted. Only then can the
+    orphan collector of this management cluster, and no other, ever tell it is ours."""
+    if p.domain is None or not deps.management_cluster:
+        return
+    owner = domain_xml.parse_owner(p.domain.xml)
+    if owner is None or owner.management_cluster == deps.management_cluster:
+        return
+    host = deps.hosts.get(p.host or "")
+    await host.call(host_domains.set_owner, p.domain_uuid,
+                    dataclasses.replace(owner, management_cluster=deps.management_cluster), doing="set owner metadata")
+    p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
+    await _event(deps, p.body, "Normal", "OwnerRecorded", f"domain {p.domain_name} on host {p.host} now records this "
+                 f"management cluster as its owner (was {owner.management_cluster or 'none'})")
+
+
 async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
     if p.domain is not None:
         return  # the domain exists, so its disk was made before it
@@ -423,7 +450,8 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     pool_dir = await host.call(machines.pool_path, volumes.pool, doing="read pool path")
     provider = provider_id.format_provider_id(p.host or "", p.domain_uuid)
     owner = domain_xml.Owner(namespace=p.namespace, name=p.name, uid=p.uid,
-                             cluster=(p.cluster or {}).get("metadata", {}).get("name"))
+                             cluster=(p.cluster or {}).get("metadata", {}).get("name"),
+                             management_cluster=deps.management_cluster)
     overlay_path = f"{pool_dir}/{volumes.overlay}"
     config = domain_xml.from_spec(p.spec, name=p.domain_name, uuid=p.domain_uuid, disk_path=overlay_path,
                                   iso_path=f"{pool_dir}/{volumes.nocloud}",
@@ -503,7 +531,7 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
 
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
-          read_bootstrap_data, choose_host, check_networks, ensure_overlay, ensure_domain, ensure_running,
+          read_bootstrap_data, choose_host, check_networks, record_owner, ensure_overlay, ensure_domain, ensure_running,
           publish_provider_id, observe_addresses, patch_workload_node)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
@@ -621,7 +649,9 @@ async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
     if body is None or FINALIZER not in (body["metadata"].get("finalizers") or []):
         return None  # gone, or never placed (nothing was made: the finalizer comes first)
     if DELETE_FOR_MOVE_ANNOTATION in (body["metadata"].get("annotations") or {}):
-        # clusterctl move deletes the source copy of a machine that lives on: never touch the host.
+        # clusterctl move deletes the source copy of a machine that lives on: never touch the host, and never take
+        # its domain for an orphan (the orphan collector releases its owner metadata to the move target).
+        deps.moved_away.add(naming.identity_uid(body))
         log.info("%s/%s deleted by clusterctl move (%s): its domain stays, the finalizer goes", namespace, name,
                  DELETE_FOR_MOVE_ANNOTATION)
         await _event(deps, body, "Normal", DELETED_FOR_MOVE, "deleted by clusterctl move; the domain on host "

@@ -15,6 +15,7 @@ import base64
 import dataclasses
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -148,11 +149,12 @@ class KubeAPI:
         listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, LIBVIRT_MACHINES)
         return listed.get("items", [])
 
-    async def list_libvirt_machines_fresh(self, namespaces: list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    async def list_libvirt_machines_fresh(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Every LibvirtMachine (of the watched namespaces) as the API server has them now, not the cache: the last
         word before the orphan collector removes anything."""
         items: list[dict[str, Any]] = []
-        for namespace in [*namespaces] or [None]:
+        scopes: list[str | None] = [*namespaces] or [None]  # None: all namespaces
+        for namespace in scopes:
             self.calls += 1
             if namespace is None:
                 listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, LIBVIRT_MACHINES)

@@ -90,11 +90,13 @@ async def _remove(deps: Dependencies, name: str, namespaces: Sequence[str],
             log.warning("host %s: orphan %s not removed: %s", name, domain.name, error)
             continue
         removed_uuids.add(domain.uuid)
-        volumes = sum(1 for thing in removed if thing.startswith("volume "))
-        record.removed_domains += 1 if removed else 0
-        record.removed_volumes += volumes
         record.first_seen.pop(domain.uuid, None)
-        deps.observe.orphans_removed(name, 1 if removed else 0, volumes)
+        if not removed:
+            continue  # gone meanwhile (undefined by hand, or by another replica just before it stood by)
+        volumes = sum(1 for thing in removed if thing.startswith("volume "))
+        record.removed_domains += 1
+        record.removed_volumes += volumes
+        deps.observe.orphans_removed(name, 1, volumes)
         owner = domain.owner
         whose = f" of LibvirtMachine {owner.namespace}/{owner.name} (uid {owner.uid})" if owner else ""
         log.warning("host %s: removed orphan%s: %s", name, whose, ", ".join(removed))

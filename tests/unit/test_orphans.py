@@ -72,6 +72,17 @@ def test_a_machine_being_created_claims_by_namespace_and_name() -> None:
     assert orphans.classify(domain, ME, orphans.claims_of([not_placed])) is Verdict.CLAIMED
 
 
+@pytest.mark.parametrize("paused", [{"spec": {"paused": True}},
+                                    {"metadata": {"annotations": {"cluster.x-k8s.io/paused": ""}}}])
+def test_an_orphan_of_a_paused_cluster_is_kept(paused: dict) -> None:
+    cluster = {"spec": paused.get("spec", {}), "metadata": {"namespace": "ns", "name": "c", **paused.get("metadata", {})}}
+    claims = orphans.claims_of([], clusters=[cluster])
+    assert orphans.classify(ours(), ME, claims) is Verdict.PAUSED
+    assert orphans.classify(ours(namespace="other"), ME, claims) is Verdict.ORPHAN  # another namespace's "c"
+    running = {"metadata": {"namespace": "ns", "name": "c"}, "spec": {"paused": False}}
+    assert orphans.classify(ours(), ME, orphans.claims_of([], clusters=[running])) is Verdict.ORPHAN
+
+
 def test_another_management_clusters_domain_is_kept() -> None:
     assert orphans.classify(ours(management=OTHER), ME, orphans.claims_of([])) is Verdict.OTHER_MANAGEMENT_CLUSTER
 

@@ -12,9 +12,11 @@ cluster and its identity in, a verdict per domain out. The safety rule, in the o
    CLAIMED.
 5. Deleted by clusterctl move from here (delete-for-move): MOVED_AWAY. The move target adopts it; the caller releases
    the owner metadata so that no later pass (nor a restarted operator) takes it for an orphan.
-6. Owner metadata of another management cluster: OTHER_MANAGEMENT_CLUSTER; none at all (an older release, or released
+6. Its cluster (the owner's Cluster, in the owner's namespace) is paused here, as clusterctl move pauses the source:
+   PAUSED. Cluster API's contract: nothing of a paused cluster is acted on.
+7. Owner metadata of another management cluster: OTHER_MANAGEMENT_CLUSTER; none at all (an older release, or released
    by a move): NO_PROOF. Both are reported at most, never removed.
-7. Otherwise (this management cluster made it, and no machine here claims it): ORPHAN.
+8. Otherwise (this management cluster made it, and no machine here claims it): ORPHAN.
 
 Volumes are removed only with their orphan domain, and only those that are provably its own: the exact names naming
 derives from the owner (overlay, NoCloud ISO, serial log), at a path the orphan domain itself uses, that no other
@@ -32,6 +34,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from capi_libvirt.api import meta
 from capi_libvirt.core import naming, provider_id
 from capi_libvirt.core.domain_xml import Owner
 
@@ -44,12 +47,13 @@ class Verdict(enum.Enum):
     UNWATCHED = "Unwatched"
     CLAIMED = "Claimed"
     MOVED_AWAY = "MovedAway"
+    PAUSED = "ClusterPaused"
     OTHER_MANAGEMENT_CLUSTER = "OtherManagementCluster"
     NO_PROOF = "NoProof"
     ORPHAN = "Orphan"
 
 
-REPORTED_NOT_REMOVED = (Verdict.MOVED_AWAY, Verdict.OTHER_MANAGEMENT_CLUSTER, Verdict.NO_PROOF)
+REPORTED_NOT_REMOVED = (Verdict.MOVED_AWAY, Verdict.PAUSED, Verdict.OTHER_MANAGEMENT_CLUSTER, Verdict.NO_PROOF)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,11 +75,13 @@ class Claims:
     names: frozenset[tuple[str, str]] = frozenset()
     moved_away: frozenset[str] = frozenset()
     namespaces: frozenset[str] | None = None  # watched namespaces; None: all
+    paused_clusters: frozenset[tuple[str, str]] = frozenset()  # (namespace, name) of paused Clusters
 
 
 def claims_of(machines: Iterable[Mapping[str, Any]], moved_away: Iterable[str] = (),
-              namespaces: Iterable[str] | None = None) -> Claims:
-    """Everything each LibvirtMachine (in any state, being deleted included) could be the owner of."""
+              namespaces: Iterable[str] | None = None, clusters: Iterable[Mapping[str, Any]] = ()) -> Claims:
+    """Everything each LibvirtMachine (in any state, being deleted included) could be the owner of, and the paused
+    Clusters among `clusters`."""
     identities: set[str] = set()
     uuids: set[str] = set()
     names: set[tuple[str, str]] = set()
@@ -93,8 +99,11 @@ def claims_of(machines: Iterable[Mapping[str, Any]], moved_away: Iterable[str] =
         status_uuid = (body.get("status") or {}).get("domainUUID")
         if status_uuid:
             uuids.add(str(status_uuid))
+    paused = frozenset((str(c["metadata"].get("namespace") or ""), str(c["metadata"]["name"])) for c in clusters
+                       if (c.get("spec") or {}).get("paused") or
+                       meta.PAUSED_ANNOTATION in (c["metadata"].get("annotations") or {}))
     return Claims(frozenset(identities), frozenset(uuids), frozenset(names), frozenset(moved_away),
-                  None if namespaces is None else frozenset(namespaces))
+                  None if namespaces is None else frozenset(namespaces), paused)
 
 
 def consistent(domain: HostDomain) -> bool:
@@ -121,6 +130,8 @@ def classify(domain: HostDomain, management_cluster: str, claims: Claims) -> Ver
         return Verdict.CLAIMED
     if owner.uid in claims.moved_away:
         return Verdict.MOVED_AWAY
+    if owner.cluster and (owner.namespace, owner.cluster) in claims.paused_clusters:
+        return Verdict.PAUSED
     if owner.management_cluster is None:
         return Verdict.NO_PROOF
     if owner.management_cluster != management_cluster:

@@ -149,6 +149,10 @@ class KubeAPI:
         listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, LIBVIRT_MACHINES)
         return listed.get("items", [])
 
+    def cached_clusters(self) -> list[dict[str, Any]]:
+        """The Clusters the watch has delivered (the orphan collector's view of which are paused)."""
+        return list(self.cache.items(CLUSTERS))
+
     async def list_libvirt_machines_fresh(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Every LibvirtMachine (of the watched namespaces) as the API server has them now, not the cache: the last
         word before the orphan collector removes anything."""

@@ -8,6 +8,7 @@ with core.orphans (the safety rule is there) and:
 - removes an orphan once it has been one for the whole grace period (Dependencies.orphan_grace_s), after checking
   again with a fresh LIST from the API server (not the watch cache) that no LibvirtMachine claims it, and on the host
   that its owner metadata did not change meanwhile; a Warning event names what was removed;
+- keeps (reports) the orphans of a Cluster that is paused here;
 - releases the owner metadata of a domain whose LibvirtMachine clusterctl move deleted here (delete-for-move), so that
   neither a later round nor a restarted operator takes it for an orphan while the move target adopts it.
 
@@ -42,7 +43,8 @@ async def collect_host(deps: Dependencies, name: str, namespaces: Sequence[str] 
         return None
     host = deps.hosts.get(name)
     domains, volumes = await host.call(host_domains.list_domains, known.spec.storage_pool, doing="list domains")
-    claims = orphans.claims_of(await deps.kube.list_libvirt_machines(), deps.moved_away, namespaces or None)
+    claims = orphans.claims_of(await deps.kube.list_libvirt_machines(), deps.moved_away, namespaces or None,
+                               deps.kube.cached_clusters())
     findings = orphans.find(domains, deps.management_cluster, claims, volumes)
     record = deps.inventory.orphans.setdefault(name, inventory_.OrphanRecord())
     await _release_moved_away(deps, name, findings)
@@ -78,7 +80,7 @@ async def _remove(deps: Dependencies, name: str, namespaces: Sequence[str],
     """Remove the due orphans that a fresh LIST still shows unclaimed; returns their UUIDs."""
     assert deps.management_cluster is not None
     fresh = orphans.claims_of(await deps.kube.list_libvirt_machines_fresh(namespaces), deps.moved_away,
-                              namespaces or None)
+                              namespaces or None, deps.kube.cached_clusters())
     host = deps.hosts.get(name)
     removed_uuids = set()
     for domain, paths in due:

@@ -133,7 +133,7 @@ async def test_a_machine_deleted_for_move_is_released_not_collected() -> None:
     deps = dependencies(host, FakeKube([], []))
     deps.moved_away.add(moved.owner.uid)
     record = await collector.collect_host(deps, HOST, clock=lambda: 1e9)
-    assert released == [(moved.uuid, Owner("ns", "moved", moved.owner.uid, "c", None))]
+    assert released == [(moved.uuid, Owner("ns", "moved", moved.owner.uid, "c", None), moved.owner)]
     assert host.removed == [] and record is not None and record.kept == 1 and record.pending == 0
 
 

@@ -78,10 +78,14 @@ def remove_orphan(conn: libvirt.virConnect, orphan: HostDomain, paths: frozenset
     return removed
 
 
-def set_owner(conn: libvirt.virConnect, uuid: str, owner: domain_xml.Owner) -> None:
+def set_owner(conn: libvirt.virConnect, uuid: str, owner: domain_xml.Owner,
+              expected: domain_xml.Owner | None = None) -> None:
     """Rewrite the domain's owner metadata in place (virDomainSetMetadata): its persistent definition and, when it
-    runs, the live one. The domain is neither redefined nor restarted."""
+    runs, the live one. The domain is neither redefined nor restarted. With `expected`, only while the domain still
+    carries that owner (else HypervisorError): another operator (a move target adopting it) may have written since."""
     domain = conn.lookupByUUIDString(uuid)
+    if expected is not None and domain_xml.parse_owner(domain.XMLDesc(0)) != expected:
+        raise errors.HypervisorError(f"owner metadata of domain {domain.name()} changed meanwhile; left as it is")
     flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
     if domain.isActive():
         flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE

@@ -421,7 +421,8 @@ async def record_owner(deps: Dependencies, p: MachinePass) -> None:
         return
     host = deps.hosts.get(p.host or "")
     await host.call(host_domains.set_owner, p.domain_uuid,
-                    dataclasses.replace(owner, management_cluster=deps.management_cluster), doing="set owner metadata")
+                    dataclasses.replace(owner, management_cluster=deps.management_cluster), owner,
+                    doing="set owner metadata")
     p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
     await _event(deps, p.body, "Normal", "OwnerRecorded", f"domain {p.domain_name} on host {p.host} now records this "
                  f"management cluster as its owner (was {owner.management_cluster or 'none'})")

@@ -32,6 +32,7 @@ from capi_libvirt.reconcile.machine import Dependencies
 
 log = logging.getLogger(__name__)
 INTERVAL_S = 60.0
+LIST_TIMEOUT_S = 60.0  # a host that does not answer delays a round by this much at most
 ORPHAN_FOUND, ORPHAN_REMOVED = "OrphanFound", "OrphanRemoved"
 
 
@@ -42,7 +43,8 @@ async def collect_host(deps: Dependencies, name: str, namespaces: Sequence[str] 
     if not deps.management_cluster or not deps.kube.primed or known is None or not known.reachable:
         return None
     host = deps.hosts.get(name)
-    domains, volumes = await host.call(host_domains.list_domains, known.spec.storage_pool, doing="list domains")
+    domains, volumes = await asyncio.wait_for(
+        host.call(host_domains.list_domains, known.spec.storage_pool, doing="list domains"), LIST_TIMEOUT_S)
     claims = orphans.claims_of(await deps.kube.list_libvirt_machines(), deps.moved_away, namespaces or None,
                                deps.kube.cached_clusters())
     findings = orphans.find(domains, deps.management_cluster, claims, volumes)
@@ -115,8 +117,12 @@ async def _release_moved_away(deps: Dependencies, name: str, findings: orphans.F
         owner = domain.owner
         if verdict is orphans.Verdict.MOVED_AWAY and owner is not None and \
                 owner.management_cluster == deps.management_cluster:
-            await host.call(host_domains.set_owner, domain.uuid,
-                            dataclasses.replace(owner, management_cluster=None), doing="release owner metadata")
+            try:
+                await host.call(host_domains.set_owner, domain.uuid, dataclasses.replace(owner, management_cluster=None),
+                                owner, doing="release owner metadata")
+            except errors.HypervisorError as error:  # adopted (or gone) meanwhile: nothing to release
+                log.info("host %s: owner metadata of %s not released: %s", name, domain.name, error)
+                continue
             log.info("host %s: domain %s moved away by clusterctl move: owner metadata released", name, domain.name)
 
 

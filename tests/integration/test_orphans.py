@@ -38,7 +38,7 @@ from waiting import wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 SUBNET, LINK = "192.168.174.0/24", 174
-GRACE_S = 6.0  # short here; an hour by default
+GRACE_S = 10.0  # short here (an hour by default); long enough to see the report before the removal
 BASE = "orphans-base.qcow2"
 MERGE = {"_content_type": "application/merge-patch+json"}
 DEADLINE_S = 90.0
@@ -232,11 +232,12 @@ async def test_an_orphan_is_reported_then_removed_and_nothing_else_is_touched(
     async def reported():
         orphans = (await host_status(api_client, host)).get("orphans") or {}
         pending = REGISTRY.get_sample_value("capi_libvirt_orphans", {"host": host, "state": "pending"})
-        return orphans if gone_domain in orphans.get("domains", []) and pending == 1 else None
-    report = await wait_until("the orphan in LibvirtHost status and the gauge", reported, DEADLINE_S, interval=0.2)
+        with remote.host.connect() as conn:
+            present = domain(conn, uids["gone"]) is not None  # reported, not removed yet
+        return orphans if gone_domain in orphans.get("domains", []) and pending == 1 and present else None
+    report = await wait_until("the orphan in LibvirtHost status and the gauge, still on the host", reported,
+                              DEADLINE_S, interval=0.2)
     assert report["count"] == 1 and report["gracePeriodSeconds"] == int(GRACE_S)
-    with remote.host.connect() as conn:
-        assert domain(conn, uids["gone"]) is not None  # reported, not removed yet
 
     def removed():
         with remote.host.connect() as conn:
@@ -248,8 +249,12 @@ async def test_an_orphan_is_reported_then_removed_and_nothing_else_is_touched(
         orphans = (await host_status(api_client, host)).get("orphans") or {}
         return orphans if orphans.get("count") == 0 and orphans.get("removed") == 1 else None
     final = await wait_until("the status to show the removal", settled, DEADLINE_S)
-    events = await host_events(api_client, host)
-    assert any(t == "Warning" and r == "OrphanFound" and gone_domain in m for t, r, m in events), events
+
+    async def both_events():  # posted in the background, so perhaps a moment after what they tell
+        events = await host_events(api_client, host)
+        found = any(t == "Warning" and r == "OrphanFound" and gone_domain in m for t, r, m in events)
+        return events if found and any(r == "OrphanRemoved" for _, r, _ in events) else None
+    events = await wait_until("the OrphanFound and OrphanRemoved events", both_events, DEADLINE_S)
     removal = [m for t, r, m in events if t == "Warning" and r == "OrphanRemoved"]
     assert len(removal) == 1 and f"{namespace}/gone" in removal[0] and gone_domain in removal[0]
     removed_domains = REGISTRY.get_sample_value("capi_libvirt_orphans_removed_total", {"host": host, "kind": "domain"})
@@ -285,6 +290,12 @@ async def test_an_orphan_is_reported_then_removed_and_nothing_else_is_touched(
         assert moved.isActive() and moved.ID() == moved_id  # neither redefined nor restarted
         inactive = domain_xml.parse_owner(moved.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
         assert inactive is not None and inactive.management_cluster == management  # the persistent definition too
+
+    async def owner_recorded_event():
+        listed = await core.list_namespaced_event(namespace,
+                                                  field_selector=f"involvedObject.uid={copy['metadata']['uid']}")
+        return "OwnerRecorded" in [e.reason for e in listed.items]
+    await wait_until("the OwnerRecorded event on the adopting copy", owner_recorded_event, DEADLINE_S)
 
     for name in ("keep", "moved"):  # torn down by the operator as usual
         await objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines", name)

@@ -273,12 +273,11 @@ class HostAccess(meta.Model):
     bridges: Patterns = []
     """Host bridges machines may attach to (a bridge puts the guest on the host's LAN); none by default."""
     images: Patterns = []
-    """Base image volumes machines may boot from, in an allowed pool; none by default: a pool holds other disks too.
-    The provider's own machine volumes (overlays, NoCloud ISOs, serial logs) are never allowed."""
+    """Base image volumes (in an allowed pool) machines may boot from; none by default (pools hold other disks).
+    Machine volumes the provider made (overlays, NoCloud ISOs, serial logs) are never allowed."""
     host_paths: list[Annotated[str, pydantic.Field(min_length=2, max_length=4096, pattern=HOST_PATH_PREFIX)]] = \
         pydantic.Field(default=[], max_length=16)
-    """Folders (absolute, ending in /) whose files machines may boot as kernel and initrd (kernelBoot); none by
-    default."""
+    """Folders (absolute, ending in /) whose files may be a kernelBoot kernel or initrd; none by default."""
 
 
 class LibvirtHostSpec(meta.Model):

@@ -169,3 +169,18 @@ def test_every_cluster_template_binds_secrets_in_its_namespace_only(flavor):
     assert binding["roleRef"]["name"] == meta.SECRETS_CLUSTER_ROLE
     assert binding["subjects"][0]["name"] == meta.PROVIDER_SERVICE_ACCOUNT
     assert yaml.safe_load(yaml.safe_dump(binding)) == binding
+
+
+def test_the_provider_namespace_comes_from_the_pod(monkeypatch, tmp_path):
+    """Host credentials must be in the provider's namespace: $POD_NAMESPACE (the Deployment's downward API), else the
+    ServiceAccount's namespace file, else capi-libvirt-system."""
+    from capi_libvirt.operator import config
+
+    monkeypatch.setattr(config, "SERVICE_ACCOUNT_NAMESPACE", str(tmp_path / "namespace"))
+    monkeypatch.delenv(config.NAMESPACE_ENV, raising=False)
+    assert config.provider_namespace() == meta.PROVIDER_NAMESPACE
+    (tmp_path / "namespace").write_text("capi-system-2\n")
+    assert config.provider_namespace() == "capi-system-2"
+    monkeypatch.setenv(config.NAMESPACE_ENV, "from-env")
+    assert config.provider_namespace() == "from-env"
+    assert config.from_environment().provider_namespace == "from-env"

@@ -30,7 +30,7 @@ from devenv import capi_objects
 from devenv.libvirt_host import LibvirtHost
 from devenv.remote_access import RemoteAccess
 
-from fixtures_control_plane import operator_running
+from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
 from prereq import require
 from waiting import wait_until
@@ -67,20 +67,20 @@ def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteAccess]:
 async def operator(control_plane, api_client, remote: RemoteAccess) -> AsyncIterator[None]:
     """The operator (short grace period, a round a second) with the host as a LibvirtHost over qemu+tls."""
     core, objects = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
-    secret_ns = f"orphans-{uuid.uuid4().hex[:6]}"
-    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=secret_ns)))
+    secret = f"orphans-tls-{uuid.uuid4().hex[:6]}"  # host credentials live in the provider's namespace
     folder = remote.client_dir
-    await core.create_namespaced_secret(secret_ns, client.V1Secret(
-        metadata=client.V1ObjectMeta(name="tls"), data={key: base64.b64encode((folder / file).read_bytes()).decode()
-                                                        for key, file in (("ca.crt", "cacert.pem"),
-                                                                          ("tls.crt", "clientcert.pem"),
-                                                                          ("tls.key", "clientkey.pem"))}))
+    await core.create_namespaced_secret(PROVIDER_NAMESPACE, client.V1Secret(
+        metadata=client.V1ObjectMeta(name=secret), data={key: base64.b64encode((folder / file).read_bytes()).decode()
+                                                         for key, file in (("ca.crt", "cacert.pem"),
+                                                                           ("tls.crt", "clientcert.pem"),
+                                                                           ("tls.key", "clientkey.pem"))}))
     config = operator_config.OperatorConfig(hosts={}, orphan_grace_s=GRACE_S, orphan_interval_s=1.0)
     async with operator_running(control_plane, {}, config):
         await objects.create_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", {
             "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": remote.host.name},
             "spec": {"uri": f"qemu+tls://{remote.address}/system", "storagePool": remote.host.pool_name,
-                     "credentialsSecretRef": {"name": "tls", "namespace": secret_ns}}})
+                     "credentialsSecretRef": {"name": secret, "namespace": PROVIDER_NAMESPACE},
+                     "access": {"networks": [remote.host.network_name], "images": [BASE]}}})
 
         async def reachable():
             return (await host_status(api_client, remote.host.name)).get("reachable")
@@ -102,7 +102,7 @@ async def operator(control_plane, api_client, remote: RemoteAccess) -> AsyncIter
             except AssertionError:  # machines left placed on it by a failed test: do not leave it to later tests
                 await objects.patch_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", remote.host.name,
                                                           {"metadata": {"finalizers": []}}, **MERGE)
-    await core.delete_namespace(secret_ns)
+    await core.delete_namespaced_secret(secret, PROVIDER_NAMESPACE)
 
 
 async def host_status(api_client, name: str) -> dict:

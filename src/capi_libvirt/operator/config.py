@@ -13,8 +13,11 @@ CRASH_AFTER_ENV = "CAPI_LIBVIRT_CRASH_AFTER"  # tests only: end the process righ
 CRASH_EXIT_CODE = 70
 MANAGEMENT_CLUSTER_ENV = "CAPI_LIBVIRT_MANAGEMENT_CLUSTER_ID"  # else the kube-system Namespace's UID
 ORPHAN_GRACE_ENV = "CAPI_LIBVIRT_ORPHAN_GRACE_PERIOD"  # seconds, or "never" (report orphans, never remove them)
+NAMESPACE_ENV = "POD_NAMESPACE"  # the Deployment sets it from the pod's namespace (the downward API)
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
+from capi_libvirt.api import meta
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
 from capi_libvirt.reconcile.machine import ORPHAN_GRACE_S
 from capi_libvirt.reconcile.orphans import INTERVAL_S as ORPHAN_INTERVAL_S
@@ -33,6 +36,8 @@ class OperatorConfig:
     management_cluster_id: str | None = None
     orphan_grace_s: float | None = ORPHAN_GRACE_S  # None: orphans are reported, never removed
     orphan_interval_s: float = ORPHAN_INTERVAL_S
+    # The provider's own namespace: the only one LibvirtHost credentials Secrets may live in (see api.meta).
+    provider_namespace: str = meta.PROVIDER_NAMESPACE
 
     def after_phase(self, phase: str) -> None:
         if phase == self.crash_after:
@@ -62,6 +67,17 @@ def parse_grace_period(value: str) -> float | None:
     return seconds
 
 
+def provider_namespace() -> str:
+    """$POD_NAMESPACE, else the ServiceAccount's namespace in a pod, else capi-libvirt-system."""
+    if os.environ.get(NAMESPACE_ENV):
+        return os.environ[NAMESPACE_ENV]
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+            return file.read().strip() or meta.PROVIDER_NAMESPACE
+    except OSError:
+        return meta.PROVIDER_NAMESPACE
+
+
 def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_WORKERS,
                      creates_per_host: int = DEFAULT_CREATES_PER_HOST, management_cluster_id: str | None = None,
                      orphan_grace: str | None = None, orphan_interval_s: float = ORPHAN_INTERVAL_S) -> OperatorConfig:
@@ -69,7 +85,7 @@ def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_
     grace = orphan_grace or os.environ.get(ORPHAN_GRACE_ENV)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
                           crash_after=os.environ.get(CRASH_AFTER_ENV) or None, workers=workers,
-                          creates_per_host=creates_per_host,
+                          creates_per_host=creates_per_host, provider_namespace=provider_namespace(),
                           management_cluster_id=management_cluster_id or os.environ.get(MANAGEMENT_CLUSTER_ENV) or None,
                           orphan_grace_s=ORPHAN_GRACE_S if grace is None else parse_grace_period(grace),
                           orphan_interval_s=orphan_interval_s)

@@ -144,7 +144,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
                                           creates_per_host=cfg.creates_per_host,
                                           management_cluster=cfg.management_cluster_id or
                                           await _management_cluster_identity(kube),
-                                          orphan_grace_s=cfg.orphan_grace_s)
+                                          orphan_grace_s=cfg.orphan_grace_s,
+                                          provider_namespace=cfg.provider_namespace)
     memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers, cfg.orphan_interval_s),
                                   memo.setdefault("state", election.State(None)), observer)
     log.info("static libvirt hosts: %s; LibvirtHost objects add more", ", ".join(hosts.names()) or "none")

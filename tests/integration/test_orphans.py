@@ -306,7 +306,7 @@ async def test_an_orphan_is_reported_then_removed_and_nothing_else_is_touched(
     with remote.host.connect() as conn:
         assert set(foreign_domains) <= {d.name() for d in conn.listAllDomains()}
         assert set(foreign_volumes) <= volumes(conn, pool)
-    print(f"\norphans: found 1 domain + 3 volumes (reported in status, gauge and a Warning event), removed "
+    print(f"\n[orphans] found 1 domain + 3 volumes (reported in status, gauge and a Warning event), removed "
           f"{removed_domains:.0f} domain + {removed_volumes:.0f} volumes after the {GRACE_S:.0f}s grace period; "
           f"untouched: {len(foreign_domains)} foreign/other-cluster/older-release domains, {len(foreign_volumes)} "
           f"foreign or look-alike volumes, 1 live machine, 1 moved-away domain (then adopted in place, same ID); "

@@ -95,6 +95,15 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
+def _management_cluster_id(value: str) -> str:
+    from capi_libvirt.operator import config
+
+    try:
+        return config.check_management_cluster_id(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _grace_period(value: str) -> str:
     from capi_libvirt.operator import config
 
@@ -121,7 +130,7 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--creates-per-host", type=_positive_int, default=config.DEFAULT_CREATES_PER_HOST, metavar="N",
                      help="machines created on one libvirt host at once; a burst queues behind them "
                           f"(default: {config.DEFAULT_CREATES_PER_HOST})")
-    run.add_argument("--management-cluster-id", metavar="ID",
+    run.add_argument("--management-cluster-id", type=_management_cluster_id, metavar="ID",
                      help=f"this management cluster's identity in domains' owner metadata (default: "
                           f"${config.MANAGEMENT_CLUSTER_ENV}, else the kube-system Namespace's UID)")
     run.add_argument("--orphan-grace-period", type=_grace_period, metavar="SECONDS|never",

@@ -144,8 +144,9 @@ def test_grace_period_option() -> None:
         config.parse_grace_period("-1")
     args = cli.parser().parse_args(["run", "--orphan-grace-period", "never", "--management-cluster-id", "mc-1"])
     assert (args.orphan_grace_period, args.management_cluster_id) == ("never", "mc-1")
-    with pytest.raises(SystemExit):
-        cli.parser().parse_args(["run", "--orphan-grace-period", "soon"])
+    for bad in (["--orphan-grace-period", "soon"], ["--management-cluster-id", "<x/>"]):
+        with pytest.raises(SystemExit):
+            cli.parser().parse_args(["run", *bad])
     built = config.from_environment(management_cluster_id="mc-1", orphan_grace="never")
     assert (built.management_cluster_id, built.orphan_grace_s) == ("mc-1", None)
     assert config.from_environment().orphan_grace_s == 3600.0  # an hour by default

@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Sequence
 
+MANAGEMENT_CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")  # a UID, a name: it goes into domain XML
 HOST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label, as status.host and providerIDs take
 HOSTS_ENV = "CAPI_LIBVIRT_HOSTS"  # "name=uri,name=uri"
 CRASH_AFTER_ENV = "CAPI_LIBVIRT_CRASH_AFTER"  # tests only: end the process right after this reconcile phase
@@ -57,6 +58,13 @@ def parse_hosts(entries: list[str]) -> dict[str, str]:
     return hosts
 
 
+def check_management_cluster_id(value: str) -> str:
+    """A management cluster identity of letters, digits and . _ : - (at most 253): what goes into owner metadata."""
+    if not MANAGEMENT_CLUSTER_ID.match(value):
+        raise ValueError(f"management cluster id {value!r}: letters, digits and . _ : - only, at most 253")
+    return value
+
+
 def parse_grace_period(value: str) -> float | None:
     """Seconds (>= 0) before an orphan is removed, or "never" (None): report only."""
     if value.strip().lower() == "never":
@@ -65,6 +73,11 @@ def parse_grace_period(value: str) -> float | None:
     if not seconds >= 0:
         raise ValueError(f"orphan grace period {value!r}: expected seconds >= 0 or 'never'")
     return seconds
+
+
+def _management_cluster_id(given: str | None) -> str | None:
+    value = given or os.environ.get(MANAGEMENT_CLUSTER_ENV) or None
+    return None if value is None else check_management_cluster_id(value)
 
 
 def provider_namespace() -> str:
@@ -86,6 +99,6 @@ def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
                           crash_after=os.environ.get(CRASH_AFTER_ENV) or None, workers=workers,
                           creates_per_host=creates_per_host, provider_namespace=provider_namespace(),
-                          management_cluster_id=management_cluster_id or os.environ.get(MANAGEMENT_CLUSTER_ENV) or None,
+                          management_cluster_id=_management_cluster_id(management_cluster_id),
                           orphan_grace_s=ORPHAN_GRACE_S if grace is None else parse_grace_period(grace),
                           orphan_interval_s=orphan_interval_s)

@@ -6,6 +6,7 @@ become its validation, so the API server refuses a bad object before the operato
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -16,11 +17,43 @@ from capi_libvirt.api import meta
 LIBVIRT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 CIDR = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
 IP = r"^[0-9a-fA-F:.]+$"
-MAC = r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$"
-ABSOLUTE_PATH = r"^/.*$"
+# Unicast only (the first octet even): libvirt refuses a multicast MAC when the domain is defined.
+MAC = r"^[0-9a-fA-F][02468aceACE](:[0-9a-fA-F]{2}){5}$"
+# Text that goes into the domain XML as it is (kernel, initrd, command line): no control characters (XML 1.0 cannot
+# carry most of them, and a carriage return would read back as a newline) and none of XML's two noncharacters.
+# Written in the syntax both Go's RE2 (the API server) and Rust's regex (pydantic) read.
+XML_TEXT = r"^[^\x00-\x1f\x7f\x{FFFE}\x{FFFF}]*$"
+ABSOLUTE_PATH = r"^/[^\x00-\x1f\x7f\x{FFFE}\x{FFFF}]*$"
 
-Cidr = Annotated[str, pydantic.Field(pattern=CIDR, max_length=64)]
-IPAddress = Annotated[str, pydantic.Field(pattern=IP, max_length=64)]
+
+def _is_ip(value: str) -> str:
+    """An IPv4 or IPv6 address as the API server's CEL `isIP` reads it: no zone, no IPv4-mapped IPv6 form."""
+    address = ipaddress.ip_address(value)
+    if isinstance(address, ipaddress.IPv6Address) and (address.scope_id or address.ipv4_mapped):
+        raise ValueError(f"{value!r} is not a plain IP address")
+    return value
+
+
+def _is_cidr(value: str) -> str:
+    """An address with a prefix length in range (192.0.2.10/24, 2001:db8::10/64), as CEL `isCIDR` reads it."""
+    address, _, length = value.partition("/")
+    _is_ip(address)
+    ipaddress.ip_interface(value)  # the prefix length: within the family's range, no leading zeros or sign
+    if length != str(int(length)):
+        raise ValueError(f"{value!r} has a malformed prefix length")
+    return value
+
+
+def _cel(rule: str, message: str) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message}]}
+
+
+Cidr = Annotated[str, pydantic.Field(pattern=CIDR, max_length=64,
+                                     json_schema_extra=_cel("isCIDR(self)", "must be an address in CIDR form")),
+                 pydantic.AfterValidator(_is_cidr)]
+IPAddress = Annotated[str, pydantic.Field(pattern=IP, max_length=64,
+                                          json_schema_extra=_cel("isIP(self)", "must be an IP address")),
+                      pydantic.AfterValidator(_is_ip)]
 
 
 class ImageSource(meta.Model):
@@ -79,7 +112,7 @@ class KernelBoot(meta.Model):
     """Path of the kernel image on the host."""
     initrd: str | None = pydantic.Field(default=None, min_length=2, max_length=4096, pattern=ABSOLUTE_PATH)
     """Path of the initrd on the host."""
-    cmdline: str = pydantic.Field(default="root=/dev/vda rw console=ttyS0", max_length=4096)
+    cmdline: str = pydantic.Field(default="root=/dev/vda rw console=ttyS0", max_length=4096, pattern=XML_TEXT)
     """Kernel command line."""
 
 

@@ -117,62 +117,97 @@ CIDRS = st.one_of(
 )
 
 
-def static_addressing() -> st.SearchStrategy[dict[str, object]]:
-    return st.fixed_dictionaries(
-        {"addresses": st.lists(CIDRS, max_size=9)},
-        optional={"gateway": field(ADDRESSES), "nameservers": st.lists(ADDRESSES, max_size=4)},
-    )
+def valid_interface() -> st.SearchStrategy[dict[str, object]]:
+    attachment = st.one_of(st.fixed_dictionaries({"network": libvirt_name(30)}),
+                           st.fixed_dictionaries({"bridge": libvirt_name(14)}))
+    static = st.fixed_dictionaries(
+        {"addresses": st.lists(st.one_of(st.builds(lambda a, p: f"{a}/{p}", IPV4, st.integers(0, 32)),
+                                         st.builds(lambda a, p: f"{a}/{p}", IPV6, st.integers(0, 128))),
+                               min_size=1, max_size=8)},
+        optional={"gateway": IPV4 | IPV6, "nameservers": st.lists(IPV4 | IPV6, max_size=3)})
+    return st.tuples(attachment, st.fixed_dictionaries({}, optional={
+        "model": st.sampled_from(["virtio", "e1000", "rtl8139"]),
+        "macAddress": st.lists(hexbyte(), min_size=5, max_size=5).map(lambda rest: ":".join(["52", *rest])),
+        "static": static,
+    })).map(lambda pair: {**pair[0], **pair[1]})
 
 
-def interface() -> st.SearchStrategy[dict[str, object]]:
+def hostile_interface() -> st.SearchStrategy[dict[str, object]]:
+    """An interface with one or more of: both or neither attachment, odd model, bad MAC, bad addresses."""
     return st.fixed_dictionaries({}, optional={
         "network": field(libvirt_name()),
         "bridge": field(libvirt_name(15)),
         "model": field(st.sampled_from(["virtio", "e1000", "rtl8139", "ne2k_pci", "VIRTIO"])),
         "macAddress": MACS,
-        "static": static_addressing(),
+        "static": st.fixed_dictionaries({"addresses": st.lists(CIDRS, max_size=9)},
+                                        optional={"gateway": ADDRESSES, "nameservers": st.lists(ADDRESSES, max_size=4)}),
     })
 
 
 # -- specs --------------------------------------------------------------------------------------------------------
-def kernel_path() -> st.SearchStrategy[object]:
-    return field(st.one_of(
-        st.just("/boot/vmlinuz"),
-        hostile_text(60).map(lambda text: "/" + text),
-        st.just("/" + "k" * 4095), st.just("/" + "k" * 4096),
-    ))
+def kernel_path(valid: bool) -> st.SearchStrategy[object]:
+    good = st.one_of(st.just("/boot/vmlinuz"), st.just("/" + "k" * 4095),
+                     st.text(st.characters(blacklist_categories=["Cc", "Cs"]).filter(lambda c: c not in "\ufffe\uffff"),
+                             min_size=1, max_size=40).map(lambda text: "/" + text))
+    if valid:
+        return good
+    return st.one_of(hostile_text(60).map(lambda text: "/" + text), st.just("/" + "k" * 4096), hostile_text(),
+                     WRONG_TYPES)
 
 
-def kernel_boot() -> st.SearchStrategy[dict[str, object]]:
-    return st.fixed_dictionaries({"kernel": kernel_path()}, optional={
-        "initrd": kernel_path(),
-        "cmdline": field(st.one_of(st.just("root=/dev/vda console=ttyS0"), st.just("c" * 4096), st.just("c" * 4097),
-                                   hostile_text(200))),
-    })
+def kernel_boot(valid: bool) -> st.SearchStrategy[dict[str, object]]:
+    good_cmdline = st.one_of(st.just("root=/dev/vda console=ttyS0"), st.just("c" * 4096),
+                             st.lists(st.sampled_from([p for p in PIECES if p not in CONTROL and "\r" not in p
+                                                       and "\n" not in p and "\t" not in p and p not in "\ufffe\uffff"]),
+                                      max_size=40).map("".join))
+    cmdline = good_cmdline if valid else st.one_of(st.just("c" * 4097), hostile_text(200), WRONG_TYPES)
+    return st.fixed_dictionaries({"kernel": kernel_path(valid)},
+                                 optional={"initrd": kernel_path(valid), "cmdline": cmdline})
 
 
-def machine_spec() -> st.SearchStrategy[dict[str, object]]:
-    """A LibvirtMachine spec: every field optional (image required), each drawn from `field`."""
-    return st.fixed_dictionaries({"image": st.one_of(
-        st.fixed_dictionaries({"volume": field(libvirt_name())}, optional={"pool": field(libvirt_name())}),
-        WRONG_TYPES)}, optional={
-        "providerID": field(st.sampled_from(["libvirt://kvm1/5d64ece4-dc73-59e8-9624-de2ce4c5a35e", "a" * 512,
-                                             "a" * 513]), 520),
-        "host": field(dns_label()),
-        "cpus": field(st.integers(-1, 513) | st.sampled_from([0, 1, 512, 513])),
-        "memoryMiB": field(st.sampled_from([127, 128, 2048, 16 * 1024 * 1024, 16 * 1024 * 1024 + 1]) | st.integers()),
-        "diskGiB": field(st.sampled_from([0, 1, 20, 65536, 65537])),
-        "storagePool": field(libvirt_name()),
-        "domainType": field(st.sampled_from(["kvm", "qemu", "xen", "KVM", "lxc"])),
-        "machineType": field(libvirt_name(64)),
-        "cpuMode": field(st.sampled_from(["host-passthrough", "host-model", "maximum", "custom"])),
-        "diskBus": field(st.sampled_from(["virtio", "scsi", "sata", "ide", "floppy"])),
-        "interfaces": st.one_of(st.lists(interface(), max_size=9), WRONG_TYPES),
-        "guestAgent": field(st.booleans()),
-        "serialLog": field(st.booleans()),
-        "kernelBoot": st.one_of(kernel_boot(), WRONG_TYPES),
-        "unknownField": hostile_text(10),
-    })
+# Each field of a LibvirtMachine spec: (a valid value, a hostile one).
+MACHINE_FIELDS: dict[str, tuple[st.SearchStrategy[object], st.SearchStrategy[object]]] = {
+    "providerID": (st.just("libvirt://kvm1/5d64ece4-dc73-59e8-9624-de2ce4c5a35e") | st.just("p" * 512),
+                   st.one_of(hostile_text(520), st.just("p" * 513), WRONG_TYPES)),
+    "host": (dns_label(62), st.one_of(st.just("h" * 64), hostile_text(), WRONG_TYPES)),
+    "cpus": (st.integers(1, 512), st.one_of(st.sampled_from([0, -1, 513, 2**31, 2**63]), WRONG_TYPES)),
+    "memoryMiB": (st.sampled_from([128, 2048, 16 * 1024 * 1024]) | st.integers(128, 16 * 1024 * 1024),
+                  st.one_of(st.sampled_from([127, 0, -128, 16 * 1024 * 1024 + 1]), WRONG_TYPES)),
+    "diskGiB": (st.sampled_from([1, 20, 65536]), st.one_of(st.sampled_from([0, 65537, -20]), WRONG_TYPES)),
+    "storagePool": (libvirt_name(254), st.one_of(st.just("p" * 256), hostile_text(), WRONG_TYPES)),
+    "domainType": (st.sampled_from(["kvm", "qemu"]), st.one_of(st.sampled_from(["xen", "KVM", "lxc"]), hostile_text())),
+    "machineType": (libvirt_name(63), st.one_of(st.just("m" * 65), hostile_text(), WRONG_TYPES)),
+    "cpuMode": (st.sampled_from(["host-passthrough", "host-model", "maximum"]),
+                st.one_of(st.just("custom"), hostile_text(), WRONG_TYPES)),
+    "diskBus": (st.sampled_from(["virtio", "scsi", "sata"]), st.one_of(st.sampled_from(["ide", "floppy"]), hostile_text())),
+    "interfaces": (st.lists(valid_interface(), min_size=1, max_size=8),
+                   st.one_of(st.lists(hostile_interface(), max_size=9), st.just([]),
+                             st.lists(valid_interface(), min_size=9, max_size=9), WRONG_TYPES)),
+    "guestAgent": (st.booleans(), WRONG_TYPES),
+    "serialLog": (st.booleans(), WRONG_TYPES),
+    "kernelBoot": (kernel_boot(True), st.one_of(kernel_boot(False), WRONG_TYPES)),
+    "image": (st.fixed_dictionaries({"volume": libvirt_name(254)}, optional={"pool": libvirt_name(254)}),
+              st.one_of(st.fixed_dictionaries({"volume": field(libvirt_name())}, optional={"pool": field(libvirt_name())}),
+                        WRONG_TYPES)),
+    "unknownField": (st.nothing(), hostile_text(10)),
+}
+
+
+@st.composite
+def machine_spec(draw: st.DrawFn, max_hostile: int = 3) -> dict[str, object]:
+    """A LibvirtMachine spec: valid fields (image always, the others when drawn), then 0 to `max_hostile` of them
+    replaced by hostile values (or the required image left out)."""
+    spec: dict[str, object] = {"image": draw(MACHINE_FIELDS["image"][0])}
+    for name in draw(st.lists(st.sampled_from(sorted(MACHINE_FIELDS)), unique=True, max_size=6)):
+        spec[name] = draw(MACHINE_FIELDS[name][0]) if name != "unknownField" else None
+        spec = {k: v for k, v in spec.items() if v is not None or k != "unknownField"}
+    for name in draw(st.lists(st.sampled_from(sorted(MACHINE_FIELDS) + ["-image"]), unique=True,
+                              max_size=max_hostile)):
+        if name == "-image":
+            spec.pop("image", None)
+        else:
+            spec[name] = draw(MACHINE_FIELDS[name][1])
+    return spec
 
 
 def host_spec() -> st.SearchStrategy[dict[str, object]]:

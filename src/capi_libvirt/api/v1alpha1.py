@@ -15,6 +15,8 @@ from capi_libvirt.api import meta
 
 # Names that end up inside libvirt object names and XML: conservative characters only.
 LIBVIRT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
+# Names libvirt's domain schema restricts further (its machine type and bridge patterns): no '+'.
+DEVICE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 CIDR = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
 IP = r"^[0-9a-fA-F:.]+$"
 # Unicast only (the first octet even): libvirt refuses a multicast MAC when the domain is defined.
@@ -89,7 +91,7 @@ class NetworkInterface(meta.Model):
 
     network: str | None = pydantic.Field(default=None, min_length=1, max_length=255, pattern=LIBVIRT_NAME)
     """A libvirt network on the host (for example `default`)."""
-    bridge: str | None = pydantic.Field(default=None, min_length=1, max_length=15, pattern=LIBVIRT_NAME)
+    bridge: str | None = pydantic.Field(default=None, min_length=1, max_length=15, pattern=DEVICE_NAME)
     """A Linux bridge on the host (for example `br0`)."""
     model: Literal["virtio", "e1000", "rtl8139"] = "virtio"
     """Emulated NIC model."""
@@ -153,7 +155,7 @@ class LibvirtMachineSpec(meta.Model):
     """Storage pool the overlay and the NoCloud ISO are created in."""
     domain_type: Literal["kvm", "qemu"] = "kvm"
     """`kvm` on hosts with hardware virtualization; `qemu` (software emulation) elsewhere."""
-    machine_type: str = pydantic.Field(default="q35", min_length=1, max_length=64, pattern=LIBVIRT_NAME)
+    machine_type: str = pydantic.Field(default="q35", min_length=1, max_length=64, pattern=DEVICE_NAME)
     """QEMU machine type (q35, pc, ...)."""
     cpu_mode: Literal["host-passthrough", "host-model", "maximum"] | None = None
     """libvirt CPU mode; the hypervisor's default when unset."""

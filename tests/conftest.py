@@ -15,3 +15,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tiers = [tier for tier in TIERS if item.get_closest_marker(tier)]
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid}: mark it with exactly one of {TIERS}, not {tiers}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The hostile-input count (tests/hostile_inputs.py): how many generated inputs each tier ran, and how they ended."""
+    from hostile_inputs import COUNTS
+
+    if not COUNTS:
+        return
+    admitted = sum(n for what, n in COUNTS.items() if what.startswith("admission: ") and "accepted" not in what
+                   and "validated" not in what)
+    terminalreporter.section("hostile input (Hypothesis, derandomized)")
+    terminalreporter.write_line(f"{admitted} generated specs and bootstrap Secrets through admission on the API server; "
+                                f"{COUNTS['reconcile: cases on libvirtd']} of them (sampled) through the reconcile "
+                                f"on libvirtd")
+    for what, n in sorted(COUNTS.items()):
+        terminalreporter.write_line(f"  {what}: {n}")

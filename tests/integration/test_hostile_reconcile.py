@@ -48,8 +48,18 @@ from devenv.libvirt_host import LibvirtHost
 
 from fixtures_control_plane import OPERATOR_USER
 from fixtures_libvirt import require_libvirt_host_prerequisites
-from hostile_inputs import (COUNTS, IPV4, IPV6, PIECES, SECRET_LIMIT, blob, dns_subdomain, hexbyte, label_key,
-                            label_value)
+from hostile_inputs import (
+    COUNTS,
+    IPV4,
+    IPV6,
+    PIECES,
+    SECRET_LIMIT,
+    blob,
+    dns_subdomain,
+    hexbyte,
+    label_key,
+    label_value,
+)
 from prereq import require
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -155,7 +155,9 @@ def test_generated_machines_are_admitted_exactly_when_the_model_accepts_them(
         else:
             assert "spec" in answer or "metadata" in answer or "name" in answer, answer[:500]
 
+    before = COUNTS["admission: LibvirtMachines"]
     one()
+    assert COUNTS["admission: LibvirtMachines"] - before >= 300
     COUNTS["admission: accepted domains validated with domain.rng"] += validate_with_libvirt_schema(tmp_path)
 
 
@@ -173,7 +175,9 @@ def test_generated_machine_templates_are_admitted_exactly_when_the_model_accepts
         check_verdict(accepted, metadata_ok(metadata) and model_accepts(v1alpha1.LibvirtMachineTemplateSpec, template),
                       body, answer)
 
+    before = COUNTS["admission: LibvirtMachineTemplates"]
     one()
+    assert COUNTS["admission: LibvirtMachineTemplates"] - before >= 50
 
 
 def test_generated_hosts_are_admitted_exactly_when_the_model_accepts_them(control_plane):
@@ -187,7 +191,9 @@ def test_generated_hosts_are_admitted_exactly_when_the_model_accepts_them(contro
         accepted, answer = dry_run(control_plane, collection, body)
         check_verdict(accepted, metadata_ok(metadata) and model_accepts(v1alpha1.LibvirtHostSpec, spec), body, answer)
 
+    before = COUNTS["admission: LibvirtHosts"]
     one()
+    assert COUNTS["admission: LibvirtHosts"] - before >= 75
 
 
 def secret_ok(data: dict[str, bytes]) -> bool:
@@ -224,4 +230,6 @@ def test_generated_bootstrap_secrets_are_admitted_by_size_and_keys_and_ride_the_
             meta_data = cloud_init.meta_data("i", "h", "libvirt://h/u")
             assert read_user_data(nocloud.build_nocloud_iso(data["value"], meta_data)) == data["value"]
 
+    before = COUNTS["admission: bootstrap Secrets"]
     one()
+    assert COUNTS["admission: bootstrap Secrets"] - before >= 75

@@ -354,7 +354,9 @@ def test_hostile_specs_end_in_a_clear_condition_and_leave_nothing(case, hostile_
     def one(name: str, labels: dict[str, str], spec: dict[str, Any]) -> None:
         case(unique(name), labels, spec, {"value": cloud_config("text", 256), "format": b"cloud-config"})
 
+    before = COUNTS["reconcile: cases on libvirtd"]
     one()
+    assert COUNTS["reconcile: cases on libvirtd"] - before >= 15
 
 
 SECRETS = st.one_of(
@@ -397,7 +399,9 @@ def test_hostile_bootstrap_secrets_end_in_a_clear_condition_and_leave_nothing(ca
     def one(secret: dict[str, bytes] | None) -> None:
         case(unique("boot"), {}, spec, secret, expect=expectation(secret))
 
+    before = COUNTS["reconcile: cases on libvirtd"]
     one()
+    assert COUNTS["reconcile: cases on libvirtd"] - before >= 15
 
 
 def test_preset_provider_ids_are_refused_or_adopted_never_placed_again(case, hostile_host):
@@ -415,4 +419,6 @@ def test_preset_provider_ids_are_refused_or_adopted_never_placed_again(case, hos
              {"value": SECRET_MARK, "format": b"cloud-config"},
              expect={reconcile.ADOPTION_REFUSED, conditions.Reason.HOST_UNREACHABLE, "HostNotFound"})
 
+    before = COUNTS["reconcile: cases on libvirtd"]
     one()
+    assert COUNTS["reconcile: cases on libvirtd"] - before >= 5

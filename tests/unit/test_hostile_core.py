@@ -92,6 +92,14 @@ def test_any_owner_reads_back_exactly_or_is_refused(namespace: str, name: str, u
     assert domain_xml.parse_owner(xml) == domain_xml.Owner(namespace, name, uid, cluster or None)
 
 
+def test_host_passthrough_on_emulation_is_refused_by_the_model() -> None:
+    """Bug 7: libvirt refuses it at every start of a qemu domain; refused once, at admission, instead (the CRD's CEL
+    rule says the same: tests/integration/test_hostile_admission.py checks they agree)."""
+    assert accepted({"image": {"volume": "b"}, "cpuMode": "host-passthrough", "domainType": "qemu"}) is None
+    assert accepted({"image": {"volume": "b"}, "cpuMode": "host-passthrough"}) is not None  # kvm, the default
+    assert accepted({"image": {"volume": "b"}, "cpuMode": "maximum", "domainType": "qemu"}) is not None
+
+
 LABEL = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 VOLUME = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 

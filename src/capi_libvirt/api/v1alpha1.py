@@ -136,8 +136,21 @@ def machine_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+HOST_PASSTHROUGH_NEEDS_KVM = "cpuMode host-passthrough needs domainType kvm (QEMU's emulation cannot pass the host CPU)"
+
+
 class LibvirtMachineSpec(meta.Model):
     """The desired VM: its size, image, hardware and network."""
+
+    # What libvirt would refuse at every start, refused once at admission instead of retried with backoff forever.
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.cpuMode) || self.cpuMode != 'host-passthrough' || self.domainType == 'kvm'",
+                 "message": HOST_PASSTHROUGH_NEEDS_KVM}
+            ]
+        }
+    )
 
     provider_id: str | None = pydantic.Field(default=None, alias="providerID", min_length=1, max_length=512)
     """libvirt://<host>/<domain-uuid>, set by the provider once the domain exists."""
@@ -171,6 +184,12 @@ class LibvirtMachineSpec(meta.Model):
     """Log the serial console to a file on the host (cloud-init output is there)."""
     kernel_boot: KernelBoot | None = None
     """Boot a kernel directly instead of the disk's bootloader."""
+
+    @pydantic.model_validator(mode="after")
+    def _cpu_mode_fits_domain_type(self) -> LibvirtMachineSpec:
+        if self.cpu_mode == "host-passthrough" and self.domain_type != "kvm":
+            raise ValueError(HOST_PASSTHROUGH_NEEDS_KVM)
+        return self
 
 
 class LibvirtMachineStatus(meta.Model):

@@ -223,6 +223,13 @@ def host_spec() -> st.SearchStrategy[dict[str, object]]:
             "memory": field(st.sampled_from([0, 1.0, 4, 4.01]))}),
         "storagePool": field(libvirt_name()),
         "unschedulable": field(st.booleans()),
+        "access": st.fixed_dictionaries({}, optional={
+            **{key: st.one_of(st.lists(field(st.sampled_from(["team-*", "*", "default", "a" * 253, "[!x]?"])),
+                                       max_size=4), WRONG_TYPES)
+               for key in ("namespaces", "storagePools", "networks", "bridges", "images")},
+            "hostPaths": st.one_of(st.lists(field(st.sampled_from(["/var/lib/kernels/", "/", "/boot", "//x/",
+                                                                   "/" + "k" * 4094 + "/"])), max_size=17),
+                                   WRONG_TYPES)}),
     })
 
 

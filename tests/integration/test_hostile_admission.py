@@ -142,6 +142,8 @@ def test_generated_machines_are_admitted_exactly_when_the_model_accepts_them(
         "addresses": ["999.1.1.1/99"], "gateway": "::::", "nameservers": ["1.2.3"]}}]})  # bug 3
     @example({"name": "m"}, {"image": {"volume": "b"}, "machineType": "pc+1", "interfaces": [{"bridge": "br+0"}]})  # bug 4
     @example({"name": "m"}, {"image": {"volume": "b"}, "cpuMode": "host-passthrough", "domainType": "qemu"})  # bug 7
+    @example({"name": "m"}, {"image": {"volume": "b"}, "interfaces": [
+        {"network": "n", "macAddress": "52:00:00:00:00:0a"}, {"bridge": "b", "macAddress": "52:00:00:00:00:0A"}]})  # 8
     @example({"name": "m" * 253, "labels": {"a" * 253 + "/" + "n" * 63: "v" * 63}}, {"image": {"volume": "v" * 255}})
     def one(metadata: dict[str, Any], spec: dict[str, Any]) -> None:
         COUNTS["admission: LibvirtMachines"] += 1

@@ -46,7 +46,7 @@ from devenv import capi_objects
 from devenv import control_plane as cp
 from devenv.libvirt_host import LibvirtHost
 
-from fixtures_control_plane import OPERATOR_USER
+from fixtures_control_plane import OPERATOR_USER, allow_secrets
 from fixtures_libvirt import require_libvirt_host_prerequisites
 from hostile_inputs import (
     COUNTS,
@@ -75,7 +75,7 @@ KNOWN_REASONS = {
     conditions.Reason.BOOTSTRAP_FORMAT_UNSUPPORTED, conditions.Reason.BOOTSTRAP_DATA_MISSING,
     conditions.Reason.WAITING_FOR_BOOTSTRAP_DATA, conditions.Reason.HOST_UNREACHABLE, "HypervisorError",
     reconcile.NETWORK_NOT_FOUND, reconcile.ADOPTION_REFUSED, reconcile.INVALID_SPEC, "InsufficientCapacity",
-    "HostNotFound",
+    "HostNotFound", reconcile.TENANT_NOT_ALLOWED, reconcile.SECRETS_FORBIDDEN,
 }
 KERNEL_TEXT = [p for p in PIECES if not any(c < " " or c in "\x7f\x85\ufffe\uffff" for c in p)]
 
@@ -111,6 +111,7 @@ def hostile_namespace(control_plane: cp.LocalControlPlane) -> Iterator[str]:
     name = f"hostile-{uuid.uuid4().hex[:6]}"
     control_plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                          "metadata": {"name": name}})
+    allow_secrets(control_plane, name)  # the RoleBinding a user makes for each namespace the provider serves
     run(with_admin(control_plane, lambda admin: capi_objects.create_cluster(admin, name, CLUSTER)))
     yield name
     control_plane.request("DELETE", f"/api/v1/namespaces/{name}")

@@ -57,6 +57,10 @@ def build(spec: v1alpha1.LibvirtMachineSpec, owner: domain_xml.Owner = OWNER) ->
 @example({"image": {"volume": "b"}, "kernelBoot": {"kernel": "/k\x1b[2J", "initrd": "/i\x07"}})  # bug 1
 @example({"image": {"volume": "b"}, "kernelBoot": {"kernel": "/k", "cmdline": "a\rb"}})  # bug 1 (\r reads back \n)
 @example({"image": {"volume": "b"}, "interfaces": [{"network": "n", "macAddress": "01:00:5e:00:00:01"}]})  # bug 2
+@example({"image": {"volume": "b"}, "interfaces": [{"network": "n", "macAddress": "52:00:00:00:00:00"},
+                                                  {"network": "n", "macAddress": "52:00:00:00:00:00"}]})  # bug 8
+@example({"image": {"volume": "b"}, "interfaces": [{"network": "n", "macAddress": "52:00:00:00:00:0a"},
+                                                  {"bridge": "b", "macAddress": "52:00:00:00:00:0A"}]})  # bug 8
 def test_every_accepted_spec_is_a_well_formed_domain_that_reads_back(spec: dict) -> None:
     COUNTS["unit: machine specs -> domain XML"] += 1
     model = accepted(spec)

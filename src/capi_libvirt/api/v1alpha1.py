@@ -95,7 +95,7 @@ class NetworkInterface(meta.Model):
     """A Linux bridge on the host (for example `br0`)."""
     model: Literal["virtio", "e1000", "rtl8139"] = "virtio"
     """Emulated NIC model."""
-    mac_address: str | None = pydantic.Field(default=None, pattern=MAC)
+    mac_address: str | None = pydantic.Field(default=None, max_length=17, pattern=MAC)  # bounded: CEL's cost estimate
     """Fixed MAC address; derived from the machine's identity when unset."""
     static: StaticAddressing | None = None
     """Static addressing; DHCP when unset."""
@@ -137,6 +137,7 @@ def machine_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 HOST_PASSTHROUGH_NEEDS_KVM = "cpuMode host-passthrough needs domainType kvm (QEMU's emulation cannot pass the host CPU)"
+MACS_UNIQUE = "interfaces must not share a macAddress"
 
 
 class LibvirtMachineSpec(meta.Model):
@@ -147,7 +148,11 @@ class LibvirtMachineSpec(meta.Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {"rule": "!has(self.cpuMode) || self.cpuMode != 'host-passthrough' || self.domainType == 'kvm'",
-                 "message": HOST_PASSTHROUGH_NEEDS_KVM}
+                 "message": HOST_PASSTHROUGH_NEEDS_KVM},
+                # Two NICs with one MAC: the network-config matches both with one entry, and the guest's network breaks.
+                {"rule": "self.interfaces.all(i, !has(i.macAddress) || self.interfaces.exists_one(j, "
+                         "has(j.macAddress) && j.macAddress.lowerAscii() == i.macAddress.lowerAscii()))",
+                 "message": MACS_UNIQUE},
             ]
         }
     )
@@ -189,6 +194,9 @@ class LibvirtMachineSpec(meta.Model):
     def _cpu_mode_fits_domain_type(self) -> LibvirtMachineSpec:
         if self.cpu_mode == "host-passthrough" and self.domain_type != "kvm":
             raise ValueError(HOST_PASSTHROUGH_NEEDS_KVM)
+        macs = [nic.mac_address.lower() for nic in self.interfaces if nic.mac_address]
+        if len(macs) != len(set(macs)):
+            raise ValueError(MACS_UNIQUE)
         return self
 
 

@@ -37,7 +37,9 @@ DiskBus = Literal["virtio", "scsi", "sata"]
 CdromBus = Literal["scsi", "ide"]
 
 # Characters XML 1.0 cannot carry at all, even escaped: ElementTree would write them and nothing could read them back.
-_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+# Plus the carriage return: ElementTree writes it unescaped in element text, and every XML parser (libvirt's too)
+# reads it back as a newline, so the value would silently change.
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\r\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
 
 
 @dataclass(frozen=True)

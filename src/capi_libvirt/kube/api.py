@@ -44,11 +44,12 @@ class Forbidden(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class BootstrapData:
-    value: bytes
-    format: str  # cloud-config or ignition
+    value: bytes | None  # None: the Secret has no `value` key
+    format: str  # cloud-config or ignition (as read: any bytes, decoded with replacement characters)
 
     def __repr__(self) -> str:  # bootstrap data can hold credentials: never in a log line or a traceback
-        return f"BootstrapData(format={self.format!r}, value=<{len(self.value)} bytes>)"
+        size = "missing" if self.value is None else f"<{len(self.value)} bytes>"
+        return f"BootstrapData(format={self.format!r}, value={size})"
 
 
 async def new_api_client() -> client.ApiClient:
@@ -216,7 +217,9 @@ class KubeAPI:
         data = await self.get_secret_data(namespace, name)
         if data is None:
             return None
-        return BootstrapData(value=data.get("value", b""), format=data.get("format", b"cloud-config").decode())
+        # A format of any bytes (not UTF-8) is read with replacement characters: the reconcile refuses it by name.
+        return BootstrapData(value=data.get("value"),
+                             format=data.get("format", b"cloud-config").decode("utf-8", errors="replace"))
 
     async def patch_libvirt_machine(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A merge patch; with `metadata.resourceVersion` in it, only of that version (else Conflict)."""

@@ -239,9 +239,14 @@ async def _fetch_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
                    failure=True) from None
     if p.bootstrap is None:
         raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, f"bootstrap Secret {secret_name} not found", RECHECK_BOOTSTRAP)
+    # Both refusals back off (a bootstrap provider may still rewrite the Secret, which is not watched); the format is
+    # quoted cut short (it is not secret, but it is anyone's text), the data never.
     if p.bootstrap.format != "cloud-config":
         raise Wait(Reason.BOOTSTRAP_FORMAT_UNSUPPORTED,
-                   f"bootstrap data format {p.bootstrap.format!r} is not supported; use cloud-config",
+                   f"bootstrap data format {p.bootstrap.format[:64]!r} is not supported; use cloud-config",
+                   RECHECK_PROVISIONED, failure=True)
+    if not p.bootstrap.value:
+        raise Wait(Reason.BOOTSTRAP_DATA_MISSING, f"bootstrap Secret {secret_name} has no data under 'value'",
                    RECHECK_PROVISIONED, failure=True)
 
 
@@ -473,11 +478,14 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
                              cluster=(p.cluster or {}).get("metadata", {}).get("name"),
                              management_cluster=deps.management_cluster)
     overlay_path = f"{pool_dir}/{volumes.overlay}"
-    config = domain_xml.from_spec(p.spec, name=p.domain_name, uuid=p.domain_uuid, disk_path=overlay_path,
-                                  iso_path=f"{pool_dir}/{volumes.nocloud}",
-                                  serial_log_path=f"{pool_dir}/{volumes.serial_log}", owner=owner)
+    try:
+        config = domain_xml.from_spec(p.spec, name=p.domain_name, uuid=p.domain_uuid, disk_path=overlay_path,
+                                      iso_path=f"{pool_dir}/{volumes.nocloud}",
+                                      serial_log_path=f"{pool_dir}/{volumes.serial_log}", owner=owner)
+    except ValueError as error:  # a spec admission let through that no domain XML can carry: the spec is immutable
+        raise Wait(INVALID_SPEC, f"invalid spec: {error}", None, failure=True) from None
     iso = nocloud.build_nocloud_iso(
-        user_data=p.bootstrap.value if p.bootstrap else b"",  # (always set: fetched above)
+        user_data=(p.bootstrap.value if p.bootstrap else None) or b"",  # (always set and non-empty: fetched above)
         meta_data=cloud_init.meta_data(p.domain_uuid, naming.hostname(p.name), provider),
         network_config=cloud_init.network_config(p.spec.interfaces, [nic.mac for nic in config.interfaces]),
     )
@@ -598,7 +606,9 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
     except Wait as wait:
         if not wait.failure:
             deps.failures.pop(key, None)
-        return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, wait) if wait.failure else wait)
+        # A failure with no retry (an invalid spec: immutable, so retrying cannot help) waits for a watch event.
+        backoff = wait.failure and wait.retry_after is not None
+        return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, wait) if backoff else wait)
     except errors.HypervisorError as error:
         return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, _wait_for_hypervisor(error)))
     except Exception as error:  # noqa: BLE001  anything else: a condition that names its kind, details in the log

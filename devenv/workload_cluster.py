@@ -58,7 +58,7 @@ def core_manager_role() -> dict:
             "metadata": {"name": "devenv-hosted-control-plane-capi",
                          "labels": {"cluster.x-k8s.io/aggregate-to-manager": "true"}},
             "rules": [{"apiGroups": [CP_GROUP], "resources": [CP_PLURAL, f"{CP_PLURAL}/status"],
-                       "verbs": ["get", "list", "watch", "patch", "update"]}]}
+                       "verbs": ["get", "list", "watch", "patch", "update", "delete"]}]}
 
 
 def install(plane: LocalControlPlane) -> None:

@@ -94,6 +94,8 @@ class Dependencies:
     placement_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one placement at a time
     creates_per_host: int = placement.DEFAULT_CREATES_PER_HOST
     creation_slots: dict[str, asyncio.Semaphore] = dataclasses.field(default_factory=dict)
+    # A host entered the inventory: its machines waiting on it (a copy clusterctl move made) go again now.
+    host_added: Callable[[str], None] = lambda host: None
 
     def creation_slot(self, host: str) -> asyncio.Semaphore:
         """Held while a machine's overlay, ISO and domain are made on `host`."""

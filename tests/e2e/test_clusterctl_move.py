@@ -9,14 +9,14 @@ and its credentials Secret, which carries an ownerReference to the LibvirtHost (
 copy it with the host).
 
 What is proved, with the source's manager running throughout and the target's started before the move (never
-restarted):
+restarted); the target management cluster is made while the worker joins:
 - the real `clusterctl move --to-kubeconfig` exits 0 and names the LibvirtHost and the credentials Secret among what it
   creates;
 - libvirt reports no lifecycle event at all (define, undefine, start, stop, ...) from before the move until the
   Cluster is deleted on the target: the domain keeps its UUID, name, libvirt ID and state, the pool its volumes;
 - on the target: the same providerID, a new UID, the identity annotation naming the source's UID; the LibvirtMachine's
   status rebuilt (host, domainUUID, addresses, ready, provisioned) by the running manager; the Machine Running with the
-  same Node, whose creationTimestamp is unchanged; the LibvirtHost Ready and the Secret owned by the target's host;
+  same Node (the same object: its UID unchanged); the LibvirtHost Ready and the Secret owned by the target's host;
 - on the source: no Cluster, Machine, LibvirtCluster or LibvirtMachine left; the LibvirtHost and its Secret stay (move
   never deletes global objects); no event of our manager says it placed or defined anything;
 - deleting the Cluster on the target removes the domain (exactly one stop and one undefine) and every volume.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import concurrent.futures
 import contextlib
 import re
 import shutil
@@ -55,7 +56,7 @@ NAMESPACE = "move-demo"
 CLUSTER = "moved"
 SOURCE_ADDRESS, TARGET_ADDRESS = "198.19.255.2", "198.19.255.3"  # each management cluster's webhook address
 JOIN_DEADLINE_S = 900.0  # a TCG guest boots, runs cloud-init, containerd and the kubelet on a busy 2-core machine
-ADOPT_DEADLINE_S = 180.0
+ADOPT_DEADLINE_S = 300.0
 DELETE_DEADLINE_S = 300.0
 CAPI = f"/apis/{meta.CAPI_GROUP}/{meta.CAPI_VERSION}"
 INFRA = f"/apis/{meta.GROUP}/{meta.VERSION}"
@@ -88,12 +89,23 @@ def source(move_host, init_repository: clusterctl_repository.Repository,
 
 
 @pytest.fixture(scope="module")
-def target(source, init_repository: clusterctl_repository.Repository,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[management_cluster.ManagementCluster]:
-    with management_cluster.ManagementCluster(tmp_path_factory.mktemp("target"), init_repository,
-                                              TARGET_ADDRESS) as target:
-        workload_cluster.install(target.plane)
-        yield target
+def target(source, init_repository: clusterctl_repository.Repository, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[concurrent.futures.Future[management_cluster.ManagementCluster]]:
+    """The management cluster the cluster moves to, made in the background (while the worker joins): `result()`."""
+    bed = management_cluster.ManagementCluster(tmp_path_factory.mktemp("target"), init_repository, TARGET_ADDRESS)
+
+    def start() -> management_cluster.ManagementCluster:
+        bed.start()
+        workload_cluster.install(bed.plane)
+        return bed
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(start)
+        try:
+            yield future
+        finally:
+            concurrent.futures.wait([future])
+            bed.stop()
 
 
 @contextlib.asynccontextmanager
@@ -183,7 +195,7 @@ def delete_host(plane: cp.LocalControlPlane) -> None:
 # -- the test --------------------------------------------------------------------------------------------------------
 
 async def test_clusterctl_move_hands_running_machines_to_another_management_cluster(
-        source, target, move_host, repository, operator_image, tmp_path) -> None:
+        source, target: concurrent.futures.Future, move_host, repository, operator_image, tmp_path) -> None:
     access, volume = move_host
     host = access.host
     clock = Clock()
@@ -198,6 +210,7 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
             machine = await asyncio.to_thread(wait_for, "the worker joined (Machine Running, nodeRef) and the Cluster "
                                               "ready to move", lambda: ready_to_move(source.plane), JOIN_DEADLINE_S, 2.0)
             clock.mark("worker joined, Cluster ready to move")
+            target_bed = await asyncio.to_thread(target.result)
             [infra] = items(source.plane, f"{INFRA}/namespaces/{NAMESPACE}/libvirtmachines")
             node = source.plane.request("GET", f"/api/v1/nodes/{machine['status']['nodeRef']['name']}")
             source_host = source.plane.request("GET", f"{INFRA}/libvirthosts/{HOST}")
@@ -206,10 +219,10 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
             source_reasons = event_reasons(source.plane, infra["metadata"]["uid"])
             assert list(before["domains"]) == [domain_uuid] and before["domains"][domain_uuid][2] == 1, before
 
-            with running(target.operator(tmp_path / "target-pod")), DomainEvents(host.uri) as events:
+            with running(target_bed.operator(tmp_path / "target-pod")), DomainEvents(host.uri) as events:
                 clock.mark("target's manager ready")
                 moved = await asyncio.to_thread(source.init.clusterctl, "move", "--to-kubeconfig",
-                                                str(target.plane.kubeconfig_path), "--namespace", NAMESPACE,
+                                                str(target_bed.plane.kubeconfig_path), "--namespace", NAMESPACE,
                                                 "-v", "5", timeout=600)
                 (tmp_path / "clusterctl-move.log").write_text(moved.stdout + moved.stderr)
                 assert moved.returncode == 0, f"{moved.stdout}\n{moved.stderr}"
@@ -230,7 +243,7 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
                 path = f"{INFRA}/namespaces/{NAMESPACE}/libvirtmachines/{infra['metadata']['name']}"
 
                 def adopted() -> dict | None:
-                    body = get(target.plane, path) or {}
+                    body = get(target_bed.plane, path) or {}
                     status = body.get("status") or {}
                     return body if status.get("ready") and status.get("state") == "running" and \
                         (status.get("initialization") or {}).get("provisioned") else None
@@ -242,10 +255,10 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
                 assert copy["metadata"]["annotations"][naming.IDENTITY_ANNOTATION] == infra["metadata"]["uid"]
                 assert copy["status"]["host"] == HOST and copy["status"]["domainUUID"] == domain_uuid
                 assert copy["status"]["addresses"] == infra["status"]["addresses"]
-                assert not {"Placed", "DomainDefined"} & set(event_reasons(target.plane, copy["metadata"]["uid"]))
+                assert not {"Placed", "DomainDefined"} & set(event_reasons(target_bed.plane, copy["metadata"]["uid"]))
 
                 def machine_running() -> dict | None:
-                    found = items(target.plane, f"{CAPI}/namespaces/{NAMESPACE}/machines")
+                    found = items(target_bed.plane, f"{CAPI}/namespaces/{NAMESPACE}/machines")
                     return found[0] if len(found) == 1 and (found[0].get("status") or {}).get("phase") == "Running" \
                         and found[0]["status"].get("nodeRef") else None
                 target_machine = await asyncio.to_thread(wait_for, "the moved Machine Running", machine_running,
@@ -255,22 +268,21 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
                 node_now = source.plane.request("GET", f"/api/v1/nodes/{node['metadata']['name']}")
                 assert node_now["metadata"]["uid"] == node["metadata"]["uid"]
 
-                target_host = target.plane.request("GET", f"{INFRA}/libvirthosts/{HOST}")
                 target_host = await asyncio.to_thread(
                     wait_for, "the moved LibvirtHost Ready on the target",
                     lambda: (lambda h: h if condition(h, "Ready") == "True" else None)(
-                        target.plane.request("GET", f"{INFRA}/libvirthosts/{HOST}")), ADOPT_DEADLINE_S)
-                secret = target.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/{HOST}")
+                        target_bed.plane.request("GET", f"{INFRA}/libvirthosts/{HOST}")), ADOPT_DEADLINE_S)
+                secret = target_bed.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/{HOST}")
                 assert [o["uid"] for o in secret["metadata"]["ownerReferences"]] == [target_host["metadata"]["uid"]]
 
                 assert host_state(host) == before, "same domain (UUID, name, libvirt ID, state) and volumes"
                 assert events.events == [], "no define, undefine, start or stop during the move and the adoption"
 
                 # Deleting the Cluster on the target cleans the host.
-                target.plane.request("DELETE", f"{CAPI}/namespaces/{NAMESPACE}/clusters/{CLUSTER}")
+                target_bed.plane.request("DELETE", f"{CAPI}/namespaces/{NAMESPACE}/clusters/{CLUSTER}")
 
                 def cluster_gone() -> bool:
-                    left = [i for p in MOVED_KINDS for i in items(target.plane, p)]
+                    left = [i for p in MOVED_KINDS for i in items(target_bed.plane, p)]
                     return not left and host_state(host) == {"domains": {}, "volumes": []}
                 await asyncio.to_thread(wait_for, "the Cluster deleted on the target and the host clean",
                                         cluster_gone, DELETE_DEADLINE_S, 1.0)
@@ -278,6 +290,6 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
                 lifecycle = [event for uuid_, event in events.events if uuid_ == domain_uuid]
                 assert lifecycle.count("UNDEFINED") == 1 and set(lifecycle) <= {"STOPPED", "UNDEFINED"}, lifecycle
                 assert {uuid_ for uuid_, _ in events.events} == {domain_uuid}, events.events
-                delete_host(target.plane)
+                delete_host(target_bed.plane)
         delete_host(source.plane)
     print(f"\n[numbers] clusterctl move of a cluster with 1 joined libvirt worker:\n{clock.report()}")

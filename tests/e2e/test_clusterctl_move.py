@@ -5,8 +5,9 @@ clusterctl installed (devenv/pod_runner.py).
 The workload cluster is the source's API server itself (its control plane a HostedControlPlane stand-in, as in
 tests/e2e/test_kubeadm_join.py); its one worker joins through Cluster API's kubeadm bootstrap provider and a real
 kubelet, so its Machine has the nodeRef move requires. The libvirt host is reached over qemu+ssh through a LibvirtHost
-and its credentials Secret, which carries an ownerReference to the LibvirtHost (the documented step that makes move
-copy it with the host).
+and its credentials Secret in the provider's namespace, which carries an ownerReference to the LibvirtHost (the
+documented step that makes move copy it with the host). The cluster's namespace and the Secrets RoleBinding the cluster
+templates carry are made on both (clusterctl moves no RoleBinding; the README says so).
 
 What is proved, with the source's manager running throughout and the target's started before the move (never
 restarted); the target management cluster is made while the worker joins:
@@ -36,7 +37,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from kubernetes_asyncio import client, config
 
-from capi_libvirt.api import meta
+from capi_libvirt.api import meta, templates
 from capi_libvirt.core import naming
 from devenv import base_image, clusterctl_repository, management_cluster, node_joins, workload_cluster
 from devenv import control_plane as cp
@@ -60,6 +61,7 @@ ADOPT_DEADLINE_S = 300.0
 DELETE_DEADLINE_S = 300.0
 CAPI = f"/apis/{meta.CAPI_GROUP}/{meta.CAPI_VERSION}"
 INFRA = f"/apis/{meta.GROUP}/{meta.VERSION}"
+SECRETS = f"/api/v1/namespaces/{meta.PROVIDER_NAMESPACE}/secrets"  # where host credentials must be
 MOVED_KINDS = [f"{CAPI}/namespaces/{NAMESPACE}/{plural}" for plural in ("clusters", "machines", "machinedeployments")] + \
     [f"{INFRA}/namespaces/{NAMESPACE}/{plural}" for plural in ("libvirtclusters", "libvirtmachines")]
 
@@ -170,16 +172,27 @@ def ready_to_move(plane: cp.LocalControlPlane) -> dict | None:
 
 # -- what a user makes -------------------------------------------------------------------------------------------------
 
-def create_host(plane: cp.LocalControlPlane, access: ra.RemoteAccess) -> None:
-    """The LibvirtHost, then its credentials Secret with an ownerReference to it (so move copies it with the host)."""
+def cluster_namespace(plane: cp.LocalControlPlane) -> None:
+    """The cluster's namespace with the RoleBinding the cluster templates carry (the provider reads its Secrets there).
+    clusterctl move copies no RoleBinding: the user makes it on the target too (README)."""
     plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": NAMESPACE}})
+    binding = templates.secrets_binding()
+    binding["metadata"] = {"name": f"{CLUSTER}-{meta.SECRETS_CLUSTER_ROLE}", "namespace": NAMESPACE}
+    binding["subjects"][0]["namespace"] = meta.PROVIDER_NAMESPACE
+    plane.apply(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings", binding)
+
+
+def create_host(plane: cp.LocalControlPlane, access: ra.RemoteAccess, volume: str) -> None:
+    """The LibvirtHost (its access: the node image and the host's network), then its credentials Secret in the
+    provider's namespace with an ownerReference to the host (so move copies it with the host)."""
     host = plane.request("POST", f"{INFRA}/libvirthosts", {
         "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": HOST},
         "spec": {"uri": f"qemu+ssh://root@{access.address}/system", "storagePool": access.host.pool_name,
-                 "credentialsSecretRef": {"name": HOST, "namespace": NAMESPACE}}})
+                 "access": {"images": [volume], "networks": [access.host.network_name]},
+                 "credentialsSecretRef": {"name": HOST, "namespace": meta.PROVIDER_NAMESPACE}}})
     owner = {"apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "name": HOST, "uid": host["metadata"]["uid"]}
-    plane.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", {
+    plane.request("POST", f"{SECRETS}", {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": HOST, "ownerReferences": [owner]},
         "data": {"ssh-privatekey": base64.b64encode(access.ssh_key.read_bytes()).decode(),
                  "known_hosts": base64.b64encode(access.known_hosts.read_bytes()).decode()}})
@@ -200,7 +213,8 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
     host = access.host
     clock = Clock()
     with running(source.operator(tmp_path / "source-pod")):
-        create_host(source.plane, access)
+        cluster_namespace(source.plane)
+        create_host(source.plane, access, volume)
         with node_joins.accepting_joins(source.plane, host) as gateway:
             endpoint = (str(gateway.address), gateway.port)
             async with api_for(source.plane) as api:
@@ -219,6 +233,7 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
             source_reasons = event_reasons(source.plane, infra["metadata"]["uid"])
             assert list(before["domains"]) == [domain_uuid] and before["domains"][domain_uuid][2] == 1, before
 
+            cluster_namespace(target_bed.plane)
             with running(target_bed.operator(tmp_path / "target-pod")), DomainEvents(host.uri) as events:
                 clock.mark("target's manager ready")
                 moved = await asyncio.to_thread(source.init.clusterctl, "move", "--to-kubeconfig",
@@ -235,7 +250,7 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
                     assert items(source.plane, path) == [], path
                 assert get(source.plane, f"{INFRA}/libvirthosts/{HOST}")["metadata"]["uid"] == \
                     source_host["metadata"]["uid"]
-                assert get(source.plane, f"/api/v1/namespaces/{NAMESPACE}/secrets/{HOST}") is not None
+                assert get(source.plane, f"{SECRETS}/{HOST}") is not None
                 since = event_reasons(source.plane, infra["metadata"]["uid"]) - source_reasons
                 assert not {"Placed", "DomainDefined", "Deleted"} & set(since), f"the source's manager: {since}"
 
@@ -272,7 +287,7 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
                     wait_for, "the moved LibvirtHost Ready on the target",
                     lambda: (lambda h: h if condition(h, "Ready") == "True" else None)(
                         target_bed.plane.request("GET", f"{INFRA}/libvirthosts/{HOST}")), ADOPT_DEADLINE_S)
-                secret = target_bed.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/{HOST}")
+                secret = target_bed.plane.request("GET", f"{SECRETS}/{HOST}")
                 assert [o["uid"] for o in secret["metadata"]["ownerReferences"]] == [target_host["metadata"]["uid"]]
 
                 assert host_state(host) == before, "same domain (UUID, name, libvirt ID, state) and volumes"

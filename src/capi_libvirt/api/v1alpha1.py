@@ -253,6 +253,33 @@ class Overcommit(meta.Model):
     """Guest memory per unit of host memory (above 1 relies on ballooning or unused guest memory)."""
 
 
+NAME_PATTERN = r"^[A-Za-z0-9*?\[\]][A-Za-z0-9_.+*?\[\]-]*$"  # a libvirt name, or a shell-style pattern of names
+HOST_PATH_PREFIX = r"^/([^/]+/)*$"  # an absolute folder, ending in /
+
+Patterns = Annotated[list[Annotated[str, pydantic.Field(min_length=1, max_length=255, pattern=NAME_PATTERN)]],
+                     pydantic.Field(max_length=64)]
+
+
+class HostAccess(meta.Model):
+    """What tenants (whoever may create LibvirtMachines in a namespace) may use of this host. Checked before the host
+    is touched; anything else ends in a TenantNotAllowed condition. Names may be shell-style patterns (`team-*`)."""
+
+    namespaces: Patterns | None = None
+    """Namespaces whose machines may use the host; every namespace when unset."""
+    storage_pools: Patterns | None = None
+    """Pools machines may put their disks in and take base images from; only the host's storagePool when unset."""
+    networks: Patterns = ["default"]
+    """libvirt networks machines may attach to (NAT networks libvirt runs)."""
+    bridges: Patterns = []
+    """Host bridges machines may attach to (a bridge puts the guest on the host's LAN); none by default."""
+    images: Patterns = []
+    """Base image volumes (in an allowed pool) machines may boot from; none by default (pools hold other disks).
+    Machine volumes the provider made (overlays, NoCloud ISOs, serial logs) are never allowed."""
+    host_paths: list[Annotated[str, pydantic.Field(min_length=2, max_length=4096, pattern=HOST_PATH_PREFIX)]] = \
+        pydantic.Field(default=[], max_length=16)
+    """Folders (absolute, ending in /) whose files may be a kernelBoot kernel or initrd; none by default."""
+
+
 class LibvirtHostSpec(meta.Model):
     """A KVM/libvirt hypervisor machines can be placed on, and how to reach it."""
 
@@ -263,6 +290,8 @@ class LibvirtHostSpec(meta.Model):
     credentials_secret_ref: SecretReference | None = None
     """Secret with the transport's credentials: for qemu+ssh `ssh-privatekey` and `known_hosts`; for qemu+tls
     `ca.crt`, `tls.crt` and `tls.key`. Written to private files only while connecting, then removed."""
+    access: HostAccess = HostAccess()
+    """Which namespaces may use the host, and which of its pools, networks, bridges, images and files."""
     failure_domain: str | None = pydantic.Field(default=None, min_length=1, max_length=256)
     """Failure domain of the host (a rack, a room); machines of one group are spread over failure domains."""
     control_plane: bool = True

@@ -37,6 +37,10 @@ class Conflict(Exception):
     """A write made against an older version of the object: read it again and retry."""
 
 
+class Forbidden(Exception):
+    """The API refused a read (HTTP 403): the provider lacks the RBAC for it (e.g. Secrets of a namespace)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class BootstrapData:
     value: bytes
@@ -149,8 +153,14 @@ class KubeAPI:
         return listed.get("items", [])
 
     async def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        """The Secret's data, None when it does not exist, Forbidden when the provider may not read it there."""
         self.calls += 1
-        secret = await _or_none(self.core.read_namespaced_secret(name, namespace))
+        try:
+            secret = await _or_none(self.core.read_namespaced_secret(name, namespace))
+        except ApiException as error:
+            if error.status == 403:
+                raise Forbidden(f"reading Secrets in namespace {namespace} is forbidden") from None
+            raise
         if secret is None:
             return None
         return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}

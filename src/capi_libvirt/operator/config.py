@@ -11,8 +11,11 @@ HOST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label, 
 HOSTS_ENV = "CAPI_LIBVIRT_HOSTS"  # "name=uri,name=uri"
 CRASH_AFTER_ENV = "CAPI_LIBVIRT_CRASH_AFTER"  # tests only: end the process right after this reconcile phase
 CRASH_EXIT_CODE = 70
+NAMESPACE_ENV = "POD_NAMESPACE"  # the Deployment sets it from the pod's namespace (the downward API)
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
+from capi_libvirt.api import meta
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
 
 DEFAULT_WORKERS = 16  # machine reconciles at once (each mostly waits on libvirt or the API)
@@ -24,6 +27,8 @@ class OperatorConfig:
     crash_after: str | None = None  # fault injection: the phase after which the process dies, as a crash would
     workers: int = DEFAULT_WORKERS
     creates_per_host: int = DEFAULT_CREATES_PER_HOST
+    # The provider's own namespace: the only one LibvirtHost credentials Secrets may live in (see api.meta).
+    provider_namespace: str = meta.PROVIDER_NAMESPACE
 
     def after_phase(self, phase: str) -> None:
         if phase == self.crash_after:
@@ -43,9 +48,20 @@ def parse_hosts(entries: list[str]) -> dict[str, str]:
     return hosts
 
 
+def provider_namespace() -> str:
+    """$POD_NAMESPACE, else the ServiceAccount's namespace in a pod, else capi-libvirt-system."""
+    if os.environ.get(NAMESPACE_ENV):
+        return os.environ[NAMESPACE_ENV]
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+            return file.read().strip() or meta.PROVIDER_NAMESPACE
+    except OSError:
+        return meta.PROVIDER_NAMESPACE
+
+
 def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_WORKERS,
                      creates_per_host: int = DEFAULT_CREATES_PER_HOST) -> OperatorConfig:
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
                           crash_after=os.environ.get(CRASH_AFTER_ENV) or None, workers=workers,
-                          creates_per_host=creates_per_host)
+                          creates_per_host=creates_per_host, provider_namespace=provider_namespace())

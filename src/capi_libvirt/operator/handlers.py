@@ -157,7 +157,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     observer = metrics.Observer()
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=EventPoster(kube),
                                           after_phase=cfg.after_phase, observe=observer,
-                                          creates_per_host=cfg.creates_per_host)
+                                          creates_per_host=cfg.creates_per_host,
+                                          provider_namespace=cfg.provider_namespace)
     memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers),
                                   memo.setdefault("state", election.State(None)), observer)
     log.info("static libvirt hosts: %s; LibvirtHost objects add more", ", ".join(hosts.names()) or "none")

@@ -27,7 +27,7 @@ from typing import Any
 import pydantic
 
 from capi_libvirt.api import meta, v1alpha1
-from capi_libvirt.core import cloud_init, conditions, domain_xml, naming, nocloud, placement, provider_id
+from capi_libvirt.core import cloud_init, conditions, domain_xml, naming, nocloud, placement, provider_id, tenancy
 from capi_libvirt.core.conditions import Reason
 from capi_libvirt.hypervisor import connection, errors, machines
 from capi_libvirt.kube import api
@@ -40,6 +40,8 @@ INVALID_SPEC = "InvalidSpec"
 NETWORK_NOT_FOUND = "NetworkNotFound"
 RECONCILE_ERROR = "ReconcileError"
 ADOPTION_REFUSED = "AdoptionRefused"
+TENANT_NOT_ALLOWED = tenancy.TENANT_NOT_ALLOWED
+SECRETS_FORBIDDEN = "SecretsForbidden"
 DELETED_FOR_MOVE = "DeletedForMove"
 
 # clusterctl move puts this on every source object just before deleting it: the object goes, its machine does not.
@@ -94,6 +96,7 @@ class Dependencies:
     placement_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one placement at a time
     creates_per_host: int = placement.DEFAULT_CREATES_PER_HOST
     creation_slots: dict[str, asyncio.Semaphore] = dataclasses.field(default_factory=dict)
+    provider_namespace: str = meta.PROVIDER_NAMESPACE  # where host credentials live, and the ServiceAccount
     # A host entered the inventory: its machines waiting on it (a copy clusterctl move made) go again now.
     host_added: Callable[[str], None] = lambda host: None
 
@@ -222,13 +225,24 @@ async def _fetch_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
     secret_name = (p.machine or {}).get("spec", {}).get("bootstrap", {}).get("dataSecretName")
     if not secret_name:
         raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, "waiting for the Machine's bootstrap.dataSecretName")
-    p.bootstrap = await deps.kube.get_bootstrap_data(p.namespace, secret_name)
+    try:
+        p.bootstrap = await deps.kube.get_bootstrap_data(p.namespace, secret_name)
+    except api.Forbidden:
+        raise Wait(SECRETS_FORBIDDEN, secrets_forbidden_message(p.namespace, deps.provider_namespace),
+                   failure=True) from None
     if p.bootstrap is None:
         raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, f"bootstrap Secret {secret_name} not found", RECHECK_BOOTSTRAP)
     if p.bootstrap.format != "cloud-config":
         raise Wait(Reason.BOOTSTRAP_FORMAT_UNSUPPORTED,
                    f"bootstrap data format {p.bootstrap.format!r} is not supported; use cloud-config",
                    RECHECK_PROVISIONED, failure=True)
+
+
+def secrets_forbidden_message(namespace: str, provider_namespace: str) -> str:
+    """What to bind when the API refuses the provider a Secret of `namespace` (HTTP 403)."""
+    return (f"the provider may not read Secrets in namespace {namespace}: bind ClusterRole "
+            f"{meta.SECRETS_CLUSTER_ROLE} to ServiceAccount {provider_namespace}/{meta.PROVIDER_SERVICE_ACCOUNT} "
+            f"with a RoleBinding in namespace {namespace} (the cluster templates include one)")
 
 
 GROUP_LABELS = ("cluster.x-k8s.io/deployment-name", "cluster.x-k8s.io/control-plane-name",
@@ -298,9 +312,10 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
         request = placement.Request(cpus=p.spec.cpus, memory_mib=p.spec.memory_mib, pinned_host=p.spec.host,
                                     failure_domain=(p.machine or {}).get("spec", {}).get("failureDomain"),
                                     control_plane=CONTROL_PLANE_LABEL in (p.body["metadata"].get("labels") or {}))
-        result = placement.choose_host(request, deps.inventory.loads(allocated), group_per_host)
+        result = placement.choose_host(request, deps.inventory.loads(allocated, p.namespace, p.spec), group_per_host)
         if isinstance(result, placement.NoHost):
-            raise Wait(result.reason, result.message, RECHECK_WAITING)
+            # A refusal waits for the host's admin (a LibvirtHost change wakes nothing here): looked at again slowly.
+            raise Wait(result.reason, result.message, RECHECK_WAITING, failure=result.reason == TENANT_NOT_ALLOWED)
         p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, placement_patch(p.body, result.host))
         p.host = result.host
         p.status.update(host=result.host, domainUUID=p.domain_uuid)
@@ -395,6 +410,10 @@ async def check_networks(deps: Dependencies, p: MachinePass) -> None:
             raise Wait(ADOPTION_REFUSED, f"domain {p.domain_uuid} on host {p.host} belongs to another machine; left "
                        "alone", failure=True)
         return  # already defined: it was checked then
+    # Placed, nothing made yet: the host's access rules again (its admin may have narrowed them since placement).
+    refused = deps.inventory.refusal(p.host or "", p.namespace, p.spec)
+    if refused is not None:
+        raise Wait(TENANT_NOT_ALLOWED, str(refused), failure=True)
     networks = [nic.network for nic in p.spec.interfaces if nic.network]
     try:
         await host.call(machines.check_networks, networks, doing="look up networks")

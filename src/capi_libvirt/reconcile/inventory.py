@@ -30,10 +30,24 @@ class InventoryHost:
     problem: str | None = None  # why the last probe failed (safe text: no URI, no credentials)
 
 
+@dataclasses.dataclass
+class OrphanRecord:
+    """What the orphan collector (reconcile.orphans) knows of one host between rounds."""
+
+    first_seen: dict[str, float] = dataclasses.field(default_factory=dict)  # orphan domain UUID -> monotonic time
+    pending: int = 0  # orphans waiting for the grace period
+    kept: int = 0  # of our scheme but not provably this management cluster's: reported, never removed
+    stray_volumes: int = 0
+    removed_domains: int = 0
+    removed_volumes: int = 0
+    published: dict[str, Any] | None = None  # the last status.orphans written
+
+
 class Inventory:
     def __init__(self, registry: connection.HostRegistry) -> None:
         self.registry = registry
         self.hosts: dict[str, InventoryHost] = {}
+        self.orphans: dict[str, OrphanRecord] = {}
         self.static = set(registry.names())  # from --host: no LibvirtHost object to publish on
         self.conditions: dict[str, list[dict[str, Any]]] = {}  # last published on each LibvirtHost
         for name in registry.names():  # static hosts (--host): default spec, probed like the others
@@ -52,6 +66,7 @@ class Inventory:
 
     def remove(self, name: str) -> connection.HostConnection | None:
         self.hosts.pop(name, None)
+        self.orphans.pop(name, None)
         return self.registry.remove(name)
 
     async def probe(self, name: str, timeout: float = PROBE_TIMEOUT_S) -> InventoryHost | None:

@@ -65,3 +65,9 @@ def host_state(host) -> dict:
         volumes = sorted(v for v in refreshed_pool(conn, host.pool_name).listVolumes()
                          if not base_image.is_base_volume(v))
     return {"domains": domains, "volumes": volumes}
+
+
+def owner_of(host, uuid_: str) -> domain_xml.Owner | None:
+    """The provider's owner metadata of the domain `uuid_` (namespace, name, UID, management cluster)."""
+    with host.connect() as conn:
+        return domain_xml.parse_owner(conn.lookupByUUIDString(uuid_).XMLDesc(0))

@@ -17,7 +17,8 @@ restarted); the target management cluster is made while the worker joins:
   Cluster is deleted on the target: the domain keeps its UUID, name, libvirt ID and state, the pool its volumes;
 - on the target: the same providerID, a new UID, the identity annotation naming the source's UID; the LibvirtMachine's
   status rebuilt (host, domainUUID, addresses, ready, provisioned) by the running manager; the Machine Running with the
-  same Node (the same object: its UID unchanged); the LibvirtHost Ready and the Secret owned by the target's host;
+  same Node (the same object: its UID unchanged); the LibvirtHost Ready and the Secret owned by the target's host; the
+  domain's owner metadata rewritten in place to name the target management cluster (for its orphan collector);
 - on the source: no Cluster, Machine, LibvirtCluster or LibvirtMachine left; the LibvirtHost and its Secret stay (move
   never deletes global objects); no event of our manager says it placed or defined anything;
 - deleting the Cluster on the target shuts the domain down and undefines it once (no other event) and removes every
@@ -44,7 +45,7 @@ from devenv import base_image, clusterctl_repository, management_cluster, node_j
 from devenv import control_plane as cp
 from devenv import remote_access as ra
 from devenv.libvirt_host import LibvirtHost
-from domain_events import DomainEvents, host_state
+from domain_events import DomainEvents, host_state, owner_of
 from kubeadm_workers import create, worker_objects
 
 from prereq import require
@@ -291,6 +292,13 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
                 secret = target_bed.plane.request("GET", f"{SECRETS}/{HOST}")
                 assert [o["uid"] for o in secret["metadata"]["ownerReferences"]] == [target_host["metadata"]["uid"]]
 
+                # The domain's owner metadata now names the target management cluster (kube-system's UID), rewritten
+                # in place: only the target's orphan collector may ever take it for its own.
+                target_id = target_bed.plane.request("GET", "/api/v1/namespaces/kube-system")["metadata"]["uid"]
+                await asyncio.to_thread(wait_for, "the domain's owner metadata naming the target",
+                                        lambda: owner_of(host, domain_uuid).management_cluster == target_id,
+                                        ADOPT_DEADLINE_S)
+                assert owner_of(host, domain_uuid).uid == infra["metadata"]["uid"]
                 assert host_state(host) == before, "same domain (UUID, name, libvirt ID, state) and volumes"
                 assert events.events == [], "no define, undefine, start or stop during the move and the adoption"
 

@@ -24,7 +24,7 @@ from typing import Any, cast
 import kopf
 
 from capi_libvirt.api import kinds, meta, v1alpha1
-from capi_libvirt.core import capacity, naming, provider_id
+from capi_libvirt.core import capacity, orphans, provider_id
 from capi_libvirt.hypervisor import connection, credentials
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config as operator_config
@@ -269,7 +269,7 @@ def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> No
         return  # the echo of our own write
     if event["type"] == "DELETED":
         if machine_reconcile.DELETE_FOR_MOVE_ANNOTATION in (body["metadata"].get("annotations") or {}):
-            runtime.deps.moved_away.add(naming.identity_uid(body))  # lives on in the move target: not an orphan
+            runtime.deps.moved_away.update(orphans.moved_away_keys(body))  # lives on in the move target: not an orphan
         runtime.machines.forget(key)
         runtime.deps.observe.machine_gone(*key)
     else:

@@ -14,6 +14,12 @@ as the API server holds it (what `clusterctl init` or `kubectl apply` put there)
 The container shares the machine's network namespace (`--network host`): it reaches the API server on loopback and
 the libvirt hosts on their links, and podman's own bridge network (a private range) is never made. What differs from
 a pod, and why: no Service or pod IP (the manager needs none: it only calls out), probes are read once at start.
+
+Host ports: with `--network host` a container port is a port of this machine, so two pods of the same Deployment (two
+management clusters side by side) would collide. `port_map` gives a container port another host port the way a
+pod's own network namespace would keep them apart: every arg binding `:<containerPort>` is rewritten to
+`:<hostPort>`, and the readinessProbe is read on the host port. The container is named after `name` (two API servers
+may hold the same Deployment).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -78,12 +85,15 @@ def is_non_root(user: str) -> bool:
 class PodmanPod:
     """One Deployment's container under podman; a context manager. `folder` holds the ServiceAccount files."""
 
-    def __init__(self, plane: LocalControlPlane, namespace: str, deployment: str, folder: pathlib.Path) -> None:
+    def __init__(self, plane: LocalControlPlane, namespace: str, deployment: str, folder: pathlib.Path, *,
+                 port_map: Mapping[int, int] | None = None, name: str | None = None) -> None:
+        """`port_map`: container port -> host port (see the module's docstring); `name`: the container's name."""
         self.plane = plane
         self.namespace = namespace
         self.deployment_name = deployment
         self.folder = folder
-        self.name = f"pod-{namespace}-{deployment}"[:63]
+        self.port_map = dict(port_map or {})
+        self.name = (name or f"pod-{namespace}-{deployment}")[:63]
         self.deployment: dict[str, Any] = {}
         self.container: dict[str, Any] = {}
 
@@ -155,9 +165,16 @@ class PodmanPod:
             argv += ["--security-opt", "no-new-privileges"]
         if command:
             argv += ["--entrypoint", command[0]]
-        argv += [self.image, *command[1:], *(self.container.get("args") or [])]
+        argv += [self.image, *command[1:], *(self.remap(arg) for arg in self.container.get("args") or [])]
         podman(*argv)
         log.info("pod %s/%s: container %s of %s started", self.namespace, self.deployment_name, self.name, self.image)
+
+    def remap(self, arg: str) -> str:
+        """`arg` with a trailing `:<containerPort>` of port_map replaced by its host port."""
+        head, colon, port = arg.rpartition(":")
+        if colon and port.isdigit() and int(port) in self.port_map:
+            return f"{head}:{self.port_map[int(port)]}"
+        return arg
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Until the readinessProbe's URL answers 200 (the container must keep running)."""
@@ -167,7 +184,7 @@ class PodmanPod:
         port = probe["port"]
         if isinstance(port, str):
             port = next(p["containerPort"] for p in self.container.get("ports") or [] if p.get("name") == port)
-        url = f"http://127.0.0.1:{port}{probe.get('path', '/')}"
+        url = f"http://127.0.0.1:{self.port_map.get(port, port)}{probe.get('path', '/')}"
         deadline, last = time.monotonic() + timeout, "no answer"
         while time.monotonic() < deadline:
             if not self.running():

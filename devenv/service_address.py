@@ -11,7 +11,8 @@ machine's own network. So ServiceAddress puts ADDRESS, a /32 of the benchmarking
 links use 198.18.<n>.0/30; this takes one from the other half), on `lo`, where the kernel treats it as local, and
 checks with `ip route get` that it is before any slice names it (without it the address would go through the default
 route). stop() removes it again, if start() added it (an address found on `lo` may be another test bed's; one left
-by a killed run goes with `ip addr del 198.19.255.1/32 dev lo`).
+by a killed run goes with `ip addr del 198.19.255.1/32 dev lo`). Test beds running side by side each take their own
+address of the same /24 (ServiceAddress(address); devenv/management_cluster.py: 198.19.255.2 and .3 for the move test).
 """
 
 from __future__ import annotations

@@ -32,8 +32,10 @@ def hosted_control_plane_crd() -> dict:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
+        # clusterctl's label: `clusterctl move` lists only labelled kinds, and the Cluster's controlPlaneRef must move.
         "metadata": {"name": f"{CP_PLURAL}.{CP_GROUP}",
-                     "labels": {f"{meta.CAPI_GROUP}/v1beta2": CP_VERSION, f"{meta.CAPI_GROUP}/v1beta1": CP_VERSION}},
+                     "labels": {f"{meta.CAPI_GROUP}/v1beta2": CP_VERSION, f"{meta.CAPI_GROUP}/v1beta1": CP_VERSION,
+                                "clusterctl.cluster.x-k8s.io": ""}},
         "spec": {
             "group": CP_GROUP,
             "names": {"kind": CP_KIND, "listKind": f"{CP_KIND}List", "plural": CP_PLURAL,
@@ -48,8 +50,20 @@ def hosted_control_plane_crd() -> dict:
     }
 
 
+def core_manager_role() -> dict:
+    """The rights on the stand-in control plane a Cluster API core manager installed by `clusterctl init` needs (it runs
+    as its ServiceAccount): aggregated into its `capi-aggregated-manager-role`, as a control-plane provider's
+    components aggregate theirs."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "devenv-hosted-control-plane-capi",
+                         "labels": {"cluster.x-k8s.io/aggregate-to-manager": "true"}},
+            "rules": [{"apiGroups": [CP_GROUP], "resources": [CP_PLURAL, f"{CP_PLURAL}/status"],
+                       "verbs": ["get", "list", "watch", "patch", "update", "delete"]}]}
+
+
 def install(plane: LocalControlPlane) -> None:
     plane.apply("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", hosted_control_plane_crd())
+    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterroles", core_manager_role())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,6 @@ import base64
 import os
 import pathlib
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,9 +34,18 @@ from typing import TypeVar
 
 import pytest
 
-from capi_libvirt.api import meta, release, templates
+from capi_libvirt.api import meta, templates
 from capi_libvirt.core import naming
-from devenv import autoscaling, base_image, capi_objects, clusterctl_init, clusterctl_repository, paths, pod_runner
+from devenv import (
+    base_image,
+    capi_objects,
+    clusterctl_init,
+    clusterctl_repository,
+    management_cluster,
+    paths,
+    pod_runner,
+    service_address,
+)
 from devenv import capi_controller as capi
 from devenv import control_plane as cp
 from devenv import remote_access as ra
@@ -57,7 +65,7 @@ CLUSTER, DEPLOYMENT, SECRET = "init", "init-workers", "init-workers-bootstrap"
 DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
 CAPI = f"/apis/{meta.CAPI_GROUP}/{meta.CAPI_VERSION}"
 INFRA = f"/apis/{meta.GROUP}/{meta.VERSION}"
-OURS = ("capi-libvirt-system", "capi-libvirt-controller-manager")  # our Deployment, as config/manager names it
+OURS = management_cluster.OPERATOR
 PROVIDERS = {  # the inventory clusterctl writes: provider name -> (type, version)
     "cluster-api": ("CoreProvider", paths.CLUSTER_API_VERSION),
     "bootstrap-kubeadm": ("BootstrapProvider", paths.CLUSTER_API_VERSION),
@@ -100,48 +108,28 @@ def condition(document: dict, kind: str) -> str | None:
 
 # -- fixtures --------------------------------------------------------------------------------------------------------
 
-def require_prerequisites() -> None:
-    require(os.geteuid() == 0, "root (an address on lo, libvirt hosts)")
-    require(shutil.which("ip") is not None, "ip (iproute2)")
-    for binary in (paths.etcd_binary(), paths.kube_apiserver_binary(), paths.kubeadm_binary(),
-                   paths.kube_controller_manager_binary(), clusterctl_init.clusterctl_binary(),
-                   paths.cluster_api_manager_binary(), paths.kubeadm_bootstrap_manager_binary(),
-                   *(paths.cert_manager_binary(c) for c in ("controller", "cainjector", "webhook"))):
-        require(binary.exists(), f"{binary} (make upstream)")
-    require(paths.cert_manager_manifest().exists(), f"{paths.cert_manager_manifest()} (make upstream)")
-    components = paths.cluster_api_components_dir() / "core-components.yaml"
-    require(components.exists(), f"{components} (make upstream)")
-
-
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.LocalControlPlane]:
-    """A fresh API server with no CRDs (clusterctl installs them all), and the controllers of kube-controller-manager
-    a management cluster needs here (namespaces, garbage collection, ClusterRole aggregation)."""
-    require_prerequisites()
-    with cp.LocalControlPlane(workdir=tmp_path_factory.mktemp("init-control-plane")) as plane:
-        with autoscaling.KubeControllerManager(plane, controllers=autoscaling.MANAGEMENT_CLUSTER):
-            yield plane
-
-
-@pytest.fixture(scope="module")
-def installed(plane: cp.LocalControlPlane,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[clusterctl_init.ClusterctlInit]:
-    repository = clusterctl_repository.write_repository(tmp_path_factory.mktemp("init-repository"))
+def management(init_repository: clusterctl_repository.Repository,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[management_cluster.ManagementCluster]:
+    """A fresh API server with no CRDs (clusterctl installs them all), the controllers of kube-controller-manager a
+    management cluster needs here (namespaces, garbage collection, ClusterRole aggregation), `clusterctl init`."""
     started = time.monotonic()
-    with clusterctl_init.ClusterctlInit(plane, repository, tmp_path_factory.mktemp("init")) as init:
+    with management_cluster.ManagementCluster(tmp_path_factory.mktemp("init"), init_repository,
+                                              service_address.ADDRESS) as management:
         print(f"\n[init] clusterctl init exited 0 and the Cluster API managers serve after "
               f"{time.monotonic() - started:.1f}s")
-        yield init
+        yield management
 
 
 @pytest.fixture(scope="module")
-def operator_image() -> str:
-    """The image `make image` built (hack/build-image.sh), tagged as config/manager names it."""
-    require(shutil.which("podman") is not None, "podman (make test installs it)")
-    image = release.image(clusterctl_repository.VERSION)
-    exists = subprocess.run(["podman", "image", "exists", image], capture_output=True).returncode == 0
-    require(exists, f"the operator image {image} (make image)")
-    return image
+def plane(management: management_cluster.ManagementCluster) -> cp.LocalControlPlane:
+    return management.plane
+
+
+@pytest.fixture(scope="module")
+def installed(management: management_cluster.ManagementCluster) -> clusterctl_init.ClusterctlInit:
+    assert management.init is not None
+    return management.init
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,13 @@ from __future__ import annotations
 import base64
 import pathlib
 import shutil
-import subprocess
 import uuid
 
 import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from capi_libvirt.api import meta, release
+from capi_libvirt.api import meta
 from capi_libvirt.core import naming
 from clusterctl_cli import VERSION, clusterctl
 from devenv import base_image, capi_objects, pod_runner
@@ -42,16 +41,6 @@ SUBNET, LINK = "192.168.154.0/24", 154
 HOST = "kvm-image"
 PROVISION_DEADLINE_S = 600.0
 DELETE_DEADLINE_S = 120.0
-
-
-@pytest.fixture(scope="module")
-def operator_image() -> str:
-    """The image `make image` built (hack/build-image.sh), tagged as config/manager names it."""
-    require(shutil.which("podman") is not None, "podman (make test installs it)")
-    image = release.image(VERSION)
-    exists = subprocess.run(["podman", "image", "exists", image], capture_output=True).returncode == 0
-    require(exists, f"the operator image {image} (make image)")
-    return image
 
 
 @pytest.fixture(scope="module")

@@ -280,3 +280,45 @@ async def test_hosts_missing_from_the_inventory_are_added_each_round_known_and_d
                                  inventory=types.SimpleNamespace(hosts={"known": 1, "static": 1}, static={"static"}))
     assert await hosts_reconcile.add_missing_hosts(deps) == ["copied", "refused"]
     assert upserted == [("copied", "qemu+ssh://root@copied/system"), ("refused", "qemu+ssh://root@refused/system")]
+
+
+async def test_a_host_entering_the_inventory_is_announced_once_an_update_is_not(monkeypatch) -> None:
+    added, probed = [], []
+
+    class Inventory:
+        hosts: dict = {}
+
+        def upsert(self, name, spec, secret):
+            self.hosts[name] = spec
+            return None
+
+    async def probe_and_publish(deps, name):
+        probed.append(name)
+
+    monkeypatch.setattr(hosts_reconcile, "probe_and_publish", probe_and_publish)
+    deps = types.SimpleNamespace(inventory=Inventory(), host_added=added.append)
+    spec = {"uri": "qemu+ssh://root@kvm1/system", "storagePool": "default"}
+    await hosts_reconcile.upsert_host(deps, "kvm1", spec)
+    await hosts_reconcile.upsert_host(deps, "kvm1", spec)  # a spec update or a resume: already known
+    assert added == ["kvm1"] and probed == ["kvm1", "kvm1"]
+
+
+async def test_machines_placed_on_an_added_host_are_queued_now_with_their_backoff_cleared() -> None:
+    from capi_libvirt.operator import handlers
+
+    bodies = [placed(), {**placed(), "metadata": {"name": "by-status", "namespace": "ns"}, "spec": {},
+                         "status": {"host": "kvm1"}},
+              {"metadata": {"name": "elsewhere", "namespace": "ns"},
+               "spec": {"providerID": provider_id.format_provider_id("kvm2", naming.domain_uuid(SOURCE_UID))}},
+              {"metadata": {"name": "unplaced", "namespace": "ns"}, "spec": {}}]
+    cache = types.SimpleNamespace(items=lambda kind: bodies)
+    deps = machine_reconcile.Dependencies(kube=types.SimpleNamespace(cache=cache), inventory=None,
+                                          post_event=lambda *args: None)
+    runtime = handlers.Runtime(deps)
+    assert deps.host_added == runtime.wake_host
+    deps.failures.update({("ns", "m0"): 5, ("ns", "elsewhere"): 3})
+    queued = []
+    runtime.machines = types.SimpleNamespace(add=queued.append)
+    deps.host_added("kvm1")
+    assert queued == [("ns", "m0"), ("ns", "by-status")]
+    assert deps.failures == {("ns", "elsewhere"): 3}

@@ -97,6 +97,20 @@ def test_a_domain_moved_away_by_clusterctl_is_kept() -> None:
     assert orphans.classify(domain, ME, orphans.claims_of([], moved_away=[domain.owner.uid])) is Verdict.MOVED_AWAY
 
 
+def test_a_machine_moved_a_second_time_is_known_as_moved_away_by_its_domain_uuid() -> None:
+    """clusterctl replaces the annotation map with its delete-for-move one: a copy adopted earlier (its UID is not its
+    identity) loses the identity annotation, and only the domain UUID of its providerID still names its domain."""
+    domain = ours()
+    assert domain.owner is not None
+    deleted = machine("ns", "m0", str(uuid.uuid4()), identity=domain.owner.uid)
+    deleted["metadata"]["annotations"] = {"clusterctl.cluster.x-k8s.io/delete-for-move": ""}
+    keys = orphans.moved_away_keys(deleted)
+    assert domain.owner.uid not in keys and domain.uuid in keys
+    assert orphans.classify(domain, ME, orphans.claims_of([], moved_away=keys)) is Verdict.MOVED_AWAY
+    assert orphans.moved_away_keys(machine("ns", "m1", domain.owner.uid)) == {domain.owner.uid, domain.uuid}
+    assert orphans.moved_away_keys(machine("ns", "m2", "u", placed=False)) == {"u"}
+
+
 def test_a_domain_in_a_namespace_not_watched_is_left_alone() -> None:
     claims = orphans.claims_of([], namespaces=["watched"])
     assert orphans.classify(ours(namespace="elsewhere"), ME, claims) is Verdict.UNWATCHED

@@ -118,6 +118,18 @@ def consistent(domain: HostDomain) -> bool:
         return False
 
 
+def moved_away_keys(body: Mapping[str, Any]) -> set[str]:
+    """What marks a LibvirtMachine clusterctl deleted for move: its identity and the domain UUID its providerID names.
+    clusterctl replaces the whole annotation map with its delete-for-move one, so a machine moved before (its identity
+    annotation no longer on it, its UID not its identity) is known by the domain UUID alone."""
+    keys = {naming.identity_uid(dict(body))}
+    try:
+        keys.add(provider_id.parse_provider_id((body.get("spec") or {})["providerID"]).domain_uuid)
+    except (KeyError, ValueError):
+        pass
+    return keys - {""}
+
+
 def classify(domain: HostDomain, management_cluster: str, claims: Claims) -> Verdict:
     """The verdict on one domain (see the module docstring for the order of the rules)."""
     owner = domain.owner
@@ -128,7 +140,7 @@ def classify(domain: HostDomain, management_cluster: str, claims: Claims) -> Ver
     if owner.uid in claims.identities or domain.uuid in claims.domain_uuids or \
             (owner.namespace, owner.name) in claims.names:
         return Verdict.CLAIMED
-    if owner.uid in claims.moved_away:
+    if owner.uid in claims.moved_away or domain.uuid in claims.moved_away:
         return Verdict.MOVED_AWAY
     if owner.cluster and (owner.namespace, owner.cluster) in claims.paused_clusters:
         return Verdict.PAUSED

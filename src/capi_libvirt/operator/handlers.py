@@ -24,7 +24,7 @@ from typing import Any, cast
 import kopf
 
 from capi_libvirt.api import kinds, meta, v1alpha1
-from capi_libvirt.core import capacity, naming
+from capi_libvirt.core import capacity, orphans, provider_id
 from capi_libvirt.hypervisor import connection, credentials
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config as operator_config
@@ -61,6 +61,7 @@ class Runtime:
         self.prober: asyncio.Task | None = None
         self.election: asyncio.Task | None = None
         self.metrics: metrics.Source | None = None
+        deps.host_added = self.wake_host
 
     def wake(self, kind: str, namespace: str, name: str) -> None:
         event = self.wakers.get((kind, namespace, name))
@@ -75,6 +76,16 @@ class Runtime:
             labels = body["metadata"].get("labels") or {}
             if body["metadata"].get("namespace") == namespace and labels.get(meta.CLUSTER_NAME_LABEL) == cluster:
                 self.machines.add((namespace, body["metadata"]["name"]))
+
+    def wake_host(self, host: str) -> None:
+        """Every cached machine placed on `host` (its providerID or status names it), queued now with its backoff
+        cleared: a host that just entered the inventory (a LibvirtHost clusterctl move copied) ends their
+        HostUnreachable wait."""
+        for body in self.deps.kube.cache.items(api.LIBVIRT_MACHINES):
+            namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+            if placed_on(body) == host:
+                self.deps.failures.pop((namespace, name), None)
+                self.machines.add((namespace, name))
 
     async def reconcile_machine(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
@@ -110,6 +121,14 @@ class Runtime:
                 log.warning("reading the machines failed (%s); retrying in %.0fs", type(error).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+
+
+def placed_on(body: dict[str, Any]) -> str | None:
+    """The host a LibvirtMachine's providerID names (else its status.host); None when neither says."""
+    try:
+        return provider_id.parse_provider_id((body.get("spec") or {})["providerID"]).host
+    except (KeyError, ValueError):
+        return (body.get("status") or {}).get("host")
 
 
 class EventPoster:
@@ -250,7 +269,7 @@ def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> No
         return  # the echo of our own write
     if event["type"] == "DELETED":
         if machine_reconcile.DELETE_FOR_MOVE_ANNOTATION in (body["metadata"].get("annotations") or {}):
-            runtime.deps.moved_away.add(naming.identity_uid(body))  # lives on in the move target: not an orphan
+            runtime.deps.moved_away.update(orphans.moved_away_keys(body))  # lives on in the move target: not an orphan
         runtime.machines.forget(key)
         runtime.deps.observe.machine_gone(*key)
     else:

@@ -67,8 +67,11 @@ async def upsert_host(deps: Dependencies, name: str, spec_data: dict[str, Any]) 
         if data is None:
             await _refuse(deps, name, UNREACHABLE, f"credentials Secret {ref.namespace}/{ref.name} not found")
         secret = credentials.Credentials(data)
+    added = name not in deps.inventory.hosts
     await _close(deps.inventory.upsert(name, spec, secret))
     await probe_and_publish(deps, name)
+    if added:
+        deps.host_added(name)
 
 
 async def remove_host(deps: Dependencies, name: str) -> None:

@@ -101,6 +101,8 @@ class Dependencies:
     creates_per_host: int = placement.DEFAULT_CREATES_PER_HOST
     creation_slots: dict[str, asyncio.Semaphore] = dataclasses.field(default_factory=dict)
     provider_namespace: str = meta.PROVIDER_NAMESPACE  # where host credentials live, and the ServiceAccount
+    # A host entered the inventory: its machines waiting on it (a copy clusterctl move made) go again now.
+    host_added: Callable[[str], None] = lambda host: None
     # This management cluster's identity, written into every domain's owner metadata (None: unknown, so no domain is
     # ever provably ours to collect), and the orphan collector's grace period (None: report only, never remove).
     management_cluster: str | None = None

@@ -137,7 +137,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     kube = api.KubeAPI(await api.new_api_client())
     observer = metrics.Observer()
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=EventPoster(kube),
-                                          after_phase=cfg.after_phase, observe=observer,
+                                          observe=observer,
                                           creates_per_host=cfg.creates_per_host)
     memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers),
                                   memo.setdefault("state", election.State(None)), observer)

@@ -8,26 +8,41 @@ import os
 import pathlib
 import signal
 import sys
+import time
 
 
 class OperatorProcess:
     def __init__(self, kubeconfig: pathlib.Path, hosts: dict[str, str], log_path: pathlib.Path) -> None:
         self.kubeconfig, self.hosts, self.log_path = kubeconfig, hosts, log_path
         self.process: asyncio.subprocess.Process | None = None
+        self._run_offset = 0
         self.starts = self.kills = 0
+        self.exits_of_its_own: list[int] = []  # return codes of runs that ended before we killed or stopped them
 
     async def start(self) -> None:
         assert self.process is None or self.process.returncode is not None, "already running"
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         hosts = [arg for name, uri in self.hosts.items() for arg in ("--host", f"{name}={uri}")]
         with self.log_path.open("ab") as log:
-            log.write(f"---- start {self.starts + 1}\n".encode())
+            log.write(f"---- start {self.starts + 1} at {time.strftime('%H:%M:%S')}\n".encode())
             log.flush()
+            self._run_offset = log.tell()
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "capi_libvirt", "run", *hosts, "--standalone", "--log-format", "plain",
                 "--health-address", "0", "--metrics-address", "0", env=env, stdout=log, stderr=log,
                 stdin=asyncio.subprocess.DEVNULL)
         self.starts += 1
+
+    async def logged(self, text: str, timeout: float) -> bool:
+        """Whether the current run logs `text` within `timeout` seconds (e.g. that it reached a host)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process is not None and self.process.returncode is None:
+            with self.log_path.open("rb") as log:
+                log.seek(self._run_offset)
+                if text.encode() in log.read():
+                    return True
+            await asyncio.sleep(0.05)
+        return False
 
     async def kill(self) -> None:
         """SIGKILL: no handler, no cleanup, no finally runs in the operator."""
@@ -35,11 +50,17 @@ class OperatorProcess:
         if self.process.returncode is None:
             self.process.send_signal(signal.SIGKILL)
             self.kills += 1
+        else:
+            self.exits_of_its_own.append(self.process.returncode)
         await self.process.wait()
 
     async def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM, as a rollout would; SIGKILL when it does not end in time."""
-        if self.process is None or self.process.returncode is not None:
+        if self.process is None:
+            return
+        if self.process.returncode is not None:  # it ended before being asked to
+            self.exits_of_its_own.append(self.process.returncode)
+            self.process = None
             return
         self.process.send_signal(signal.SIGTERM)
         try:
@@ -47,8 +68,4 @@ class OperatorProcess:
         except TimeoutError:
             self.process.kill()
             await self.process.wait()
-
-    @property
-    def died_by_itself(self) -> bool:
-        """The last run ended with neither our SIGKILL nor our SIGTERM (a crash of its own)."""
-        return self.process is not None and self.process.returncode not in (None, -signal.SIGKILL, -signal.SIGTERM)
+        self.process = None

@@ -1,12 +1,13 @@
 """Chaos, reproducible by seed: machines created and deleted concurrently (some mid-create) while the operator process
-is SIGKILLed from outside at 50 random moments and started again, the libvirt host's libvirtd is SIGKILLed and
-restarted mid-flight, and kube-apiserver is SIGKILLed and restarted mid-flight. At the end every live LibvirtMachine
-has exactly one domain (its UUID, its owner metadata) and its volumes, every deleted one left nothing (domain,
-overlay, NoCloud ISO, serial log) and its object is gone (no finalizer stuck), and no domain was defined twice
-(a libvirt lifecycle-event watch counts every definition per UUID, across the libvirtd restart).
+is SIGKILLed from outside at 50 random moments and started again, and the libvirt host's libvirtd and kube-apiserver
+are SIGKILLed and restarted mid-flight; then once more (libvirtd, kube-apiserver, a last wave of machines) under one
+operator run that must live through it. At the end every live LibvirtMachine has exactly one domain (its UUID, its
+owner metadata) and its volumes, every deleted one left nothing (domain, overlay, NoCloud ISO, serial log) and its
+object is gone (no finalizer stuck), and no domain was defined twice (a libvirt lifecycle-event watch counts every
+definition per UUID, across the libvirtd restarts). Then the live ones are deleted and the host must be empty.
 
-The seed (CHAOS_SEED, random when unset) fixes the schedule: when each machine is created and deleted, how long each
-operator run lives before its SIGKILL, when libvirtd and kube-apiserver die. It is printed first, and every failing
+The seed (CHAOS_SEED, random when unset) fixes the schedule: when each machine is created and deleted, when each
+operator run gets its SIGKILL, when libvirtd and kube-apiserver die. It is printed first, and every failing
 assertion names it; `CHAOS_SEED=<seed> pytest -m e2e -k chaos -s` replays the schedule (the system's own timing is
 not the seed's to fix). Its own API server and libvirt host (subnet 192.168.170.0/24), so killing them disturbs no
 other test. The guest is Debian's iPXE image (devenv/ipxe_image.py): it boots in a second and takes a lease.
@@ -42,7 +43,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 HOST, SUBNET = "chaos", "192.168.170.0/24"
 NAMESPACE = CLUSTER = "chaos"
-MACHINES, DELETED_MID_CREATE, DELETED_LATER = 12, 3, 3
+# The storm: STORM machines created in bursts and some deleted (mid-create or later) while the operator is SIGKILLed
+# KILLS times, libvirtd once and kube-apiserver once. Then the survivor: one operator run that must live through a
+# second libvirtd and kube-apiserver death while a last wave of SURVIVOR machines is created and one deleted
+# mid-create, and converge without a restart (a fresh process after every fault would hide an operator that never
+# reconnects).
+STORM, BURSTS, DELETED_MID_CREATE, DELETED_LATER = 12, 3, 3, 3
+SURVIVOR, SURVIVOR_DELETED = 3, 1
 KILLS = 50
 # When each operator run gets its SIGKILL: a fifth of them while it starts (LIFE_S from its start); the rest once it
 # works (it logged that it reached the libvirt host, which it does right after reading the API), WORKING_S after that.
@@ -53,17 +60,29 @@ STARTUP_ESTIMATE_S = 2.5  # from start to working, on the 2-core development mac
 
 
 @dataclasses.dataclass
-class Plan:
-    """What happens when, in seconds from the start of the chaos, all drawn from the seed."""
+class Stage:
+    """Machines created and deleted, libvirtd and kube-apiserver killed: seconds from the stage's start."""
 
-    seed: int
-    lives: list[tuple[bool, float]]  # each operator run's SIGKILL: (after it works?, seconds after start or that)
-    gaps: list[float]  # the pause after each SIGKILL before the next start
     create_at: dict[str, float]
     delete_at: dict[str, float]  # the machines that get deleted
     mid_create: set[str]
     libvirtd_at: float
     apiserver_at: float
+
+
+@dataclasses.dataclass
+class Plan:
+    """Everything drawn from the seed."""
+
+    seed: int
+    lives: list[tuple[bool, float]]  # each operator run's SIGKILL: (after it works?, seconds after start or that)
+    gaps: list[float]  # the pause after each SIGKILL before the next start
+    storm: Stage
+    survivor: Stage
+
+    @property
+    def stages(self) -> tuple[Stage, Stage]:
+        return self.storm, self.survivor
 
     @classmethod
     def draw(cls, seed: int) -> Plan:
@@ -72,14 +91,22 @@ class Plan:
                  for _ in range(KILLS)]
         gaps = [rng.uniform(0.0, 0.5) for _ in range(KILLS)]
         span = sum(life for _, life in lives) + sum(gaps) + STARTUP_ESTIMATE_S * KILLS
-        names = [f"chaos-{i:02d}" for i in range(MACHINES)]
-        create_at = {name: rng.uniform(0.0, 0.6 * span) for name in names}
+        names = [f"chaos-{i:02d}" for i in range(STORM)]
+        bursts = sorted(rng.uniform(0.0, 0.6 * span) for _ in range(BURSTS))
+        create_at = {name: bursts[i % BURSTS] + rng.uniform(0.0, 3.0) for i, name in enumerate(names)}
         doomed = rng.sample(names, DELETED_MID_CREATE + DELETED_LATER)
         mid_create = set(doomed[:DELETED_MID_CREATE])
         delete_at = {name: create_at[name] + (rng.uniform(0.0, 2.0) if name in mid_create else
                                               rng.uniform(5.0, 0.3 * span)) for name in doomed}
-        return cls(seed, lives, gaps, create_at, delete_at, mid_create,
-                   libvirtd_at=rng.uniform(0.2, 0.5) * span, apiserver_at=rng.uniform(0.5, 0.8) * span)
+        # libvirtd dies in the first burst, kube-apiserver in the second: machines are in flight.
+        storm = Stage(create_at, delete_at, mid_create, libvirtd_at=bursts[0] + rng.uniform(0.5, 3.0),
+                      apiserver_at=bursts[1] + rng.uniform(0.5, 3.0))
+        wave = [f"chaos-{i:02d}" for i in range(STORM, STORM + SURVIVOR)]
+        wave_at = {name: rng.uniform(0.0, 2.0) for name in wave}
+        gone = set(rng.sample(wave, SURVIVOR_DELETED))
+        survivor = Stage(wave_at, {name: wave_at[name] + rng.uniform(0.0, 2.0) for name in gone}, gone,
+                         libvirtd_at=rng.uniform(0.5, 2.5), apiserver_at=rng.uniform(3.0, 6.0))
+        return cls(seed, lives, gaps, storm, survivor)
 
 
 def chaos_seed() -> int:
@@ -141,6 +168,7 @@ async def at(start: float, offset: float) -> None:
 class Tally:
     kills: int = 0
     kills_while_working: int = 0
+    kills_in_flight: int = 0
     operator_starts: int = 0
     libvirtd_restarts: int = 0
     apiserver_restarts: int = 0
@@ -228,8 +256,16 @@ async def test_chaos_kills_and_restarts_leave_one_domain_per_machine_and_nothing
                 await client.CoreV1Api(api).create_namespace(client.V1Namespace(
                     metadata=client.V1ObjectMeta(name=NAMESPACE)))
                 await capi_objects.create_cluster(api, NAMESPACE, CLUSTER)
-                uids = await run_chaos(plan, tally, api, host, plane, operator)
-                live, deleted = await converge(plan, api, host, operator, uids)
+                uids: dict[str, str] = {}
+                await run_stage(plan.storm, tally, api, host, plane, uids,
+                                kill_operator_again_and_again(plan, tally, api, operator))
+                await operator.start()
+                starts = operator.starts
+                assert await operator.logged(READY_LINE, READY_TIMEOUT_S), f"seed={seed}: the operator did not start"
+                await run_stage(plan.survivor, tally, api, host, plane, uids)
+                live, deleted = await converge(plan, api, uids)
+                tally.check(operator.starts == starts and operator.process is not None and
+                            operator.process.returncode is None, "the survivor did not survive")
                 await operator.stop()
                 await asyncio.to_thread(judge_host, tally, host, live, deleted)
                 duplicates = watch.duplicates()
@@ -245,15 +281,18 @@ async def test_chaos_kills_and_restarts_leave_one_domain_per_machine_and_nothing
         finally:
             await operator.stop()
             watch.stop()
-    print(f"[chaos] seed={seed} machines={MACHINES} deleted={len(plan.delete_at)} "
-          f"(mid-create {len(plan.mid_create)}) live={MACHINES - len(plan.delete_at)} kills={tally.kills} "
-          f"(after the run reached the libvirt host: {tally.kills_while_working}) "
+    created = sum(len(stage.create_at) for stage in plan.stages)
+    deleted_n = sum(len(stage.delete_at) for stage in plan.stages)
+    print(f"[chaos] seed={seed} machines={created} deleted={deleted_n} "
+          f"(mid-create {sum(len(stage.mid_create) for stage in plan.stages)}) live={created - deleted_n} "
+          f"kills={tally.kills} (after the run reached the libvirt host: {tally.kills_while_working}; "
+          f"with machines in flight: {tally.kills_in_flight}) "
           f"operator_starts={operator.starts} libvirtd_restarts={tally.libvirtd_restarts} "
           f"apiserver_restarts={tally.apiserver_restarts} domains_defined={sum(watch.defined.values())} "
           f"event_watch_reconnects={watch.reconnects} invariants_checked={tally.checks} leaks={len(tally.leaks)} "
           f"duplicates={len(duplicates)} problems={len(tally.problems)} "
           f"operator_exits_of_its_own={len(operator.exits_of_its_own)}")
-    assert tally.kills >= KILLS and tally.libvirtd_restarts == 1 and tally.apiserver_restarts == 1, f"seed={seed}"
+    assert tally.kills >= KILLS and tally.libvirtd_restarts == 2 and tally.apiserver_restarts == 2, f"seed={seed}"
     assert not tally.leaks, f"seed={seed}: leaks {tally.leaks}"
     assert not duplicates, f"seed={seed}: domains defined more than once {duplicates}"
     assert not watch.seen_by_listing, f"seed={seed}: domains defined while the event watch was down " \
@@ -263,58 +302,70 @@ async def test_chaos_kills_and_restarts_leave_one_domain_per_machine_and_nothing
                                           f"{operator.exits_of_its_own}; see {tmp_path / 'operator.log'}"
 
 
-async def run_chaos(plan: Plan, tally: Tally, api: client.ApiClient, host: LibvirtHost, plane: cp.LocalControlPlane,
-                    operator: OperatorProcess) -> dict[str, str]:
-    """The schedule: machines' creates and deletes, libvirtd's and kube-apiserver's deaths, and the operator's SIGKILLs,
-    all at once. Returns each machine's UID."""
+async def in_flight(api: client.ApiClient) -> int | None:
+    """Machines not provisioned yet or being deleted, now (None when the API server does not answer)."""
+    try:
+        listed = await client.CustomObjectsApi(api).list_namespaced_custom_object(
+            meta.GROUP, meta.VERSION, NAMESPACE, "libvirtmachines", _request_timeout=5)
+    except (client.exceptions.ApiException, aiohttp.ClientError, OSError, TimeoutError):
+        return None
+    return sum(1 for item in listed["items"] if item["metadata"].get("deletionTimestamp") or
+               not (item.get("status") or {}).get("initialization", {}).get("provisioned"))
+
+
+async def run_stage(stage: Stage, tally: Tally, api: client.ApiClient, host: LibvirtHost,
+                    plane: cp.LocalControlPlane, uids: dict[str, str], *also) -> None:
+    """The stage's creates and deletes and its libvirtd and kube-apiserver deaths, at once (and `also`)."""
     start = time.monotonic()
     spec = ipxe_image.machine_spec(host.pool_name, host.network_name)
     objects = client.CustomObjectsApi(api)
-    uids: dict[str, str] = {}
 
     async def machine_life(name: str) -> None:
-        await at(start, plan.create_at[name])
+        await at(start, stage.create_at[name])
         await create_machine(api, name, spec)
         body = await retrying(lambda: objects.get_namespaced_custom_object(
             meta.GROUP, meta.VERSION, NAMESPACE, "libvirtmachines", name), name)
         uids[name] = body["metadata"]["uid"]
-        if name in plan.delete_at:
-            await at(start, plan.delete_at[name])
+        if name in stage.delete_at:
+            await at(start, stage.delete_at[name])
             await delete_machine(api, name)
 
     async def kill_libvirtd() -> None:
-        await at(start, plan.libvirtd_at)
+        await at(start, stage.libvirtd_at)
+        flying = await in_flight(api)
         old, new = await asyncio.to_thread(host.kill_and_restart_libvirtd)
         tally.libvirtd_restarts += 1
-        print(f"[chaos] {time.monotonic() - start:6.1f}s libvirtd SIGKILLed (pid {old}), restarted (pid {new})")
+        print(f"[chaos] libvirtd SIGKILLed (pid {old}) with {flying} machines in flight, restarted (pid {new})")
 
     async def kill_apiserver() -> None:
-        await at(start, plan.apiserver_at)
+        await at(start, stage.apiserver_at)
+        flying = await in_flight(api)
         old, new = await asyncio.to_thread(plane.kill_and_restart_apiserver)
         tally.apiserver_restarts += 1
-        print(f"[chaos] {time.monotonic() - start:6.1f}s kube-apiserver SIGKILLed (pid {old}), restarted (pid {new})")
+        print(f"[chaos] kube-apiserver SIGKILLed (pid {old}) with {flying} machines in flight, restarted (pid {new})")
 
-    async def kill_operator() -> None:
-        for (working, life), gap in zip(plan.lives, plan.gaps, strict=True):
-            await operator.start()
-            if working:
-                tally.kills_while_working += await operator.logged(READY_LINE, READY_TIMEOUT_S)
-            await asyncio.sleep(life)
-            await operator.kill()
-            tally.kills += 1
-            await asyncio.sleep(gap)
-        print(f"[chaos] {time.monotonic() - start:6.1f}s {tally.kills} SIGKILLs of the operator done")
-
-    await asyncio.gather(kill_operator(), kill_libvirtd(), kill_apiserver(), *map(machine_life, plan.create_at))
-    return uids
+    await asyncio.gather(kill_libvirtd(), kill_apiserver(), *map(machine_life, stage.create_at), *also)
 
 
-async def converge(plan: Plan, api: client.ApiClient, host: LibvirtHost, operator: OperatorProcess,
-                   uids: dict[str, str]) -> tuple[dict[str, dict], dict[str, str]]:
-    """The operator left running: every live machine provisioned, every deleted one gone."""
-    await operator.start()
+async def kill_operator_again_and_again(plan: Plan, tally: Tally, api: client.ApiClient,
+                                        operator: OperatorProcess) -> None:
+    for (working, life), gap in zip(plan.lives, plan.gaps, strict=True):
+        await operator.start()
+        if working:
+            tally.kills_while_working += await operator.logged(READY_LINE, READY_TIMEOUT_S)
+        await asyncio.sleep(life)
+        await operator.kill()
+        tally.kills += 1
+        tally.kills_in_flight += bool(await in_flight(api))
+        await asyncio.sleep(gap)
+    print(f"[chaos] {tally.kills} SIGKILLs of the operator done")
+
+
+async def converge(plan: Plan, api: client.ApiClient, uids: dict[str, str]) -> tuple[dict[str, dict], dict[str, str]]:
+    """Every live machine provisioned, every deleted one gone (its finalizer released)."""
     objects = client.CustomObjectsApi(api)
-    wanted_live = set(plan.create_at) - set(plan.delete_at)
+    deleted = {name for stage in plan.stages for name in stage.delete_at}
+    wanted_live = {name for stage in plan.stages for name in stage.create_at} - deleted
     deadline = time.monotonic() + CONVERGE_S
     while True:
         listed = await retrying(lambda: objects.list_namespaced_custom_object(
@@ -323,7 +374,7 @@ async def converge(plan: Plan, api: client.ApiClient, host: LibvirtHost, operato
         provisioned = {name for name, body in present.items()
                        if (body.get("status") or {}).get("initialization", {}).get("provisioned")}
         if set(present) == wanted_live and provisioned == wanted_live:
-            return present, {name: uids[name] for name in plan.delete_at}
+            return present, {name: uids[name] for name in deleted}
         if time.monotonic() > deadline:
             states = {name: ((body.get("status") or {}).get("state"), body["metadata"].get("deletionTimestamp"),
                              [c.get("reason") for c in (body.get("status") or {}).get("conditions", [])])

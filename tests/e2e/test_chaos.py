@@ -53,7 +53,7 @@ SURVIVOR, SURVIVOR_DELETED = 3, 1
 KILLS = 50
 # When each operator run gets its SIGKILL: a fifth of them while it starts (LIFE_S from its start); the rest once it
 # works (it logged that it reached the libvirt host, which it does right after reading the API), WORKING_S after that.
-STARTING_SHARE, LIFE_S, WORKING_S = 0.2, (0.0, 2.5), (0.0, 2.5)
+STARTING_SHARE, LIFE_S, WORKING_S = 0.2, (0.0, 2.0), (0.0, 1.5)
 READY_LINE, READY_TIMEOUT_S = "connected to host", 20.0
 CONVERGE_S = 300.0
 STARTUP_ESTIMATE_S = 2.5  # from start to working, on the 2-core development machine: only to spread the schedule
@@ -89,7 +89,7 @@ class Plan:
         rng = random.Random(seed)
         lives = [(False, rng.uniform(*LIFE_S)) if rng.random() < STARTING_SHARE else (True, rng.uniform(*WORKING_S))
                  for _ in range(KILLS)]
-        gaps = [rng.uniform(0.0, 0.5) for _ in range(KILLS)]
+        gaps = [rng.uniform(0.0, 0.3) for _ in range(KILLS)]
         span = sum(life for _, life in lives) + sum(gaps) + STARTUP_ESTIMATE_S * KILLS
         names = [f"chaos-{i:02d}" for i in range(STORM)]
         bursts = sorted(rng.uniform(0.0, 0.6 * span) for _ in range(BURSTS))

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import pathlib
-import random
 import time
 
 import aiohttp
@@ -31,6 +29,7 @@ from capi_libvirt.core import domain_xml, naming, provider_id
 from capi_libvirt.reconcile.machine import FINALIZER
 from devenv import capi_objects, ipxe_image, paths
 from devenv import control_plane as cp
+from devenv.chaos_plan import KILLS, Plan, Stage, chaos_seed
 from devenv.domain_events import DefinitionWatch
 from devenv.libvirt_host import LibvirtHost
 from devenv.operator_process import OperatorProcess
@@ -43,74 +42,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 HOST, SUBNET = "chaos", "192.168.170.0/24"
 NAMESPACE = CLUSTER = "chaos"
-# The storm: STORM machines created in bursts and some deleted (mid-create or later) while the operator is SIGKILLed
-# KILLS times, libvirtd once and kube-apiserver once. Then the survivor: one operator run that must live through a
-# second libvirtd and kube-apiserver death while a last wave of SURVIVOR machines is created and one deleted
-# mid-create, and converge without a restart (a fresh process after every fault would hide an operator that never
-# reconnects).
-STORM, BURSTS, DELETED_MID_CREATE, DELETED_LATER = 12, 3, 3, 3
-SURVIVOR, SURVIVOR_DELETED = 3, 1
-KILLS = 50
-# When each operator run gets its SIGKILL: a fifth of them while it starts (LIFE_S from its start); the rest once it
-# works (it logged that it reached the libvirt host, which it does right after reading the API), WORKING_S after that.
-STARTING_SHARE, LIFE_S, WORKING_S = 0.2, (0.0, 2.0), (0.0, 1.5)
-READY_LINE, READY_TIMEOUT_S = "connected to host", 20.0
+READY_LINE, READY_TIMEOUT_S = "connected to host", 20.0  # an operator run works: it reached the libvirt host
 CONVERGE_S = 300.0
-STARTUP_ESTIMATE_S = 2.5  # from start to working, on the 2-core development machine: only to spread the schedule
-
-
-@dataclasses.dataclass
-class Stage:
-    """Machines created and deleted, libvirtd and kube-apiserver killed: seconds from the stage's start."""
-
-    create_at: dict[str, float]
-    delete_at: dict[str, float]  # the machines that get deleted
-    mid_create: set[str]
-    libvirtd_at: float
-    apiserver_at: float
-
-
-@dataclasses.dataclass
-class Plan:
-    """Everything drawn from the seed."""
-
-    seed: int
-    lives: list[tuple[bool, float]]  # each operator run's SIGKILL: (after it works?, seconds after start or that)
-    gaps: list[float]  # the pause after each SIGKILL before the next start
-    storm: Stage
-    survivor: Stage
-
-    @property
-    def stages(self) -> tuple[Stage, Stage]:
-        return self.storm, self.survivor
-
-    @classmethod
-    def draw(cls, seed: int) -> Plan:
-        rng = random.Random(seed)
-        lives = [(False, rng.uniform(*LIFE_S)) if rng.random() < STARTING_SHARE else (True, rng.uniform(*WORKING_S))
-                 for _ in range(KILLS)]
-        gaps = [rng.uniform(0.0, 0.3) for _ in range(KILLS)]
-        span = sum(life for _, life in lives) + sum(gaps) + STARTUP_ESTIMATE_S * KILLS
-        names = [f"chaos-{i:02d}" for i in range(STORM)]
-        bursts = sorted(rng.uniform(0.0, 0.6 * span) for _ in range(BURSTS))
-        create_at = {name: bursts[i % BURSTS] + rng.uniform(0.0, 3.0) for i, name in enumerate(names)}
-        doomed = rng.sample(names, DELETED_MID_CREATE + DELETED_LATER)
-        mid_create = set(doomed[:DELETED_MID_CREATE])
-        delete_at = {name: create_at[name] + (rng.uniform(0.0, 2.0) if name in mid_create else
-                                              rng.uniform(5.0, 0.3 * span)) for name in doomed}
-        # libvirtd dies in the first burst, kube-apiserver in the second: machines are in flight.
-        storm = Stage(create_at, delete_at, mid_create, libvirtd_at=bursts[0] + rng.uniform(0.5, 3.0),
-                      apiserver_at=bursts[1] + rng.uniform(0.5, 3.0))
-        wave = [f"chaos-{i:02d}" for i in range(STORM, STORM + SURVIVOR)]
-        wave_at = {name: rng.uniform(0.0, 2.0) for name in wave}
-        gone = set(rng.sample(wave, SURVIVOR_DELETED))
-        survivor = Stage(wave_at, {name: wave_at[name] + rng.uniform(0.0, 2.0) for name in gone}, gone,
-                         libvirtd_at=rng.uniform(0.5, 2.5), apiserver_at=rng.uniform(3.0, 6.0))
-        return cls(seed, lives, gaps, storm, survivor)
-
-
-def chaos_seed() -> int:
-    return int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(2**32))
 
 
 async def retrying(call, what: str, deadline_s: float = 120.0):

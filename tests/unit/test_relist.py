@@ -7,6 +7,7 @@ itself once, and drop what is gone."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import types
 
 import kopf
@@ -62,7 +63,7 @@ async def test_a_listing_by_kopf_drops_a_machine_deleted_unseen_and_forgets_its_
     runtime.machines.forget = forgotten.append  # type: ignore[method-assign]
     memo = kopf.Memo(runtime=runtime)
     for listed in kube.listed:  # kopf's listing: one event of type None per object, then the watch again
-        handlers.libvirt_machine_event(event={"type": None, "object": listed}, memo=memo)
+        await handlers.libvirt_machine_event(event={"type": None, "object": listed}, memo=memo)
     assert len(runtime.relists) == 1, "a listing asks once, not once per object"
     await asyncio.gather(*runtime.relists.values())
     assert kube.lists == 1 and not runtime.relists
@@ -76,8 +77,8 @@ async def test_watch_events_ask_for_no_relist() -> None:
     kube = FakeKube(listed=[])
     runtime = runtime_with(kube)
     memo = kopf.Memo(runtime=runtime)
-    handlers.libvirt_machine_event(event={"type": "ADDED", "object": body("a", 1)}, memo=memo)
-    handlers.cluster_event(event={"type": "MODIFIED", "object": body("c", 2)}, memo=memo)
+    await handlers.libvirt_machine_event(event={"type": "ADDED", "object": body("a", 1)}, memo=memo)
+    await handlers.cluster_event(event={"type": "MODIFIED", "object": body("c", 2)}, memo=memo)
     assert not runtime.relists
 
 
@@ -86,7 +87,16 @@ async def test_a_relist_the_api_server_refuses_is_tried_again() -> None:
     runtime = runtime_with(kube)
     kube.cache.put(api.CLUSTERS, body("gone", 3))
     memo = kopf.Memo(runtime=runtime)
-    handlers.cluster_event(event={"type": None, "object": body("other", 4)}, memo=memo)
+    await handlers.cluster_event(event={"type": None, "object": body("other", 4)}, memo=memo)
     await asyncio.gather(*runtime.relists.values())
     assert kube.lists == 3
     assert kube.cache.get(api.CLUSTERS, "ns", "gone") is None
+
+
+@pytest.mark.parametrize("handler", [handlers.libvirt_machine_event, handlers.owner_machine_event,
+                                     handlers.cluster_event, handlers.libvirt_cluster_changed])
+def test_handlers_that_touch_the_event_loops_objects_run_in_the_event_loop(handler) -> None:
+    """kopf runs a plain `def` handler in a thread of its executor: the work queue (an asyncio.Queue), its timers,
+    the wake-up events and the relist task are the event loop's, and are not thread-safe (a key put from a thread
+    may wait for a worker until something else wakes the loop; a task cannot be made there at all)."""
+    assert inspect.iscoroutinefunction(handler)

@@ -61,13 +61,14 @@ class Runtime:
         self.election: asyncio.Task | None = None
         self.metrics: metrics.Source | None = None
         self.relists: dict[str, asyncio.Task] = {}  # a cached kind -> its pending relist (relisted)
+        self.closing = False  # the operator stops: no new background work
 
     def relisted(self, plural: str) -> None:
         """kopf lists `plural` (at its start, or because its watch lost track: a "410 Gone" after an API server
         restart, an outage): what was deleted meanwhile comes as no event at all, and would stay in the cache for the
         operator's life (counted by placement as allocated). Read the kind ourselves once that listing is over, and
         drop what is gone. One relist per kind at a time: a listing's many objects ask once."""
-        if plural not in self.relists:
+        if plural not in self.relists and not self.closing:
             self.relists[plural] = asyncio.create_task(self._relist(plural))
 
     async def _relist(self, plural: str) -> None:
@@ -205,6 +206,7 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
     if memo.get("state") is not None:
         memo.state.stopping()
     if runtime is not None:
+        runtime.closing = True
         tasks = [task for task in (runtime.machine_worker, runtime.prober, runtime.election,
                                    *runtime.relists.values()) if task is not None]
         for task in tasks:
@@ -243,7 +245,7 @@ def _body(event: kopf.RawEvent) -> dict[str, Any]:
 # -- LibvirtMachine, and what a machine waits for: its Machine and its Cluster -------------------------------------
 
 @kopf.on.event(meta.GROUP, meta.VERSION, MACHINES)
-def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+async def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
     body = _body(event)
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -259,7 +261,7 @@ def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> No
 
 
 @kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "machines")
-def owner_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+async def owner_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
     body = _body(event)
     ref = (body.get("spec") or {}).get("infrastructureRef") or {}
@@ -271,7 +273,7 @@ def owner_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None
 
 
 @kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "clusters")
-def cluster_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+async def cluster_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
     body = _body(event)
     if event["type"] is None:
@@ -320,7 +322,7 @@ async def _sleep_until_woken(waker: asyncio.Event, stopped: kopf.DaemonStopped, 
 
 
 @kopf.on.update(meta.GROUP, meta.VERSION, CLUSTERS)  # type: ignore[arg-type]  # namespaced: see run_cluster
-def libvirt_cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def libvirt_cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     memo.runtime.wake("cluster", namespace, name)
 
 

@@ -57,7 +57,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     operator_config = config.from_environment(args.host, workers=args.workers,
-                                              creates_per_host=args.creates_per_host)
+                                              creates_per_host=args.creates_per_host,
+                                              management_cluster_id=args.management_cluster_id,
+                                              orphan_grace=args.orphan_grace_period)
     operator = main.run_operator(args.namespace, operator_config=operator_config,
                                  peering=None if args.standalone else args.peering,
                                  health_address=args.health_address, metrics_address=args.metrics_address)
@@ -93,6 +95,25 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
+def _management_cluster_id(value: str) -> str:
+    from capi_libvirt.operator import config
+
+    try:
+        return config.check_management_cluster_id(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _grace_period(value: str) -> str:
+    from capi_libvirt.operator import config
+
+    try:
+        config.parse_grace_period(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected seconds (>= 0) or 'never'") from None
+    return value
+
+
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     """Leader election, endpoints, concurrency and log format of `run` (the Deployment's args:
     config/manager/manager.yaml)."""
@@ -109,6 +130,13 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--creates-per-host", type=_positive_int, default=config.DEFAULT_CREATES_PER_HOST, metavar="N",
                      help="machines created on one libvirt host at once; a burst queues behind them "
                           f"(default: {config.DEFAULT_CREATES_PER_HOST})")
+    run.add_argument("--management-cluster-id", type=_management_cluster_id, metavar="ID",
+                     help=f"this management cluster's identity in domains' owner metadata (default: "
+                          f"${config.MANAGEMENT_CLUSTER_ENV}, else the kube-system Namespace's UID)")
+    run.add_argument("--orphan-grace-period", type=_grace_period, metavar="SECONDS|never",
+                     help="remove a domain this management cluster made whose LibvirtMachine is gone once it has "
+                          f"been orphaned this long; never: report only (default: ${config.ORPHAN_GRACE_ENV}, else "
+                          f"{config.ORPHAN_GRACE_S:.0f})")
     run.add_argument("--health-address", default="0.0.0.0:8081", type=_address, metavar="HOST:PORT",
                      help="serve /healthz and /readyz here (default: 0.0.0.0:8081; 0: off)")
     run.add_argument("--metrics-address", default=":8080", type=_address, metavar="HOST:PORT",

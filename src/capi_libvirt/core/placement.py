@@ -1,6 +1,8 @@
 """Placement: which host a new machine goes to. Pure: hosts and their load in, a decision (or why none) out.
 
-A pinned host is taken as it is (if healthy and with room). Otherwise: healthy hosts in the requested failure
+Only hosts whose access rules allow the machine (core.tenancy; the caller puts each host's refusal in its HostLoad)
+are considered; a pinned host that refuses it is a TenantNotAllowed answer. A pinned host is taken as it is (if
+healthy and with room). Otherwise: healthy hosts in the requested failure
 domain (control-plane machines only where the host allows them), with room after overcommit: capacity x ratio
 minus what the provider's machines are allocated there (the caller counts machines placed a moment ago), spread so
 that a group (a MachineDeployment, the control plane) lands in the failure domain and on the host where it has the
@@ -31,6 +33,7 @@ class HostLoad:
     memory_overcommit: float = 1.0  # guest memory allowed per MiB of host memory
     failure_domain: str | None = None
     control_plane: bool = True  # control-plane machines may go here
+    refusal: str | None = None  # why the host's access rules refuse this machine (core.tenancy), or None
 
     @property
     def cpu_room(self) -> float:
@@ -68,6 +71,7 @@ HOST_NOT_FOUND = "HostNotFound"
 HOST_UNREACHABLE = "HostUnreachable"
 INSUFFICIENT_CAPACITY = "InsufficientCapacity"
 NO_HOST_IN_FAILURE_DOMAIN = "NoHostInFailureDomain"
+TENANT_NOT_ALLOWED = "TenantNotAllowed"
 
 
 def fits(host: HostLoad, request: Request) -> bool:
@@ -89,6 +93,8 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
         host = by_name.get(request.pinned_host)
         if host is None:
             return NoHost(HOST_NOT_FOUND, f"pinned host {request.pinned_host} is not in the inventory")
+        if host.refusal is not None:
+            return NoHost(TENANT_NOT_ALLOWED, f"pinned host refuses this machine: {host.refusal}")
         if not host.healthy:
             return NoHost(HOST_UNREACHABLE, f"pinned host {host.name} is not reachable")
         if request.control_plane and not host.control_plane:
@@ -97,7 +103,11 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
             return NoHost(INSUFFICIENT_CAPACITY, f"pinned host cannot take {wanted}: {_shortfall(host, request)}")
         return Placed(host.name, host.failure_domain)
 
-    candidates = [h for h in hosts if h.healthy and (h.control_plane or not request.control_plane)]
+    allowed = [h for h in hosts if h.refusal is None]
+    if hosts and not allowed:
+        return NoHost(TENANT_NOT_ALLOWED, "no host allows this machine: " + "; ".join(
+            str(h.refusal) for h in sorted(hosts, key=lambda h: h.name)))
+    candidates = [h for h in allowed if h.healthy and (h.control_plane or not request.control_plane)]
     if request.failure_domain is not None:
         candidates = [h for h in candidates if h.failure_domain == request.failure_domain]
         if not candidates:

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from capi_libvirt.api import v1alpha1
-from capi_libvirt.core import placement
+from capi_libvirt.core import placement, tenancy
 from capi_libvirt.hypervisor import connection, credentials, errors, machines
 
 log = logging.getLogger(__name__)
@@ -30,15 +30,31 @@ class InventoryHost:
     problem: str | None = None  # why the last probe failed (safe text: no URI, no credentials)
 
 
+@dataclasses.dataclass
+class OrphanRecord:
+    """What the orphan collector (reconcile.orphans) knows of one host between rounds."""
+
+    first_seen: dict[str, float] = dataclasses.field(default_factory=dict)  # orphan domain UUID -> monotonic time
+    pending: int = 0  # orphans waiting for the grace period
+    kept: int = 0  # of our scheme but not provably this management cluster's: reported, never removed
+    stray_volumes: int = 0
+    removed_domains: int = 0
+    removed_volumes: int = 0
+    published: dict[str, Any] | None = None  # the last status.orphans written
+
+
 class Inventory:
     def __init__(self, registry: connection.HostRegistry) -> None:
         self.registry = registry
         self.hosts: dict[str, InventoryHost] = {}
+        self.orphans: dict[str, OrphanRecord] = {}
         self.static = set(registry.names())  # from --host: no LibvirtHost object to publish on
         self.conditions: dict[str, list[dict[str, Any]]] = {}  # last published on each LibvirtHost
         for name in registry.names():  # static hosts (--host): default spec, probed like the others
             # Not validated as an object's spec: a local URI may carry ?socket=, which LibvirtHost objects may not.
-            self.hosts[name] = InventoryHost(name, v1alpha1.LibvirtHostSpec.model_construct(uri=registry.get(name).uri))
+            # Unrestricted access: whoever runs the operator with --host (development) is the host's admin.
+            self.hosts[name] = InventoryHost(name, v1alpha1.LibvirtHostSpec.model_construct(
+                uri=registry.get(name).uri, access=tenancy.UNRESTRICTED))
 
     def upsert(self, name: str, spec: v1alpha1.LibvirtHostSpec,
                secret: credentials.Credentials | None) -> connection.HostConnection | None:
@@ -50,6 +66,7 @@ class Inventory:
 
     def remove(self, name: str) -> connection.HostConnection | None:
         self.hosts.pop(name, None)
+        self.orphans.pop(name, None)
         return self.registry.remove(name)
 
     async def probe(self, name: str, timeout: float = PROBE_TIMEOUT_S) -> InventoryHost | None:
@@ -69,10 +86,20 @@ class Inventory:
             log.warning("probe of host %s failed: %s", name, error)
         return host
 
-    def loads(self, allocated: dict[str, tuple[int, int]]) -> list[placement.HostLoad]:
-        """Placement's view: capacity from the probe, allocation from the API (cpus, MiB per host)."""
+    def refusal(self, name: str, namespace: str, spec: v1alpha1.LibvirtMachineSpec) -> tenancy.Refusal | None:
+        """Why host `name` refuses a machine of `namespace` with `spec` (core.tenancy), or None."""
+        host = self.hosts.get(name)
+        if host is None:
+            return None
+        return tenancy.refusal(name, host.spec.access, host.spec.storage_pool, namespace, spec)
+
+    def loads(self, allocated: dict[str, tuple[int, int]], namespace: str | None = None,
+              spec: v1alpha1.LibvirtMachineSpec | None = None) -> list[placement.HostLoad]:
+        """Placement's view: capacity from the probe, allocation from the API (cpus, MiB per host), and each host's
+        refusal of the machine (`namespace`, `spec`) by its access rules."""
         loads = []
         for host in self.hosts.values():
+            refused = self.refusal(host.name, namespace, spec) if namespace is not None and spec is not None else None
             cpus, memory = allocated.get(host.name, (0, 0))
             loads.append(placement.HostLoad(
                 name=host.name,
@@ -81,7 +108,8 @@ class Inventory:
                 memory_mib=host.probe.memory_mib if host.probe else 0,
                 allocated_cpus=cpus, allocated_memory_mib=memory,
                 cpu_overcommit=host.spec.overcommit.cpu, memory_overcommit=host.spec.overcommit.memory,
-                failure_domain=host.spec.failure_domain, control_plane=host.spec.control_plane))
+                failure_domain=host.spec.failure_domain, control_plane=host.spec.control_plane,
+                refusal=str(refused) if refused is not None else None))
         return loads
 
     def failure_domains(self) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ from devenv.domain_events import DefinitionWatch
 from devenv.libvirt_host import LibvirtHost
 from devenv.operator_process import OperatorProcess
 
-from fixtures_control_plane import OPERATOR_USER, REPO, bind_operator_role
+from fixtures_control_plane import OPERATOR_USER, REPO, allow_secrets, bind_operator_role
 from fixtures_libvirt import require_libvirt_host_prerequisites
 from prereq import require
 
@@ -188,6 +188,7 @@ async def test_chaos_kills_and_restarts_leave_one_domain_per_machine_and_nothing
             async with client.ApiClient(configuration) as api:
                 await client.CoreV1Api(api).create_namespace(client.V1Namespace(
                     metadata=client.V1ObjectMeta(name=NAMESPACE)))
+                allow_secrets(plane, NAMESPACE)  # the bootstrap Secrets' namespace, as a user binds it
                 await capi_objects.create_cluster(api, NAMESPACE, CLUSTER)
                 uids: dict[str, str] = {}
                 await run_stage(plan.storm, tally, api, host, plane, uids,

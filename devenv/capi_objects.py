@@ -67,28 +67,43 @@ async def create_machine(api: client.ApiClient, namespace: str, cluster: str, na
     secret = f"{name}-bootstrap"
     if create_secret:
         await create_bootstrap_secret(api, namespace, cluster, secret, user_data, bootstrap_format)
-    machine = await objects.create_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, namespace, "machines", {
+    machine = await objects.create_namespaced_custom_object(CAPI_GROUP, CAPI_VERSION, namespace, "machines",
+                                                            machine_body(cluster, name, labels))
+    await objects.create_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
+                                                  libvirt_machine_body(cluster, name, machine["metadata"]["uid"],
+                                                                       libvirt_spec, labels))
+    return MachineObjects(namespace=namespace, cluster=cluster, machine=name, libvirt_machine=name, secret=secret)
+
+
+def machine_body(cluster: str, name: str, labels: dict[str, str] | None = None) -> dict:
+    """A Machine whose bootstrap data is the Secret `<name>-bootstrap` and whose infrastructure is the LibvirtMachine
+    `name`."""
+    return {
         "apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}",
         "kind": "Machine",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": {"name": name, "labels": {CLUSTER_NAME_LABEL: cluster, **(labels or {})}},
         "spec": {
             "clusterName": cluster,
-            "bootstrap": {"dataSecretName": secret},
+            "bootstrap": {"dataSecretName": f"{name}-bootstrap"},
             "infrastructureRef": {"apiGroup": meta.GROUP, "kind": "LibvirtMachine", "name": name},
         },
-    })
-    await objects.create_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines", {
+    }
+
+
+def libvirt_machine_body(cluster: str, name: str, machine_uid: str, libvirt_spec: dict,
+                         labels: dict[str, str] | None = None) -> dict:
+    """A LibvirtMachine owned (as its controller) by the Machine of the same name."""
+    return {
         "apiVersion": meta.API_VERSION,
         "kind": "LibvirtMachine",
         "metadata": {
             "name": name,
-            "labels": labels,
+            "labels": {CLUSTER_NAME_LABEL: cluster, **(labels or {})},
             "ownerReferences": [{"apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}", "kind": "Machine", "name": name,
-                                 "uid": machine["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
+                                 "uid": machine_uid, "controller": True, "blockOwnerDeletion": True}],
         },
         "spec": libvirt_spec,
-    })
-    return MachineObjects(namespace=namespace, cluster=cluster, machine=name, libvirt_machine=name, secret=secret)
+    }
 
 
 async def create_bootstrap_secret(api: client.ApiClient, namespace: str, cluster: str, name: str, user_data: str,

@@ -173,6 +173,10 @@ class LocalControlPlane:
         tokens.write_text(f"{self.token},admin,admin,system:masters\n"
                           + "".join(f"{token},{user},{user}\n" for user, token in self.user_tokens.items()))
         tokens.chmod(0o600)
+        self._spawn_apiserver()
+
+    def _spawn_apiserver(self) -> None:
+        certs, tokens = self.cert_dir, self.workdir / "tokens.csv"
         self._spawn("kube-apiserver", [
             str(paths.kube_apiserver_binary()),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
@@ -198,6 +202,17 @@ class LocalControlPlane:
             "--enable-aggregator-routing=true",
         ])
         self._wait_ready()
+
+    def kill_and_restart_apiserver(self) -> tuple[int, int]:
+        """SIGKILL kube-apiserver (etcd keeps the data) and start it again on the same port with the same certificates
+        and tokens; returns once it is ready again. (old pid, new pid)"""
+        (index, (_, old)), = [(i, entry) for i, entry in enumerate(self._processes) if entry[0] == "kube-apiserver"]
+        old.kill()
+        old.wait()
+        del self._processes[index]
+        log.info("killed kube-apiserver (pid %d)", old.pid)
+        self._spawn_apiserver()
+        return old.pid, self._processes[-1][1].pid
 
     def _wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout

@@ -228,20 +228,41 @@ class LibvirtHost:
         run(["ip", "-n", self.netns, "link", "set", "lo", "up"])
         log.info("libvirt host %s: created network namespace %s", self.name, self.netns)
 
-    def _start_daemons(self) -> None:
+    def _start_daemons(self, daemons: Sequence[str] = ("virtlogd", "libvirtd")) -> None:
         for target in LIBVIRT_SYSTEM_DIRS.values():
             # Bind mounts need their mount point; /run/libvirt does not exist where no system libvirtd ever ran.
             target.mkdir(parents=True, exist_ok=True)
         steps = [["mount", "--bind", str(source), str(target)] for target, source in self._bind_mounts().items()]
-        steps.append(["virtlogd", "--daemon", "--config", "/etc/libvirt/virtlogd.conf",
-                      "--pid-file", str(self._pid_file("virtlogd"))])
-        steps.append(["libvirtd", "--daemon", *(["--listen"] if self._listens() else []),
-                      "--config", "/etc/libvirt/libvirtd.conf", "--pid-file", str(self._pid_file("libvirtd"))])
+        if "virtlogd" in daemons:
+            steps.append(["virtlogd", "--daemon", "--config", "/etc/libvirt/virtlogd.conf",
+                          "--pid-file", str(self._pid_file("virtlogd"))])
+        if "libvirtd" in daemons:
+            steps.append(["libvirtd", "--daemon", *(["--listen"] if self._listens() else []),
+                          "--config", "/etc/libvirt/libvirtd.conf", "--pid-file", str(self._pid_file("libvirtd"))])
         script = " && ".join(shlex.join(step) for step in steps)
         # unshare's default propagation is private: the bind mounts stay inside this host's mount namespace.
         run(["ip", "netns", "exec", self.netns, "unshare", "--mount", "--", "sh", "-ec", script])
-        for daemon in ("virtlogd", "libvirtd"):
+        for daemon in daemons:
             log.info("libvirt host %s: started %s (pid %s) in netns %s", self.name, daemon, self._read_pid(daemon), self.netns)
+
+    def kill_and_restart_libvirtd(self) -> tuple[int, int]:
+        """SIGKILL libvirtd, as a crash or the OOM killer would end it (guests, dnsmasq and virtlogd live on), and start
+        it again in the same namespaces, with the same state folders; returns once it answers. (old pid, new pid)"""
+        old = self._read_pid("libvirtd")
+        if old is None or process_command(old) != "libvirtd":
+            raise LibvirtHostError(f"libvirtd of host {self.name} is not running")
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while process_alive(old):
+            if time.monotonic() > deadline:
+                raise LibvirtHostError(f"libvirtd of host {self.name} (pid {old}) survived SIGKILL")
+            time.sleep(0.05)
+        log.info("libvirt host %s: killed libvirtd (pid %d)", self.name, old)
+        self._start_daemons(("libvirtd",))
+        self._wait_until_answering()
+        new = self._read_pid("libvirtd")
+        assert new is not None
+        return old, new
 
     def _wait_until_answering(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

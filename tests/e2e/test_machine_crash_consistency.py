@@ -1,20 +1,28 @@
-"""The operator dies mid-create (right after the overlay exists, right after the domain is defined); restarted, it
-converges to exactly one running domain and no stray volume, and deletion leaves the host clean."""
+"""A reconcile that dies mid-create (right after the overlay exists, right after the domain is defined) leaves state a
+restarted operator converges from: exactly one running domain and no stray volume, and deletion leaves the host clean.
+
+The fault comes through a dependency the test constructs, never through a switch in production code: the first pass
+is the production reconcile (`reconcile.machine.reconcile`), given a host connection whose libvirt call raises
+`ProcessDied` (a BaseException: no `except Exception`, no status write, no cleanup runs after it, as after a SIGKILL)
+the moment the phase's last host operation has returned. Then the operator itself starts (a fresh process state:
+new connections, an empty cache) and must finish the job. Kills of the operator process from outside, at random
+moments, are tests/e2e/test_chaos.py's.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import uuid
 
 import pytest
-from kubernetes_asyncio import client
+from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import domain_xml, naming
-from capi_libvirt.operator import config as operator_config
+from capi_libvirt.hypervisor import connection, machines
+from capi_libvirt.kube import api
+from capi_libvirt.reconcile import inventory
+from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv import capi_objects
 from guests import refreshed_pool
 
@@ -22,6 +30,10 @@ from fixtures_control_plane import OPERATOR_USER, operator_running
 from waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+class ProcessDied(BaseException):
+    """The operator process ending right here: nothing after this point of the reconcile runs."""
 
 
 def our_objects(host, machine_uid: str) -> dict[str, list[str]]:
@@ -35,28 +47,47 @@ def our_objects(host, machine_uid: str) -> dict[str, list[str]]:
     return {"domains": domains, "volumes": volumes}
 
 
-async def crash_operator_after(phase: str, control_plane, host) -> int:
-    """Run the operator as its own process until the fault point ends it, as a kill would."""
-    env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig_for(OPERATOR_USER)),
-           operator_config.CRASH_AFTER_ENV: phase}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "capi_libvirt", "run", "--host", f"{host.name}={host.uri}", "--standalone",
-        "--health-address", "0", "--metrics-address", "0", env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        return await asyncio.wait_for(process.wait(), timeout=120)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+def dying_after(registry: connection.HostRegistry, host: str, last_operation) -> None:
+    """Make `host`'s connection end the process once `last_operation` (a hypervisor.machines function) returned."""
+    conn = registry.get(host)
+    real_call = conn.call
+
+    async def call(fn, *args, doing: str = ""):
+        result = await real_call(fn, *args, doing=doing)
+        if fn is last_operation:
+            raise ProcessDied(fn.__name__)
+        return result
+
+    conn.call = call  # type: ignore[method-assign]
 
 
-@pytest.mark.parametrize("phase, expected_before_restart", [
-    ("ensure_overlay", {"domains": 0, "volumes": 1}),   # the overlay only
-    ("ensure_domain", {"domains": 1, "volumes": 3}),    # overlay, ISO, empty serial log; defined, never started
-])
+async def run_until_the_process_dies(control_plane, host, namespace: str, name: str, last_operation) -> None:
+    """The production reconcile, as the operator's worker runs it (as OPERATOR_USER), pass after pass until it dies."""
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(control_plane.kubeconfig_for(OPERATOR_USER)),
+                                  client_configuration=configuration)
+    registry = connection.HostRegistry({host.name: host.uri})
+    dying_after(registry, host.name, last_operation)
+    async with client.ApiClient(configuration) as api_client:
+        deps = machine_reconcile.Dependencies(kube=api.KubeAPI(api_client), inventory=inventory.Inventory(registry),
+                                              post_event=lambda *_: None)
+        try:
+            for _ in range(20):
+                await machine_reconcile.reconcile(deps, namespace, name)
+                await asyncio.sleep(0.2)
+            raise AssertionError(f"20 passes and {last_operation.__name__} never ran")
+        except ProcessDied:
+            pass
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, registry.close)
+
+
+@pytest.mark.parametrize("last_operation, expected_before_restart", [
+    (machines.ensure_overlay, {"domains": 0, "volumes": 1}),  # the overlay only
+    (machines.define_domain, {"domains": 1, "volumes": 3}),   # overlay, ISO, empty serial log; defined, never started
+], ids=["after-ensure_overlay", "after-ensure_domain"])
 async def test_restart_after_a_crash_converges_to_one_domain_and_no_stray_volume(
-        phase, expected_before_restart, control_plane, api_client, namespace, libvirt_host, guest_image,
+        last_operation, expected_before_restart, control_plane, api_client, namespace, libvirt_host, guest_image,
         base_image_volume):
     await capi_objects.create_cluster(api_client, namespace, "demo")
     name = f"crash-{uuid.uuid4().hex[:6]}"
@@ -70,10 +101,13 @@ async def test_restart_after_a_crash_converges_to_one_domain_and_no_stray_volume
     async def body():
         return await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines", name)
 
-    assert await crash_operator_after(phase, control_plane, libvirt_host) == operator_config.CRASH_EXIT_CODE
+    await run_until_the_process_dies(control_plane, libvirt_host, namespace, name, last_operation)
     uid = (await body())["metadata"]["uid"]
     before = our_objects(libvirt_host, uid)
     assert {k: len(v) for k, v in before.items()} == expected_before_restart, before
+    if before["domains"]:
+        with libvirt_host.connect() as conn:
+            assert not conn.lookupByUUIDString(before["domains"][0]).isActive()  # died before ensure_running
 
     async with operator_running(control_plane, {libvirt_host.name: libvirt_host.uri}):
         async def running():

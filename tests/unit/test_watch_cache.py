@@ -64,3 +64,17 @@ def test_watch_events_say_whether_they_changed_anything() -> None:
     assert cache.apply("machines", "MODIFIED", body("a", 4))
     assert cache.apply("machines", "DELETED", body("a", 5))
     assert cache.get("machines", "ns", "a") is None
+
+
+def test_a_list_says_which_held_objects_it_dropped_and_their_late_events_stay_ignored() -> None:
+    """What the operator's relist after a lost watch relies on: the dropped keys, and no resurrection by a late event
+    of the old object."""
+    cache = ObjectCache()
+    cache.put("libvirtmachines", body("phantom", 5))
+    cache.put("libvirtmachines", body("kept", 6))
+    cache.put("libvirtmachines", body("newer", 12))
+    assert cache.replace_all("libvirtmachines", [body("kept", 6)], "10") == [("libvirtmachines", "ns", "phantom")]
+    assert cache.get("libvirtmachines", "ns", "phantom") is None
+    assert cache.get("libvirtmachines", "ns", "newer") is not None, "written after the list: kept"
+    assert not cache.apply("libvirtmachines", "MODIFIED", body("phantom", 5))
+    assert cache.get("libvirtmachines", "ns", "phantom") is None

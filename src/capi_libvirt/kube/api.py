@@ -23,7 +23,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from capi_libvirt.api import meta
-from capi_libvirt.kube.cache import ObjectCache
+from capi_libvirt.kube.cache import Key, ObjectCache
 
 CAPI_GROUP, CAPI_VERSION = meta.CAPI_GROUP, meta.CAPI_VERSION
 
@@ -32,6 +32,9 @@ CAPI_GROUP, CAPI_VERSION = meta.CAPI_GROUP, meta.CAPI_VERSION
 logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 MACHINES, CLUSTERS, LIBVIRT_MACHINES = "machines", "clusters", "libvirtmachines"
+# The kinds the cache holds, by plural: (group, version).
+CACHED = {MACHINES: (CAPI_GROUP, CAPI_VERSION), CLUSTERS: (CAPI_GROUP, CAPI_VERSION),
+          LIBVIRT_MACHINES: (meta.GROUP, meta.VERSION)}
 
 
 class Conflict(Exception):
@@ -82,22 +85,25 @@ class KubeAPI:
 
     async def prime(self, namespaces: list[str]) -> None:
         """One LIST of each cached kind (all namespaces, or each watched one) into the cache."""
-        kinds = ((CAPI_GROUP, CAPI_VERSION, MACHINES), (CAPI_GROUP, CAPI_VERSION, CLUSTERS),
-                 (meta.GROUP, meta.VERSION, LIBVIRT_MACHINES))
-        scopes: list[str | None] = [*namespaces] or [None]  # None: all namespaces
-        for group, version, plural in kinds:
-            items: list[dict[str, Any]] = []
-            list_version = None
-            for namespace in scopes:
-                self.calls += 1
-                if namespace is None:
-                    listed = await self.objects.list_cluster_custom_object(group, version, plural)
-                else:
-                    listed = await self.objects.list_namespaced_custom_object(group, version, namespace, plural)
-                items += listed.get("items", [])
-                list_version = listed.get("metadata", {}).get("resourceVersion") if len(namespaces) <= 1 else None
-            self.cache.replace_all(plural, items, list_version)
+        for plural in CACHED:
+            await self.relist(plural, namespaces)
         self.primed = True
+
+    async def relist(self, plural: str, namespaces: list[str]) -> list[Key]:
+        """One LIST of a cached kind into the cache; returns the keys of the objects dropped (held, but gone)."""
+        group, version = CACHED[plural]
+        scopes: list[str | None] = [*namespaces] or [None]  # None: all namespaces
+        items: list[dict[str, Any]] = []
+        list_version = None
+        for namespace in scopes:
+            self.calls += 1
+            if namespace is None:
+                listed = await self.objects.list_cluster_custom_object(group, version, plural)
+            else:
+                listed = await self.objects.list_namespaced_custom_object(group, version, namespace, plural)
+            items += listed.get("items", [])
+            list_version = listed.get("metadata", {}).get("resourceVersion") if len(namespaces) <= 1 else None
+        return self.cache.replace_all(plural, items, list_version)
 
     async def _cached(self, group: str, version: str, plural: str, namespace: str, name: str,
                       fetch_missing: bool = True) -> dict[str, Any] | None:

@@ -60,15 +60,19 @@ class ObjectCache:
             return True
         return self.put(resource, body)
 
-    def replace_all(self, resource: str, bodies: list[dict[str, Any]], list_version: str | None) -> None:
-        """A fresh LIST of the resource: its objects, and none of those held that it no longer has."""
+    def replace_all(self, resource: str, bodies: list[dict[str, Any]], list_version: str | None) -> list[Key]:
+        """A fresh LIST of the resource: its objects, and none of those held that it no longer has (older than the
+        list: one written after it is kept). Returns the keys dropped: objects deleted without an event seen."""
         listed = {key_of(resource, body) for body in bodies}
         version = int(list_version) if list_version and list_version.isdigit() else 1 << 62
+        dropped = []
         for key in [k for k in self._objects if k[0] == resource and k not in listed]:
             if _version(self._objects[key]) <= version:
-                self._objects.pop(key)
+                self.delete(resource, self._objects[key])
+                dropped.append(key)
         for body in bodies:
             self.put(resource, body)
+        return dropped
 
     def items(self, resource: str) -> Iterator[dict[str, Any]]:
         return iter([body for key, body in list(self._objects.items()) if key[0] == resource])

@@ -7,29 +7,24 @@ import os
 import re
 from collections.abc import Sequence
 
-MANAGEMENT_CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")  # a UID, a name: it goes into domain XML
-HOST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label, as status.host and providerIDs take
-HOSTS_ENV = "CAPI_LIBVIRT_HOSTS"  # "name=uri,name=uri"
-CRASH_AFTER_ENV = "CAPI_LIBVIRT_CRASH_AFTER"  # tests only: end the process right after this reconcile phase
-CRASH_EXIT_CODE = 70
-MANAGEMENT_CLUSTER_ENV = "CAPI_LIBVIRT_MANAGEMENT_CLUSTER_ID"  # else the kube-system Namespace's UID
-ORPHAN_GRACE_ENV = "CAPI_LIBVIRT_ORPHAN_GRACE_PERIOD"  # seconds, or "never" (report orphans, never remove them)
-NAMESPACE_ENV = "POD_NAMESPACE"  # the Deployment sets it from the pod's namespace (the downward API)
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
 from capi_libvirt.api import meta
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
 from capi_libvirt.reconcile.machine import ORPHAN_GRACE_S
 from capi_libvirt.reconcile.orphans import INTERVAL_S as ORPHAN_INTERVAL_S
 
+MANAGEMENT_CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")  # a UID, a name: it goes into domain XML
+HOST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label, as status.host and providerIDs take
+HOSTS_ENV = "CAPI_LIBVIRT_HOSTS"  # "name=uri,name=uri"
+MANAGEMENT_CLUSTER_ENV = "CAPI_LIBVIRT_MANAGEMENT_CLUSTER_ID"  # else the kube-system Namespace's UID
+ORPHAN_GRACE_ENV = "CAPI_LIBVIRT_ORPHAN_GRACE_PERIOD"  # seconds, or "never" (report orphans, never remove them)
+NAMESPACE_ENV = "POD_NAMESPACE"  # the Deployment sets it from the pod's namespace (the downward API)
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 DEFAULT_WORKERS = 16  # machine reconciles at once (each mostly waits on libvirt or the API)
 
 
 @dataclasses.dataclass(frozen=True)
 class OperatorConfig:
     hosts: dict[str, str]  # host name (as in providerIDs) -> libvirt URI
-    crash_after: str | None = None  # fault injection: the phase after which the process dies, as a crash would
     workers: int = DEFAULT_WORKERS
     creates_per_host: int = DEFAULT_CREATES_PER_HOST
     # This management cluster's identity in domains' owner metadata (None: the kube-system Namespace's UID). Give it
@@ -39,10 +34,6 @@ class OperatorConfig:
     orphan_interval_s: float = ORPHAN_INTERVAL_S
     # The provider's own namespace: the only one LibvirtHost credentials Secrets may live in (see api.meta).
     provider_namespace: str = meta.PROVIDER_NAMESPACE
-
-    def after_phase(self, phase: str) -> None:
-        if phase == self.crash_after:
-            os._exit(CRASH_EXIT_CODE)  # no cleanup, no finally: what a SIGKILL or an OOM kill leaves behind
 
 
 def parse_hosts(entries: list[str]) -> dict[str, str]:
@@ -97,8 +88,7 @@ def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
     grace = orphan_grace or os.environ.get(ORPHAN_GRACE_ENV)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
-                          crash_after=os.environ.get(CRASH_AFTER_ENV) or None, workers=workers,
-                          creates_per_host=creates_per_host, provider_namespace=provider_namespace(),
+                          workers=workers, creates_per_host=creates_per_host, provider_namespace=provider_namespace(),
                           management_cluster_id=_management_cluster_id(management_cluster_id),
                           orphan_grace_s=ORPHAN_GRACE_S if grace is None else parse_grace_period(grace),
                           orphan_interval_s=orphan_interval_s)

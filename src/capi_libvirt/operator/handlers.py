@@ -41,6 +41,8 @@ MACHINES = kinds.LIBVIRT_MACHINE.plural
 CLUSTERS = kinds.LIBVIRT_CLUSTER.plural
 HOSTS = kinds.LIBVIRT_HOST.plural
 EXIT_TIMEOUT_S = 50  # SIGKILL after this long exiting (kopf's ultimate exit); below the Deployment's grace period
+RELIST_DELAY_S = 1.0  # after kopf's listing of a kind begins: let it end before reading the kind ourselves
+RELIST_ATTEMPTS = 6  # 1 + 2 + 4 + ... seconds apart: an API server coming back
 
 
 class Runtime:
@@ -62,6 +64,38 @@ class Runtime:
         self.election: asyncio.Task | None = None
         self.metrics: metrics.Source | None = None
         deps.host_added = self.wake_host
+        self.relists: dict[str, asyncio.Task] = {}  # a cached kind -> its pending relist (relisted)
+        self.closing = False  # the operator stops: no new background work
+
+    def relisted(self, plural: str) -> None:
+        """kopf lists `plural` (at its start, or because its watch lost track: a "410 Gone" after an API server
+        restart, an outage): what was deleted meanwhile comes as no event at all, and would stay in the cache for the
+        operator's life (counted by placement as allocated). Read the kind ourselves once that listing is over, and
+        drop what is gone. One relist per kind at a time: a listing's many objects ask once."""
+        if plural not in self.relists and not self.closing:
+            self.relists[plural] = asyncio.create_task(self._relist(plural))
+
+    async def _relist(self, plural: str) -> None:
+        delay = RELIST_DELAY_S
+        try:
+            for attempt in range(RELIST_ATTEMPTS):
+                await asyncio.sleep(delay)
+                try:
+                    dropped = await self.deps.kube.relist(plural, self.namespaces)
+                    break
+                except Exception as error:  # noqa: BLE001  the API server is not back yet: again, later
+                    log.warning("re-reading %s failed (%s); attempt %d of %d", plural, type(error).__name__,
+                                attempt + 1, RELIST_ATTEMPTS)
+                    delay *= 2
+            else:
+                return  # kopf's next listing, when its watch recovers, asks again
+        finally:
+            self.relists.pop(plural, None)
+        for _, namespace, name in dropped:
+            log.info("%s %s/%s was deleted while the watch was not looking; dropped", plural, namespace, name)
+            if plural == api.LIBVIRT_MACHINES:
+                self.machines.forget((namespace, name))
+                self.deps.observe.machine_gone(namespace, name)
 
     def wake(self, kind: str, namespace: str, name: str) -> None:
         event = self.wakers.get((kind, namespace, name))
@@ -159,7 +193,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     kube = api.KubeAPI(await api.new_api_client())
     observer = metrics.Observer()
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=EventPoster(kube),
-                                          after_phase=cfg.after_phase, observe=observer,
+                                          observe=observer,
                                           creates_per_host=cfg.creates_per_host,
                                           management_cluster=cfg.management_cluster_id or
                                           await _management_cluster_identity(kube),
@@ -219,7 +253,9 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
     if memo.get("state") is not None:
         memo.state.stopping()
     if runtime is not None:
-        tasks = [task for task in (runtime.machine_worker, runtime.prober, runtime.election) if task is not None]
+        runtime.closing = True
+        tasks = [task for task in (runtime.machine_worker, runtime.prober, runtime.election,
+                                   *runtime.relists.values()) if task is not None]
         for task in tasks:
             task.cancel()
         # Let a probe in flight end before its connection closes under it.
@@ -261,10 +297,12 @@ def _body(event: kopf.RawEvent) -> dict[str, Any]:
 # -- LibvirtMachine, and what a machine waits for: its Machine and its Cluster -------------------------------------
 
 @kopf.on.event(meta.GROUP, meta.VERSION, MACHINES)
-def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+async def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
     body = _body(event)
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    if event["type"] is None:
+        runtime.relisted(api.LIBVIRT_MACHINES)
     if not runtime.deps.kube.cache.apply(api.LIBVIRT_MACHINES, event["type"], body):
         return  # the echo of our own write
     if event["type"] == "DELETED":
@@ -277,19 +315,23 @@ def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> No
 
 
 @kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "machines")
-def owner_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+async def owner_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
     body = _body(event)
     ref = (body.get("spec") or {}).get("infrastructureRef") or {}
+    if event["type"] is None:
+        runtime.relisted(api.MACHINES)
     if runtime.deps.kube.cache.apply(api.MACHINES, event["type"], body) and \
             ref.get("kind") == kinds.LIBVIRT_MACHINE.kind and ref.get("name"):
         runtime.machines.add((body["metadata"]["namespace"], ref["name"]))
 
 
 @kopf.on.event(meta.CAPI_GROUP, meta.CAPI_VERSION, "clusters")
-def cluster_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+async def cluster_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
     body = _body(event)
+    if event["type"] is None:
+        runtime.relisted(api.CLUSTERS)
     if runtime.deps.kube.cache.apply(api.CLUSTERS, event["type"], body):
         runtime.wake_cluster(body["metadata"]["namespace"], body["metadata"]["name"])
 
@@ -334,7 +376,7 @@ async def _sleep_until_woken(waker: asyncio.Event, stopped: kopf.DaemonStopped, 
 
 
 @kopf.on.update(meta.GROUP, meta.VERSION, CLUSTERS)  # type: ignore[arg-type]  # namespaced: see run_cluster
-def libvirt_cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def libvirt_cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     memo.runtime.wake("cluster", namespace, name)
 
 

@@ -94,7 +94,6 @@ class Dependencies:
     inventory: inventory_.Inventory
     post_event: EventSink
     now: Callable[[], str] = utc_now
-    after_phase: Callable[[str], None] = lambda phase: None  # fault injection for crash-consistency tests
     observe: Observer = dataclasses.field(default_factory=Observer)  # metrics: phase durations, pass outcomes
     failures: dict[tuple[str, ...], int] = dataclasses.field(default_factory=dict)  # per machine, for backoff
     placement_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one placement at a time
@@ -598,7 +597,6 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
                     await creating.enter_async_context(deps.creation_slot(p.host or ""))
                 with deps.observe.phase("LibvirtMachine", phase.__name__):
                     await phase(deps, p)
-                deps.after_phase(phase.__name__)
     except Paused:
         await _write_status(deps, p.body, p.status, None, paused=True)
         return None

@@ -1,0 +1,102 @@
+"""A LibvirtMachine deleted while the operator's watch was not looking (kube-apiserver restarted: the watch resumes
+with "410 Gone" and kopf lists again, and a list says nothing of what is gone) must not stay in the cache for the
+operator's life. Found by tests/e2e/test_chaos.py: the phantom counted as allocated on its host, and a machine placed
+later waited forever in InsufficientCapacity. kopf's listing (events of type None) makes the operator read the kind
+itself once, and drop what is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import types
+
+import kopf
+import pytest
+
+from capi_libvirt.kube import api
+from capi_libvirt.kube.cache import ObjectCache
+from capi_libvirt.operator import handlers
+
+pytestmark = pytest.mark.unit
+
+
+def body(name: str, version: int) -> dict:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": str(version)}}
+
+
+class FakeKube:
+    """The API as the relist sees it: each LIST answers `listed`, or fails `failures` times first."""
+
+    def __init__(self, listed: list[dict], failures: int = 0) -> None:
+        self.cache, self.listed, self.failures, self.lists = ObjectCache(), listed, failures, 0
+
+    async def relist(self, plural: str, namespaces: list[str]) -> list:
+        self.lists += 1
+        if self.failures:
+            self.failures -= 1
+            raise OSError("connection refused")
+        return self.cache.replace_all(plural, self.listed, "100")
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.gone: list[tuple[str, str]] = []
+
+    def machine_gone(self, namespace: str, name: str) -> None:
+        self.gone.append((namespace, name))
+
+
+@pytest.fixture(autouse=True)
+def no_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handlers, "RELIST_DELAY_S", 0.0)
+
+
+def runtime_with(kube: FakeKube) -> handlers.Runtime:
+    return handlers.Runtime(types.SimpleNamespace(kube=kube, observe=Observer()))  # type: ignore[arg-type]
+
+
+async def test_a_listing_by_kopf_drops_a_machine_deleted_unseen_and_forgets_its_key() -> None:
+    kube = FakeKube(listed=[body("kept", 50)])
+    runtime = runtime_with(kube)
+    kube.cache.put(api.LIBVIRT_MACHINES, body("phantom", 40))  # its DELETED event was lost with the watch
+    forgotten = []
+    runtime.machines.forget = forgotten.append  # type: ignore[method-assign]
+    memo = kopf.Memo(runtime=runtime)
+    for listed in kube.listed:  # kopf's listing: one event of type None per object, then the watch again
+        await handlers.libvirt_machine_event(event={"type": None, "object": listed}, memo=memo)
+    assert len(runtime.relists) == 1, "a listing asks once, not once per object"
+    await asyncio.gather(*runtime.relists.values())
+    assert kube.lists == 1 and not runtime.relists
+    assert kube.cache.get(api.LIBVIRT_MACHINES, "ns", "phantom") is None
+    assert kube.cache.get(api.LIBVIRT_MACHINES, "ns", "kept") is not None
+    assert forgotten == [("ns", "phantom")] and runtime.deps.observe.gone == [("ns", "phantom")]
+    await runtime.machines.stop()
+
+
+async def test_watch_events_ask_for_no_relist() -> None:
+    kube = FakeKube(listed=[])
+    runtime = runtime_with(kube)
+    memo = kopf.Memo(runtime=runtime)
+    await handlers.libvirt_machine_event(event={"type": "ADDED", "object": body("a", 1)}, memo=memo)
+    await handlers.cluster_event(event={"type": "MODIFIED", "object": body("c", 2)}, memo=memo)
+    assert not runtime.relists
+
+
+async def test_a_relist_the_api_server_refuses_is_tried_again() -> None:
+    kube = FakeKube(listed=[], failures=2)
+    runtime = runtime_with(kube)
+    kube.cache.put(api.CLUSTERS, body("gone", 3))
+    memo = kopf.Memo(runtime=runtime)
+    await handlers.cluster_event(event={"type": None, "object": body("other", 4)}, memo=memo)
+    await asyncio.gather(*runtime.relists.values())
+    assert kube.lists == 3
+    assert kube.cache.get(api.CLUSTERS, "ns", "gone") is None
+
+
+@pytest.mark.parametrize("handler", [handlers.libvirt_machine_event, handlers.owner_machine_event,
+                                     handlers.cluster_event, handlers.libvirt_cluster_changed])
+def test_handlers_that_touch_the_event_loops_objects_run_in_the_event_loop(handler) -> None:
+    """kopf runs a plain `def` handler in a thread of its executor: the work queue (an asyncio.Queue), its timers,
+    the wake-up events and the relist task are the event loop's, and are not thread-safe (a key put from a thread
+    may wait for a worker until something else wakes the loop; a task cannot be made there at all)."""
+    assert inspect.iscoroutinefunction(handler)

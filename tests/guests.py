@@ -1,5 +1,5 @@
-"""What the e2e tests share about guests: the spec of a small TCG guest from the cached image, and what of the
-provider's machines is still on a libvirt host."""
+"""What the e2e tests share about guests: the spec of a small TCG guest from the cached image, what of the
+provider's machines is still on a libvirt host, and a host's state as tests compare it (host_state, owner_of)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 
 import libvirt
 
+from capi_libvirt.core import domain_xml
 from devenv import base_image
 
 REFRESH_ATTEMPTS = 50
@@ -75,3 +76,20 @@ def refreshed_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePoo
                 raise
             time.sleep(0.1)
     return pool
+
+
+def host_state(host) -> dict:
+    """{"domains": {UUID: (name, libvirt ID, state)} of the provider's domains, "volumes": the pool's volumes but base
+    images}: a domain restarted gets another ID, a redefined one another UUID or name."""
+    with host.connect() as conn:
+        domains = {d.UUIDString(): (d.name(), d.ID(), d.state()[0]) for d in conn.listAllDomains()
+                   if domain_xml.parse_owner(d.XMLDesc(0)) is not None}
+        volumes = sorted(v for v in refreshed_pool(conn, host.pool_name).listVolumes()
+                         if not base_image.is_base_volume(v))
+    return {"domains": domains, "volumes": volumes}
+
+
+def owner_of(host, uuid_: str) -> domain_xml.Owner | None:
+    """The provider's owner metadata of the domain `uuid_` (namespace, name, UID, management cluster)."""
+    with host.connect() as conn:
+        return domain_xml.parse_owner(conn.lookupByUUIDString(uuid_).XMLDesc(0))

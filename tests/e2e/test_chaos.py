@@ -30,7 +30,7 @@ from capi_libvirt.reconcile.machine import FINALIZER
 from devenv import capi_objects, ipxe_image, paths
 from devenv import control_plane as cp
 from devenv.chaos_plan import KILLS, Plan, Stage, chaos_seed
-from devenv.domain_events import DefinitionWatch
+from devenv.domain_events import DomainEvents
 from devenv.libvirt_host import LibvirtHost
 from devenv.operator_process import OperatorProcess
 
@@ -182,7 +182,7 @@ async def test_chaos_kills_and_restarts_leave_one_domain_per_machine_and_nothing
             ipxe_image.upload_base(conn, host.pool_name, ipxe_image.ipxe_qcow2(tmp_path))
         configuration = client.Configuration()
         await config.load_kube_config(config_file=str(plane.kubeconfig_path), client_configuration=configuration)
-        watch = DefinitionWatch(host.uri).start()
+        watch = DomainEvents(host.uri).start()
         operator = OperatorProcess(plane.kubeconfig_for(OPERATOR_USER), {HOST: host.uri}, tmp_path / "operator.log")
         try:
             async with client.ApiClient(configuration) as api:

@@ -44,8 +44,9 @@ from capi_libvirt.core import naming
 from devenv import base_image, clusterctl_repository, management_cluster, node_joins, workload_cluster
 from devenv import control_plane as cp
 from devenv import remote_access as ra
+from devenv.domain_events import DomainEvents
 from devenv.libvirt_host import LibvirtHost
-from domain_events import DomainEvents, host_state, owner_of
+from guests import host_state, owner_of
 from kubeadm_workers import create, worker_objects
 
 from prereq import require

@@ -57,7 +57,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     operator_config = config.from_environment(args.host, workers=args.workers,
-                                              creates_per_host=args.creates_per_host)
+                                              creates_per_host=args.creates_per_host,
+                                              probe_interval_s=args.host_probe_interval,
+                                              replace_after_s=args.replace_unreachable_after)
     operator = main.run_operator(args.namespace, operator_config=operator_config,
                                  peering=None if args.standalone else args.peering,
                                  health_address=args.health_address, metrics_address=args.metrics_address)
@@ -93,6 +95,16 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of seconds above 0")
+    return seconds
+
+
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     """Leader election, endpoints, concurrency and log format of `run` (the Deployment's args:
     config/manager/manager.yaml)."""
@@ -109,6 +121,13 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--creates-per-host", type=_positive_int, default=config.DEFAULT_CREATES_PER_HOST, metavar="N",
                      help="machines created on one libvirt host at once; a burst queues behind them "
                           f"(default: {config.DEFAULT_CREATES_PER_HOST})")
+    run.add_argument("--host-probe-interval", type=_positive_seconds, default=config.DEFAULT_PROBE_INTERVAL_S,
+                     metavar="SECONDS", help="probe every libvirt host this often (default: "
+                                             f"{config.DEFAULT_PROBE_INTERVAL_S:g})")
+    run.add_argument("--replace-unreachable-after", type=_positive_seconds, default=config.DEFAULT_REPLACE_AFTER_S,
+                     metavar="SECONDS", help="a machine that never had a domain on its host moves to another host "
+                                             "when that host stays unreachable this long (default: "
+                                             f"{config.DEFAULT_REPLACE_AFTER_S:g})")
     run.add_argument("--health-address", default="0.0.0.0:8081", type=_address, metavar="HOST:PORT",
                      help="serve /healthz and /readyz here (default: 0.0.0.0:8081; 0: off)")
     run.add_argument("--metrics-address", default=":8080", type=_address, metavar="HOST:PORT",

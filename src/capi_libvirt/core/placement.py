@@ -31,6 +31,7 @@ class HostLoad:
     memory_overcommit: float = 1.0  # guest memory allowed per MiB of host memory
     failure_domain: str | None = None
     control_plane: bool = True  # control-plane machines may go here
+    decommissioned: bool = False  # gone for good (LibvirtHost.spec.decommissioned): never a candidate
 
     @property
     def cpu_room(self) -> float:
@@ -66,6 +67,7 @@ class NoHost:
 
 HOST_NOT_FOUND = "HostNotFound"
 HOST_UNREACHABLE = "HostUnreachable"
+HOST_DECOMMISSIONED = "HostDecommissioned"
 INSUFFICIENT_CAPACITY = "InsufficientCapacity"
 NO_HOST_IN_FAILURE_DOMAIN = "NoHostInFailureDomain"
 
@@ -89,6 +91,8 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
         host = by_name.get(request.pinned_host)
         if host is None:
             return NoHost(HOST_NOT_FOUND, f"pinned host {request.pinned_host} is not in the inventory")
+        if host.decommissioned:
+            return NoHost(HOST_DECOMMISSIONED, f"pinned host {host.name} is decommissioned")
         if not host.healthy:
             return NoHost(HOST_UNREACHABLE, f"pinned host {host.name} is not reachable")
         if request.control_plane and not host.control_plane:
@@ -97,7 +101,8 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
             return NoHost(INSUFFICIENT_CAPACITY, f"pinned host cannot take {wanted}: {_shortfall(host, request)}")
         return Placed(host.name, host.failure_domain)
 
-    candidates = [h for h in hosts if h.healthy and (h.control_plane or not request.control_plane)]
+    candidates = [h for h in hosts if h.healthy and not h.decommissioned and
+                  (h.control_plane or not request.control_plane)]
     if request.failure_domain is not None:
         candidates = [h for h in candidates if h.failure_domain == request.failure_domain]
         if not candidates:

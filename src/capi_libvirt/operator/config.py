@@ -13,7 +13,10 @@ CRASH_AFTER_ENV = "CAPI_LIBVIRT_CRASH_AFTER"  # tests only: end the process righ
 CRASH_EXIT_CODE = 70
 
 
+from capi_libvirt.core.outage import DEFAULT_REPLACE_AFTER_S
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
+
+DEFAULT_PROBE_INTERVAL_S = 30.0  # as reconcile.inventory.PROBE_INTERVAL_S (this module stays below reconcile's imports)
 
 DEFAULT_WORKERS = 16  # machine reconciles at once (each mostly waits on libvirt or the API)
 
@@ -24,6 +27,8 @@ class OperatorConfig:
     crash_after: str | None = None  # fault injection: the phase after which the process dies, as a crash would
     workers: int = DEFAULT_WORKERS
     creates_per_host: int = DEFAULT_CREATES_PER_HOST
+    probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S  # how often every host is probed
+    replace_after_s: float = DEFAULT_REPLACE_AFTER_S  # an unreachable host's machines with no domain move after this
 
     def after_phase(self, phase: str) -> None:
         if phase == self.crash_after:
@@ -44,8 +49,11 @@ def parse_hosts(entries: list[str]) -> dict[str, str]:
 
 
 def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_WORKERS,
-                     creates_per_host: int = DEFAULT_CREATES_PER_HOST) -> OperatorConfig:
+                     creates_per_host: int = DEFAULT_CREATES_PER_HOST,
+                     probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+                     replace_after_s: float = DEFAULT_REPLACE_AFTER_S) -> OperatorConfig:
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
                           crash_after=os.environ.get(CRASH_AFTER_ENV) or None, workers=workers,
-                          creates_per_host=creates_per_host)
+                          creates_per_host=creates_per_host, probe_interval_s=probe_interval_s,
+                          replace_after_s=replace_after_s)

@@ -58,6 +58,14 @@ class Runtime:
         self.prober: asyncio.Task | None = None
         self.election: asyncio.Task | None = None
         self.metrics: metrics.Source | None = None
+        deps.wake_host = self.wake_host_machines
+
+    def wake_host_machines(self, host: str) -> None:
+        """Queue every machine placed on `host` (or moved away from it): the host went down, came back, or was
+        decommissioned."""
+        for body in self.deps.kube.cache.items(api.LIBVIRT_MACHINES):
+            if machine_reconcile.recorded_host(body) == host or host in machine_reconcile.former_hosts(body):
+                self.machines.add((body["metadata"]["namespace"], body["metadata"]["name"]))
 
     def wake(self, kind: str, namespace: str, name: str) -> None:
         event = self.wakers.get((kind, namespace, name))
@@ -138,7 +146,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     observer = metrics.Observer()
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=EventPoster(kube),
                                           after_phase=cfg.after_phase, observe=observer,
-                                          creates_per_host=cfg.creates_per_host)
+                                          creates_per_host=cfg.creates_per_host,
+                                          probe_interval_s=cfg.probe_interval_s, replace_after_s=cfg.replace_after_s)
     memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers),
                                   memo.setdefault("state", election.State(None)), observer)
     log.info("static libvirt hosts: %s; LibvirtHost objects add more", ", ".join(hosts.names()) or "none")

@@ -22,17 +22,16 @@ import sys
 import tempfile
 import time
 import urllib.request
-import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
 import libvirt
 
 from capi_libvirt.api import meta
-from devenv import base_image, control_plane, libvirt_host, paths
+from devenv import control_plane, ipxe_guest, libvirt_host, paths
 from devenv.remote_access import RemoteAccess
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-IPXE_ISO = pathlib.Path("/usr/lib/ipxe/ipxe.iso")
+IPXE_ISO = ipxe_guest.IPXE_ISO
 BASE_VOLUME = "bench-ipxe.qcow2"
 NAMESPACE, CLUSTER = "bench", "bench"
 HOST, SUBNET, LINK_INDEX = "bench", "192.168.160.0/22", 160  # room for 1,000 leases; link 198.18.160.0/30
@@ -43,27 +42,15 @@ CPU_OVERCOMMIT = 64.0  # vCPUs per host CPU: the most a LibvirtHost allows, so 1
 
 def machine_spec(pool: str, network: str) -> dict:
     """The LibvirtMachine spec of every bench machine (the floor defines the very same domain)."""
-    return {"image": {"volume": BASE_VOLUME}, "storagePool": pool, "domainType": "qemu", "machineType": "pc",
-            "cpus": 1, "memoryMiB": 128, "diskGiB": 1, "interfaces": [{"network": network}]}
+    return ipxe_guest.machine_spec(BASE_VOLUME, pool, network)
 
 
 def ipxe_qcow2(folder: pathlib.Path) -> pathlib.Path:
-    if not IPXE_ISO.exists():
-        raise SystemExit(f"{IPXE_ISO} is missing: install Debian's ipxe package (make system-deps does)")
-    target = folder / BASE_VOLUME
-    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(IPXE_ISO), str(target)], check=True)
-    return target
+    return ipxe_guest.ipxe_qcow2(folder, BASE_VOLUME)
 
 
 def upload_base(conn: libvirt.virConnect, pool_name: str, image: pathlib.Path) -> None:
-    pool = conn.storagePoolLookupByName(pool_name)
-    volume = ET.Element("volume", type="file")
-    ET.SubElement(volume, "name").text = BASE_VOLUME
-    ET.SubElement(volume, "capacity", unit="bytes").text = str(base_image.qcow2_virtual_size(image))
-    ET.SubElement(ET.SubElement(volume, "target"), "format", type="qcow2")
-    created = pool.createXML(ET.tostring(volume, encoding="unicode"), 0)
-    with image.open("rb") as source:
-        base_image.upload(conn, created, source, image.stat().st_size)
+    ipxe_guest.upload_base(conn, pool_name, image, BASE_VOLUME)
 
 
 class Bed:

@@ -82,15 +82,17 @@ def plain_namespace(control_plane: cp.LocalControlPlane) -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def operator_running(control_plane: cp.LocalControlPlane, hosts: dict[str, str]) -> AsyncIterator[kopf.Memo]:
-    """The operator itself, in the test's event loop, against the test API server and the given libvirt hosts.
+async def operator_running(control_plane: cp.LocalControlPlane, hosts: dict[str, str],
+                           **settings: float) -> AsyncIterator[kopf.Memo]:
+    """The operator itself, in the test's event loop, against the test API server and the given libvirt hosts;
+    `settings` are more of its OperatorConfig (probe_interval_s, replace_after_s).
 
     Yields the operator's memo: `memo.runtime.deps` holds its API and host connections (and their call counters).
     It authenticates as OPERATOR_USER, whose only rights are the ClusterRole the project ships.
     """
     os.environ["KUBECONFIG"] = str(control_plane.kubeconfig_for(OPERATOR_USER))
     stop, memo = asyncio.Event(), kopf.Memo()
-    task = asyncio.create_task(main.run_operator(operator_config=operator_config.OperatorConfig(hosts=hosts),
+    task = asyncio.create_task(main.run_operator(operator_config=operator_config.OperatorConfig(hosts=hosts, **settings),
                                                  stop_flag=stop, memo=memo))
     try:
         yield memo

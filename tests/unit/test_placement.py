@@ -28,6 +28,7 @@ def test_pinned_host_is_taken_when_healthy_with_room():
     ([host("a")], placement.HOST_NOT_FOUND),
     ([host("b", healthy=False)], placement.HOST_UNREACHABLE),
     ([host("b", allocated_memory_mib=16000)], placement.INSUFFICIENT_CAPACITY),
+    ([host("b", decommissioned=True)], placement.HOST_DECOMMISSIONED),
 ])
 def test_pinned_host_that_cannot_take_the_machine_says_why(hosts, reason):
     result = choose_host(dataclasses.replace(SMALL, pinned_host="b"), hosts)
@@ -89,3 +90,10 @@ def test_a_burst_spreads_when_each_placement_counts_the_ones_before_it():
 def test_same_inputs_same_host():
     hosts = [host("b"), host("a"), host("c")]
     assert {choose_host(SMALL, hosts).host for _ in range(5)} == {"a"}
+
+
+def test_a_decommissioned_host_is_never_chosen_even_when_it_looks_healthy_and_emptiest():
+    hosts = [host("a", decommissioned=True), host("b", allocated_memory_mib=8192)]
+    assert choose_host(SMALL, hosts) == Placed("b", None)
+    result = choose_host(SMALL, [host("a", decommissioned=True)])
+    assert isinstance(result, NoHost) and result.reason == placement.HOST_UNREACHABLE

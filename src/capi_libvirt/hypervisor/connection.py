@@ -63,6 +63,10 @@ class HostConnection:
         self._executor = concurrent.futures.ThreadPoolExecutor(THREADS_PER_HOST, thread_name_prefix=f"libvirt-{host}")
         self._lock = threading.Lock()
         self._conn: libvirt.virConnect | None = None
+        # Calls in flight per connection (by id): a connection that broke is closed only once the last call on it
+        # returned, since closing it under another thread's call frees what that call still uses (a segfault).
+        self._in_use: dict[int, int] = {}
+        self._retired: dict[int, libvirt.virConnect] = {}
         self.opened = 0  # how many times a connection was opened: 1 in a healthy life
         self.calls = 0  # operations run on the host (each one or a few libvirt API calls), for the README's numbers
 
@@ -73,6 +77,23 @@ class HostConnection:
 
     def _call_sync(self, fn: Callable[..., T], args: tuple[object, ...], doing: str) -> T:
         conn = self._live_connection()
+        try:
+            return self._call_on(conn, fn, args, doing)
+        finally:
+            self._release(conn)
+
+    def _release(self, conn: libvirt.virConnect) -> None:
+        with self._lock:
+            key = id(conn)
+            self._in_use[key] -= 1
+            if self._in_use[key]:
+                return
+            del self._in_use[key]
+            retired = self._retired.pop(key, None)
+        if retired is not None:
+            self._close_quietly(retired)
+
+    def _call_on(self, conn: libvirt.virConnect, fn: Callable[..., T], args: tuple[object, ...], doing: str) -> T:
         try:
             return fn(conn, *args)
         except libvirt.libvirtError as error:
@@ -85,39 +106,52 @@ class HostConnection:
             raise
 
     def _live_connection(self) -> libvirt.virConnect:
+        """The connection, counted as in use until `_release`."""
         with self._lock:
-            conn = self._conn
-            if conn is not None:
-                try:
-                    if conn.isAlive():
-                        return conn
-                except libvirt.libvirtError:
-                    pass
-                log.warning("connection to host %s broke; re-opening", self.host)
-                self._close_quietly(conn)
-                self._conn = None
-            try:
-                with creds.materialized(self.uri, self.credentials) as uri:
-                    conn = libvirt.open(uri)
-            except libvirt.libvirtError as error:
-                reason = errors.translate(error, self.host, "connect")
-                raise errors.HostUnreachable(reason.message, self.host) from None
-            except creds.CredentialsError as error:
-                raise errors.HostUnreachable(str(error), self.host) from None
-            try:
-                conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
-            except libvirt.libvirtError:
-                pass  # local (unix socket) drivers without keepalive support: nothing to detect there
-            self._conn = conn
-            self.opened += 1
-            log.info("connected to host %s", self.host)
+            conn = self._open_or_reuse()
+            self._in_use[id(conn)] = self._in_use.get(id(conn), 0) + 1
             return conn
+
+    def _open_or_reuse(self) -> libvirt.virConnect:
+        """The live connection, opened when there is none or it broke. Under self._lock."""
+        conn = self._conn
+        if conn is not None:
+            try:
+                if conn.isAlive():
+                    return conn
+            except libvirt.libvirtError:
+                pass
+            log.warning("connection to host %s broke; re-opening", self.host)
+            self._retire(conn)
+        try:
+            with creds.materialized(self.uri, self.credentials) as uri:
+                conn = libvirt.open(uri)
+        except libvirt.libvirtError as error:
+            reason = errors.translate(error, self.host, "connect")
+            raise errors.HostUnreachable(reason.message, self.host) from None
+        except creds.CredentialsError as error:
+            raise errors.HostUnreachable(str(error), self.host) from None
+        try:
+            conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
+        except libvirt.libvirtError:
+            pass  # local (unix socket) drivers without keepalive support: nothing to detect there
+        self._conn = conn
+        self.opened += 1
+        log.info("connected to host %s", self.host)
+        return conn
 
     def _drop(self, conn: libvirt.virConnect) -> None:
         with self._lock:
             if self._conn is conn:
-                self._close_quietly(conn)
-                self._conn = None
+                self._retire(conn)
+
+    def _retire(self, conn: libvirt.virConnect) -> None:
+        """No new call gets `conn`; it is closed by the last call on it to return (now, if none runs). Under the lock."""
+        self._conn = None
+        if self._in_use.get(id(conn)):
+            self._retired[id(conn)] = conn
+        else:
+            self._close_quietly(conn)
 
     @staticmethod
     def _close_quietly(conn: libvirt.virConnect) -> None:

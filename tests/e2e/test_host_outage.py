@@ -65,8 +65,15 @@ def hosts(tmp_path_factory):
 
 
 def set_link(access: ra.RemoteAccess, *, up: bool) -> None:
-    """The host's link as the operator sees it: down, its address has no route (connections fail or hang up)."""
-    run(["ip", "link", "set", access.root_link, "up" if up else "down"])
+    """The host's link as the operator sees it. Down: the link's addresses get an `unreachable` route, so connections
+    fail at once and nothing for them leaves by the default route (without it they would: 198.18.0.0/15 is not
+    private, and something out there answered TLS on it); calls in flight hang until libvirt's keepalive gives up."""
+    if up:
+        run(["ip", "route", "del", "unreachable", str(access.link_network)], check=False)
+        run(["ip", "link", "set", access.root_link, "up"])
+    else:
+        run(["ip", "link", "set", access.root_link, "down"])
+        run(["ip", "route", "replace", "unreachable", str(access.link_network)])
 
 
 def left_on(access: ra.RemoteAccess) -> list[str]:

@@ -769,7 +769,10 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
         # Hosts the machine moved away from first (a re-placement: volumes, never a domain), then its own.
         for former in [host for host in former_hosts(body) if host != host_name]:
             volumes = machine_volumes(namespace, name, uid, pool)
-            if not await _released_from_decommissioned(deps, body, former, None, volumes):
+            if former not in deps.inventory.hosts:  # its LibvirtHost is gone: nobody to ask
+                await _event(deps, body, "Warning", placement.HOST_DECOMMISSIONED,
+                             outage.what_may_remain(former, None, volume_names(volumes)))
+            elif not await _released_from_decommissioned(deps, body, former, None, volumes):
                 await deps.hosts.get(former).call(machines.delete_machine, naming.domain_uuid(uid), uid, volumes,
                                                   namespace, name, doing="delete machine")
         current = host_name or provider_id.parse_provider_id(recorded).host

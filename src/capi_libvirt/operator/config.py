@@ -16,7 +16,7 @@ CRASH_EXIT_CODE = 70
 from capi_libvirt.core.outage import DEFAULT_REPLACE_AFTER_S
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
 
-DEFAULT_PROBE_INTERVAL_S = 30.0  # as reconcile.inventory.PROBE_INTERVAL_S (this module stays below reconcile's imports)
+DEFAULT_PROBE_INTERVAL_S = 30.0  # = reconcile.inventory.PROBE_INTERVAL_S; not imported: `--help` needs no libvirt
 
 DEFAULT_WORKERS = 16  # machine reconciles at once (each mostly waits on libvirt or the API)
 

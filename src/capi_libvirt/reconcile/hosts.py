@@ -122,8 +122,9 @@ async def add_missing_hosts(deps: Dependencies) -> list[str]:
 
 
 async def probe_forever(deps: Dependencies) -> None:
-    """Every host, every `deps.probe_interval_s` (PROBE_INTERVAL_S unless configured), concurrently; a host that does not answer counts as unreachable after
-    inventory.PROBE_TIMEOUT_S, so one dead host delays a round by that much at most. Each round first adds the
+    """Every host, every `deps.probe_interval_s` (PROBE_INTERVAL_S unless configured), concurrently; a host that does
+    not answer counts as unreachable after inventory.PROBE_TIMEOUT_S, so one dead host delays a round by that much at
+    most. Each round first adds the
     LibvirtHosts the inventory lacks (add_missing_hosts)."""
     while True:
         try:

@@ -114,13 +114,15 @@ class Bed:
                       {"status": {"initialization": {"infrastructureProvisioned": True}}},
                       content_type="application/merge-patch+json")
         data = {"ca.crt": folder / "cacert.pem", "tls.crt": folder / "clientcert.pem", "tls.key": folder / "clientkey.pem"}
-        plane.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", {
+        plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": meta.PROVIDER_NAMESPACE}})
+        plane.request("POST", f"/api/v1/namespaces/{meta.PROVIDER_NAMESPACE}/secrets", {  # host credentials live there
             "metadata": {"name": "bench-host"},
             "data": {key: base64.b64encode(path.read_bytes()).decode() for key, path in data.items()}})
         plane.request("POST", f"/apis/{meta.GROUP}/{meta.VERSION}/libvirthosts", {
             "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": self.host_name},
             "spec": {"uri": f"qemu+tls://{self.access.address}/system", "storagePool": self.host.pool_name,
-                     "credentialsSecretRef": {"name": "bench-host", "namespace": NAMESPACE},
+                     "credentialsSecretRef": {"name": "bench-host", "namespace": meta.PROVIDER_NAMESPACE},
+                     "access": {"images": [BASE_VOLUME], "networks": [self.host.network_name]},
                      "overcommit": {"cpu": CPU_OVERCOMMIT}}})
 
     def start_operator(self, extra_args: list[str] = ()) -> None:

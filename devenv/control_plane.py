@@ -320,6 +320,25 @@ class LocalControlPlane:
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
         })
 
+    def bind_in_namespace(self, cluster_role: str, namespace: str, subject: dict) -> None:
+        """A RoleBinding in `namespace` of ClusterRole `cluster_role` to `subject` (an RBAC subject: a User, a
+        ServiceAccount): the role's rights in that namespace alone, as the provider's Secrets role is bound."""
+        self.apply(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": f"{cluster_role}-{subject['name']}", "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [subject],
+        })
+
+    def ensure_namespace(self, name: str) -> None:
+        """Create namespace `name` unless it exists."""
+        try:
+            self.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                         "metadata": {"name": name}})
+        except ControlPlaneError as error:
+            if error.status != 409:
+                raise
+
     # -- a minimal client, enough to install CRDs before any operator runs ------------------------------------
 
     def request(self, method: str, path: str, body: Any = None, accept: str = "application/json",

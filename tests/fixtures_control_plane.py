@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import pathlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import kopf
 import pytest
 import yaml
 from kubernetes_asyncio import client, config
 
+from capi_libvirt.api import meta
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import main
 from devenv import control_plane as cp
@@ -45,12 +48,28 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.Local
 
 
 OPERATOR_USER = "capi-libvirt-operator"
+OPERATOR_SUBJECT = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}
 AUTOSCALER_USER = "e2e-cluster-autoscaler"  # bound only to config/autoscaler's roles (tests/e2e/test_autoscaler.py)
+# The provider's namespace: LibvirtHost credentials Secrets must live here (the operator refuses them elsewhere).
+PROVIDER_NAMESPACE = meta.PROVIDER_NAMESPACE
 
 
 def bind_operator_role(plane: cp.LocalControlPlane) -> None:
-    """The operator in tests runs as a user bound ONLY to config/rbac/role.yaml: a missing rule fails the tests."""
-    plane.grant(yaml.safe_load((REPO / "config" / "rbac" / "role.yaml").read_text()), OPERATOR_USER)
+    """The operator in tests runs as a user bound ONLY to what config/rbac ships: the ClusterRole (role.yaml) by a
+    ClusterRoleBinding, and the Secrets ClusterRole (secrets_role.yaml) by a RoleBinding in the provider's namespace
+    only, as secrets_role_binding.yaml binds it. A missing rule fails the tests; a namespace whose Secrets the operator
+    must read gets its RoleBinding from `allow_secrets`, the documented way."""
+    rbac = REPO / "config" / "rbac"
+    plane.grant(yaml.safe_load((rbac / "role.yaml").read_text()), OPERATOR_USER)
+    plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterroles", yaml.safe_load((rbac / "secrets_role.yaml").read_text()))
+    plane.ensure_namespace(PROVIDER_NAMESPACE)
+    allow_secrets(plane, PROVIDER_NAMESPACE)
+
+
+def allow_secrets(plane: cp.LocalControlPlane, namespace: str) -> None:
+    """What a user does for each namespace whose machines the provider serves (the cluster templates carry it for the
+    ServiceAccount): a RoleBinding there of the Secrets ClusterRole, here to the tests' operator user."""
+    plane.bind_in_namespace(meta.SECRETS_CLUSTER_ROLE, namespace, OPERATOR_SUBJECT)
 
 
 @pytest.fixture(scope="session")
@@ -62,11 +81,12 @@ async def api_client(control_plane: cp.LocalControlPlane) -> AsyncIterator[clien
 
 
 @pytest.fixture
-async def namespace(api_client: client.ApiClient) -> AsyncIterator[str]:
-    """A fresh namespace per test, deleted afterwards."""
+async def namespace(api_client: client.ApiClient, control_plane: cp.LocalControlPlane) -> AsyncIterator[str]:
+    """A fresh namespace per test, whose Secrets the operator may read (allow_secrets), deleted afterwards."""
     name = f"test-{uuid.uuid4().hex[:8]}"
     core = client.CoreV1Api(api_client)
     await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    allow_secrets(control_plane, name)
     yield name
     await core.delete_namespace(name)
 
@@ -77,22 +97,28 @@ def plain_namespace(control_plane: cp.LocalControlPlane) -> Iterator[str]:
     name = f"plain-{uuid.uuid4().hex[:8]}"
     control_plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                          "metadata": {"name": name}})
+    allow_secrets(control_plane, name)
     yield name
     control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
 
 
 @contextlib.asynccontextmanager
 async def operator_running(control_plane: cp.LocalControlPlane, hosts: dict[str, str],
-                           **settings: float) -> AsyncIterator[kopf.Memo]:
-    """The operator itself, in the test's event loop, against the test API server and the given libvirt hosts;
-    `settings` are more of its OperatorConfig (probe_interval_s, replace_after_s).
+                           config: operator_config.OperatorConfig | None = None,
+                           **settings: Any) -> AsyncIterator[kopf.Memo]:
+    """The operator itself, in the test's event loop, against the test API server and the given libvirt hosts
+    (or with `config`, which then names the hosts itself); `settings` are more of its OperatorConfig
+    (probe_interval_s, replace_after_s, ...), set over `config` when both are given.
 
     Yields the operator's memo: `memo.runtime.deps` holds its API and host connections (and their call counters).
     It authenticates as OPERATOR_USER, whose only rights are the ClusterRole the project ships.
     """
     os.environ["KUBECONFIG"] = str(control_plane.kubeconfig_for(OPERATOR_USER))
     stop, memo = asyncio.Event(), kopf.Memo()
-    task = asyncio.create_task(main.run_operator(operator_config=operator_config.OperatorConfig(hosts=hosts, **settings),
+    config = config if config is not None else operator_config.OperatorConfig(hosts=hosts)
+    if settings:
+        config = dataclasses.replace(config, **settings)
+    task = asyncio.create_task(main.run_operator(operator_config=config,
                                                  stop_flag=stop, memo=memo))
     try:
         yield memo

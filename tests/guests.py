@@ -3,6 +3,7 @@ provider's machines is still on a libvirt host."""
 
 from __future__ import annotations
 
+import pathlib
 import time
 
 import libvirt
@@ -27,6 +28,14 @@ def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
         "kernelBoot": {"kernel": str(guest_image.kernel), "initrd": str(guest_image.initrd),
                        "cmdline": "root=/dev/vda rw console=ttyS0"},
     }
+
+
+def host_access(spec: dict) -> dict:
+    """A LibvirtHost's spec.access that allows exactly what `spec` (a machine_spec) uses: its base image, network and
+    the folders of its kernel and initrd (tenants may use nothing of a host that is not listed)."""
+    folders = {str(pathlib.PurePosixPath(spec["kernelBoot"][key]).parent) + "/" for key in ("kernel", "initrd")}
+    return {"images": [spec["image"]["volume"]], "networks": [nic["network"] for nic in spec["interfaces"]],
+            "hostPaths": sorted(folders)}
 
 
 def host_objects(host, uuid_: str, names: list[str]) -> list[str]:

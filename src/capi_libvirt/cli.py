@@ -59,7 +59,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     operator_config = config.from_environment(args.host, workers=args.workers,
                                               creates_per_host=args.creates_per_host,
                                               probe_interval_s=args.host_probe_interval,
-                                              replace_after_s=args.replace_unreachable_after)
+                                              replace_after_s=args.replace_unreachable_after,
+                                              management_cluster_id=args.management_cluster_id,
+                                              orphan_grace=args.orphan_grace_period)
     operator = main.run_operator(args.namespace, operator_config=operator_config,
                                  peering=None if args.standalone else args.peering,
                                  health_address=args.health_address, metrics_address=args.metrics_address)
@@ -105,6 +107,25 @@ def _positive_seconds(value: str) -> float:
     return seconds
 
 
+def _management_cluster_id(value: str) -> str:
+    from capi_libvirt.operator import config
+
+    try:
+        return config.check_management_cluster_id(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _grace_period(value: str) -> str:
+    from capi_libvirt.operator import config
+
+    try:
+        config.parse_grace_period(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected seconds (>= 0) or 'never'") from None
+    return value
+
+
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     """Leader election, endpoints, concurrency and log format of `run` (the Deployment's args:
     config/manager/manager.yaml)."""
@@ -128,6 +149,13 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
                      metavar="SECONDS", help="a machine that never had a domain on its host moves to another host "
                                              "when that host stays unreachable this long (default: "
                                              f"{config.DEFAULT_REPLACE_AFTER_S:g})")
+    run.add_argument("--management-cluster-id", type=_management_cluster_id, metavar="ID",
+                     help=f"this management cluster's identity in domains' owner metadata (default: "
+                          f"${config.MANAGEMENT_CLUSTER_ENV}, else the kube-system Namespace's UID)")
+    run.add_argument("--orphan-grace-period", type=_grace_period, metavar="SECONDS|never",
+                     help="remove a domain this management cluster made whose LibvirtMachine is gone once it has "
+                          f"been orphaned this long; never: report only (default: ${config.ORPHAN_GRACE_ENV}, else "
+                          f"{config.ORPHAN_GRACE_S:.0f})")
     run.add_argument("--health-address", default="0.0.0.0:8081", type=_address, metavar="HOST:PORT",
                      help="serve /healthz and /readyz here (default: 0.0.0.0:8081; 0: off)")
     run.add_argument("--metrics-address", default=":8080", type=_address, metavar="HOST:PORT",

@@ -35,14 +35,14 @@ from typing import TypeVar
 
 import pytest
 
-from capi_libvirt.api import meta, release
+from capi_libvirt.api import meta, release, templates
 from capi_libvirt.core import naming
 from devenv import autoscaling, base_image, capi_objects, clusterctl_init, clusterctl_repository, paths, pod_runner
 from devenv import capi_controller as capi
 from devenv import control_plane as cp
 from devenv import remote_access as ra
 from devenv.libvirt_host import LibvirtHost
-from guests import host_objects, machine_spec
+from guests import host_access, host_objects, machine_spec
 
 import waiting
 from prereq import require
@@ -221,14 +221,21 @@ def create_objects(plane: cp.LocalControlPlane, access: ra.RemoteAccess, spec: d
     LibvirtMachineTemplate, Cluster, MachineDeployment (1 replica)."""
     plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": NAMESPACE}})
-    plane.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", {
+    # The host's credentials in the provider's namespace, where clusterctl init put it and its Secrets RoleBinding;
+    # the cluster's namespace gets the RoleBinding the cluster templates carry (templates.secrets_binding).
+    plane.request("POST", f"/api/v1/namespaces/{meta.PROVIDER_NAMESPACE}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": HOST},
         "data": {"ssh-privatekey": base64.b64encode(access.ssh_key.read_bytes()).decode(),
                  "known_hosts": base64.b64encode(access.known_hosts.read_bytes()).decode()}})
+    binding = templates.secrets_binding()
+    binding["metadata"] = {"name": f"{CLUSTER}-{meta.SECRETS_CLUSTER_ROLE}", "namespace": NAMESPACE}
+    binding["subjects"][0]["namespace"] = meta.PROVIDER_NAMESPACE
+    plane.apply(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings", binding)
     plane.request("POST", f"{INFRA}/libvirthosts", {
         "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": HOST},
         "spec": {"uri": f"qemu+ssh://root@{access.address}/system", "storagePool": access.host.pool_name,
-                 "credentialsSecretRef": {"name": HOST, "namespace": NAMESPACE}}})
+                 "access": host_access(spec),
+                 "credentialsSecretRef": {"name": HOST, "namespace": meta.PROVIDER_NAMESPACE}}})
     plane.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
         "metadata": {"name": SECRET, "labels": {meta.CLUSTER_NAME_LABEL: CLUSTER}},

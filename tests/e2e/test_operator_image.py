@@ -31,7 +31,7 @@ from clusterctl_cli import VERSION, clusterctl
 from devenv import base_image, capi_objects, pod_runner
 from devenv import remote_access as ra
 from devenv.libvirt_host import LibvirtHost
-from guests import host_objects, machine_spec
+from guests import host_access, host_objects, machine_spec
 
 from prereq import require
 from waiting import wait_until
@@ -77,14 +77,21 @@ async def test_the_image_installed_from_the_components_provisions_over_qemu_ssh_
     print(f"\n[image] applied {len(applied)} objects of the components; image {operator_image}")
 
     objects, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
-    await core.create_namespaced_secret(namespace, client.V1Secret(
+    # The host's credentials in the provider's namespace (the components' RoleBinding lets the ServiceAccount read
+    # them); the test namespace's bootstrap Secret through a RoleBinding there, as the cluster templates carry it.
+    provider_namespace = deployment["metadata"]["namespace"]
+    account = {"kind": "ServiceAccount", "namespace": provider_namespace,
+               "name": deployment["spec"]["template"]["spec"]["serviceAccountName"]}
+    control_plane.bind_in_namespace(meta.SECRETS_CLUSTER_ROLE, namespace, account)
+    await core.create_namespaced_secret(provider_namespace, client.V1Secret(
         metadata=client.V1ObjectMeta(name=HOST), data={
             "ssh-privatekey": base64.b64encode(access.ssh_key.read_bytes()).decode(),
             "known_hosts": base64.b64encode(access.known_hosts.read_bytes()).decode()}))
     await objects.create_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", {
         "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": HOST},
         "spec": {"uri": f"qemu+ssh://root@{access.address}/system", "storagePool": host.pool_name,
-                 "credentialsSecretRef": {"name": HOST, "namespace": namespace}}})
+                 "access": host_access(machine_spec(host, guest_image, volume)),
+                 "credentialsSecretRef": {"name": HOST, "namespace": provider_namespace}}})
     marker = f"marker-image-{uuid.uuid4().hex[:10]}"
     pod = pod_runner.PodmanPod(control_plane, deployment["metadata"]["namespace"], deployment["metadata"]["name"],
                                tmp_path / "pod")
@@ -152,6 +159,7 @@ async def test_the_image_installed_from_the_components_provisions_over_qemu_ssh_
         assert secret_line not in logs and marker not in logs
     finally:
         pod.stop()
+        await core.delete_namespaced_secret(HOST, provider_namespace)
         # The shared API server gets back what it had: other tests apply these components with other field managers.
         # The ClusterRole stays: it is config/rbac's, which the session's operator user is bound to (OPERATOR_USER).
         control_plane.delete_objects(components, keep=("CustomResourceDefinition", "Namespace", "ClusterRole"))

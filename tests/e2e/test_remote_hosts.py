@@ -25,9 +25,9 @@ from capi_libvirt.hypervisor.connection import THREADS_PER_HOST
 from devenv import base_image, capi_objects
 from devenv import remote_access as ra
 from devenv.libvirt_host import LibvirtHost
-from guests import host_objects, machine_spec
+from guests import host_access, host_objects, machine_spec
 
-from fixtures_control_plane import operator_running
+from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from prereq import require
 from waiting import wait_until
 
@@ -68,14 +68,15 @@ async def test_machines_boot_and_are_deleted_over_qemu_ssh_and_qemu_tls(
     objects, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
     await capi_objects.create_cluster(api_client, namespace, "remote", infrastructure_kind="ProxmoxCluster")
     machines, markers = {}, {}
-    for transport in TRANSPORTS:
-        await core.create_namespaced_secret(namespace, client.V1Secret(
+    for transport in TRANSPORTS:  # credentials in the provider's namespace, the only one they may be in
+        await core.create_namespaced_secret(PROVIDER_NAMESPACE, client.V1Secret(
             metadata=client.V1ObjectMeta(name=f"remote-{transport}"),
             data={k: base64.b64encode(v).decode() for k, v in credentials(access, transport).items()}))
         await objects.create_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", {
             "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": f"remote-{transport}"},
             "spec": {"uri": host_uri(access, transport), "storagePool": host.pool_name,
-                     "credentialsSecretRef": {"name": f"remote-{transport}", "namespace": namespace}}})
+                     "access": host_access(machine_spec(host, guest_image, volume)),
+                     "credentialsSecretRef": {"name": f"remote-{transport}", "namespace": PROVIDER_NAMESPACE}}})
     async with operator_running(control_plane, {}) as memo:
         try:
             for transport in TRANSPORTS:

@@ -177,6 +177,10 @@ def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: 
         capture_output=True, text=True, timeout=60).stdout
     binding = next(d for d in documents if d["kind"] == "ClusterRoleBinding")
     assert {s["namespace"] for s in binding["subjects"]} == {namespace}
+    # Secrets only through RoleBindings: the one of the host credentials sits in the provider's namespace.
+    secrets = next(d for d in documents if d["kind"] == "RoleBinding")
+    assert (secrets["metadata"]["namespace"], secrets["roleRef"]["name"]) == (namespace, "capi-libvirt-secrets")
+    assert {s["namespace"] for s in secrets["subjects"]} == {namespace}
 
     cache: dict[str, Any] = {}
     [namespace_object] = [d for d in documents if d["kind"] == "Namespace"]
@@ -208,6 +212,7 @@ COMMON_OPTIONAL = {
     "LIBVIRT_WORKER_CPUS": '"2"',
     "LIBVIRT_WORKER_MEMORY_MIB": '"4096"',
     "LIBVIRT_DISK_GIB": '"20"',
+    "CAPI_LIBVIRT_NAMESPACE": '"capi-libvirt-system"',  # the provider's, for the RoleBinding that lets it read Secrets
 }
 FLAVOR_OPTIONAL = {
     "": {"WORKER_MACHINE_COUNT": "0"},
@@ -216,11 +221,11 @@ FLAVOR_OPTIONAL = {
 }
 FLAVOR_KINDS = {
     "": {"Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
-         "MachineDeployment": 1, "KubeadmConfigTemplate": 1},
+         "MachineDeployment": 1, "KubeadmConfigTemplate": 1, "RoleBinding": 1},
     "autoscaler": {"Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
-                   "MachineDeployment": 1, "KubeadmConfigTemplate": 1},
+                   "MachineDeployment": 1, "KubeadmConfigTemplate": 1, "RoleBinding": 1},
     "clusterclass": {"ClusterClass": 1, "LibvirtClusterTemplate": 1, "KubeadmControlPlaneTemplate": 1,
-                     "LibvirtMachineTemplate": 2, "KubeadmConfigTemplate": 1, "Cluster": 1},
+                     "LibvirtMachineTemplate": 2, "KubeadmConfigTemplate": 1, "Cluster": 1, "RoleBinding": 1},
 }
 
 
@@ -269,7 +274,7 @@ def test_generated_cluster_applies_to_the_api_server(flavor: str, repository: pa
     assert {d["metadata"]["namespace"] for d in documents} == {target_namespace}
     present = {(d["apiVersion"].split("/")[0], d["kind"], d["metadata"]["name"]) for d in documents}
     for document in documents:
-        for ref in _refs(document["spec"]):
+        for ref in _refs(document.get("spec", {})):
             group = ref.get("apiGroup") or ref["apiVersion"].split("/")[0]
             assert (group, ref["kind"], ref["name"]) in present, f"{document['kind']}: {ref} dangles"
     for spec in [d["spec"]["template"]["spec"] for d in documents if d["kind"] == "LibvirtMachineTemplate"]:
@@ -288,7 +293,7 @@ def test_generated_cluster_applies_to_the_api_server(flavor: str, repository: pa
 
 
 def _node_registrations(document: dict) -> list[dict]:
-    spec = document["spec"]
+    spec = document.get("spec", {})
     config = {"KubeadmControlPlane": lambda: spec["kubeadmConfigSpec"],
               "KubeadmControlPlaneTemplate": lambda: spec["template"]["spec"]["kubeadmConfigSpec"],
               "KubeadmConfigTemplate": lambda: spec["template"]["spec"]}.get(document["kind"])

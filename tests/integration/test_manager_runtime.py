@@ -31,7 +31,7 @@ from capi_libvirt.api import meta
 from capi_libvirt.operator import election, metrics
 from devenv import control_plane as cp
 
-from fixtures_control_plane import OPERATOR_USER, REPO
+from fixtures_control_plane import OPERATOR_USER, PROVIDER_NAMESPACE, REPO
 from waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -271,10 +271,11 @@ async def test_namespace_flag_watches_only_that_namespace(api_client, peering, o
 # -- structured logs ---------------------------------------------------------------------------------------------------
 
 @contextlib.asynccontextmanager
-async def host_with_credentials(api_client: client.ApiClient, namespace: str) -> AsyncIterator[str]:
+async def host_with_credentials(api_client: client.ApiClient) -> AsyncIterator[str]:
     """A LibvirtHost over qemu+tls to a closed port, its credentials Secret holding MARKER in every key; removed
     at the end, which needs a running operator to take its finalizer off."""
     name = f"json-logs-{uuid.uuid4().hex[:6]}"
+    namespace = PROVIDER_NAMESPACE  # where host credentials must live
     await client.CoreV1Api(api_client).create_namespaced_secret(namespace, client.V1Secret(
         metadata=client.V1ObjectMeta(name=name),
         data={key: base64.b64encode(FAKE_PEM).decode() for key in ("ca.crt", "tls.crt", "tls.key")}))
@@ -288,6 +289,7 @@ async def host_with_credentials(api_client: client.ApiClient, namespace: str) ->
     finally:
         await objects.delete_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name)
         await wait_until("the LibvirtHost to be removed", lambda: _host_gone(objects, name), DEADLINE_S)
+        await client.CoreV1Api(api_client).delete_namespaced_secret(name, namespace)
 
 
 async def _host_gone(objects: client.CustomObjectsApi, name: str) -> bool:
@@ -298,7 +300,7 @@ async def _host_gone(objects: client.CustomObjectsApi, name: str) -> bool:
 async def test_json_logs_are_json_lines_without_credentials(api_client, operators, namespace) -> None:
     operator = operators("--standalone", "--log-format", "json", verbose=True)
     assert (await operator.wait_ready())["role"] == election.STANDALONE
-    async with host_with_credentials(api_client, namespace) as name:
+    async with host_with_credentials(api_client) as name:
         async def refused() -> dict | None:
             body = await client.CustomObjectsApi(api_client).get_cluster_custom_object(
                 meta.GROUP, meta.VERSION, "libvirthosts", name)

@@ -8,7 +8,6 @@ import base64
 import collections
 import logging
 import shutil
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,7 +18,7 @@ from devenv import capi_objects
 from devenv import remote_access as ra
 from devenv.libvirt_host import LibvirtHost
 
-from fixtures_control_plane import operator_running
+from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from prereq import require
 from waiting import wait_until
 
@@ -28,6 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 DEADLINE_S = 90.0
 MERGE = {"_content_type": "application/merge-patch+json"}
 POOL = NETWORK = "capi-libvirt"  # the test hosts' pool and network
+MISSING_BASE = "missing-base.qcow2"  # no such volume: placement is what is tested, nothing boots
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,8 @@ async def make_host(api_client, name: str, uri: str, secret_ns: str, secret: str
     await client.CustomObjectsApi(api_client).create_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", {
         "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": name},
         "spec": {"uri": uri, "credentialsSecretRef": {"name": secret, "namespace": secret_ns},
-                 "failureDomain": failure_domain, "storagePool": POOL}})
+                 "failureDomain": failure_domain, "storagePool": POOL,
+                 "access": {"images": [MISSING_BASE], "networks": [NETWORK]}}})
 
 
 async def host_status(api_client, name: str) -> dict:
@@ -97,8 +98,7 @@ def collected_logs():
 async def inventory(control_plane, api_client, remote_hosts, collected_logs) -> AsyncIterator[dict]:
     """Two LibvirtHosts (kvm-tls in rack-a over qemu+tls, kvm-ssh in rack-b over qemu+ssh) and a running operator."""
     tls, ssh = remote_hosts
-    secrets_ns = f"hosts-{uuid.uuid4().hex[:6]}"
-    await client.CoreV1Api(api_client).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=secrets_ns)))
+    secrets_ns = PROVIDER_NAMESPACE  # where host credentials must live
     await make_secret(api_client, secrets_ns, "kvm-tls", tls_secret(tls))
     await make_secret(api_client, secrets_ns, "kvm-ssh", ssh_secret(ssh))
     async with operator_running(control_plane, {}):
@@ -151,7 +151,7 @@ async def test_a_wrong_host_key_or_certificate_is_refused_with_a_clear_condition
 
 
 def machine_spec(**changes) -> dict:
-    return {"image": {"volume": "missing-base.qcow2"}, "storagePool": POOL, "domainType": "qemu", "cpus": 1,
+    return {"image": {"volume": MISSING_BASE}, "storagePool": POOL, "domainType": "qemu", "cpus": 1,
             "memoryMiB": 512, "interfaces": [{"network": NETWORK}], **changes}
 
 

@@ -17,7 +17,7 @@ from kubernetes_asyncio import client
 from capi_libvirt.api import meta
 from devenv import control_plane as cp
 
-from fixtures_control_plane import operator_running
+from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -57,11 +57,12 @@ async def test_a_copied_template_gets_its_capacity(api_client, namespace, operat
 async def test_a_copied_host_joins_the_inventory(api_client, namespace, operator) -> None:
     objects = client.CustomObjectsApi(api_client)
     suffix = uuid.uuid4().hex[:6]
-    await client.CoreV1Api(api_client).create_namespaced_secret(namespace, client.V1Secret(
-        metadata=client.V1ObjectMeta(name="creds"),
+    creds = f"move-creds-{suffix}"  # in the provider's namespace, the only one host credentials may be in
+    await client.CoreV1Api(api_client).create_namespaced_secret(PROVIDER_NAMESPACE, client.V1Secret(
+        metadata=client.V1ObjectMeta(name=creds),
         data={key: base64.b64encode(FAKE_PEM).decode() for key in ("ca.crt", "tls.crt", "tls.key")}))
     spec = {"uri": f"qemu+tls://127.0.0.1:{cp.free_port()}/system",
-            "credentialsSecretRef": {"name": "creds", "namespace": namespace}}
+            "credentialsSecretRef": {"name": creds, "namespace": PROVIDER_NAMESPACE}}
 
     async def host(name: str) -> dict:
         return await objects.get_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name)
@@ -88,6 +89,7 @@ async def test_a_copied_host_joins_the_inventory(api_client, namespace, operator
         [ready] = [c for c in copied["status"]["conditions"] if c["type"] == "Ready"]
         assert ready["reason"] == "HostUnreachable"  # probed: a closed port
     finally:
+        await client.CoreV1Api(api_client).delete_namespaced_secret(creds, PROVIDER_NAMESPACE)
         for name in (source_name, copy_name):
             try:
                 await objects.delete_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name)

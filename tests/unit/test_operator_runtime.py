@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 
 from capi_libvirt import cli
 from capi_libvirt.operator import election, endpoints, logs, metrics
+from capi_libvirt.reconcile import inventory as inventory_
 from capi_libvirt.reconcile import machine as machine_reconcile
 
 pytestmark = pytest.mark.unit
@@ -170,7 +171,8 @@ def fake_source(observer: metrics.Observer, state: election.State) -> metrics.So
     connections = {"kvm1": types.SimpleNamespace(opened=2, calls=7), "kvm2": types.SimpleNamespace(opened=0, calls=0)}
     inventory = types.SimpleNamespace(
         hosts={"kvm1": types.SimpleNamespace(reachable=True), "kvm2": types.SimpleNamespace(reachable=False)},
-        registry=types.SimpleNamespace(get=connections.__getitem__))
+        registry=types.SimpleNamespace(get=connections.__getitem__),
+        orphans={"kvm1": inventory_.OrphanRecord(pending=2, kept=1, stray_volumes=3)})
     return metrics.Source(observer, inventory, state)
 
 
@@ -216,9 +218,14 @@ def test_the_machine_reconcile_reports_outcomes_and_phases_per_host(no_other_ope
         assert value("capi_libvirt_host_connections_opened_total", host="kvm1") == 2
         assert value("capi_libvirt_host_operations_total", host="kvm1") == 7
         assert value("capi_libvirt_leader") == 1
+        assert [value("capi_libvirt_orphans", host="kvm1", state=state)
+                for state in ("pending", "kept", "stray_volume")] == [2, 1, 3]
     finally:
         metrics.detach(source)
     assert value("capi_libvirt_host_reachable", host="kvm1") == 0  # gone with its operator
+    removed_before = value("capi_libvirt_orphans_removed_total", host="kvm1", kind="volume")
+    observer.orphans_removed("kvm1", 1, 2)
+    assert value("capi_libvirt_orphans_removed_total", host="kvm1", kind="volume") == removed_before + 2
 
 
 def test_a_standby_reports_no_machines_and_no_leadership(no_other_operator) -> None:

@@ -25,7 +25,7 @@ def outage_deps(record: str | None, state: outage.HostState):
     deps.inventory.hosts = {"kvm1": types.SimpleNamespace(spec=types.SimpleNamespace(failure_domain=None,
                                                                                      decommissioned=False),
                                                           reachable=False)}
-    deps.inventory.loads = lambda allocated: [
+    deps.inventory.loads = lambda allocated, namespace=None, spec=None: [
         placement.HostLoad("kvm1", healthy=False, cpus=8, memory_mib=16384),
         placement.HostLoad("kvm2", healthy=True, cpus=8, memory_mib=16384, failure_domain="rack-b")]
 
@@ -82,3 +82,22 @@ async def test_deleting_a_machine_of_a_decommissioned_host_releases_it_without_t
     assert host.calls == []
     assert events == [placement.HOST_DECOMMISSIONED]
     assert deps.kube.patches[-1]["metadata"]["finalizers"] is None
+
+
+async def test_a_machine_is_only_replaced_onto_a_host_whose_access_rules_allow_it():
+    """Re-placement goes through placement with the machine's namespace and spec: a host that refuses the tenant is
+    no way out of an outage (the machine waits; refusing hosts are not named to the tenant, as in placement)."""
+    deps, p, events = outage_deps(outage.NEVER_DEFINED, outage.HostState(unreachable_for=31.0))
+    asked = []
+
+    def loads(allocated, namespace=None, spec=None):
+        asked.append((namespace, spec))
+        return [placement.HostLoad("kvm1", healthy=False, cpus=8, memory_mib=16384),
+                placement.HostLoad("kvm2", healthy=True, cpus=8, memory_mib=16384,
+                                   refusal="host kvm2 does not allow namespace ns")]
+    deps.inventory.loads = loads
+    with pytest.raises(machine_reconcile.Wait) as waited:
+        await machine_reconcile.choose_host(deps, p)
+    assert waited.value.reason == placement.HOST_UNREACHABLE
+    assert "no other host: no healthy host" in waited.value.message and "kvm2" not in waited.value.message
+    assert asked == [(p.namespace, p.spec)] and deps.kube.patches == [] and events == []

@@ -109,7 +109,9 @@ def _object_schema(kind: kinds.Kind) -> dict[str, Any]:
         "spec": structural(kind.spec),
     }
     if kind.spec_validations is not None:
-        properties["spec"]["x-kubernetes-validations"] = kind.spec_validations(properties["spec"])
+        # After the model's own rules (on its spec model), the kind's (immutability, computed from the schema).
+        rules = properties["spec"].pop("x-kubernetes-validations", [])
+        properties["spec"]["x-kubernetes-validations"] = rules + kind.spec_validations(properties["spec"])
     if kind.status is not None:
         properties["status"] = structural(kind.status)
     return {"type": "object", "description": kind.description, "properties": properties, "required": ["spec"]}

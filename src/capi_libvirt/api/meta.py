@@ -17,6 +17,13 @@ CAPI_VERSION = "v1beta2"
 CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
 PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
 
+# The provider's namespace, ServiceAccount and the ClusterRole that lets it read Secrets: bound only by RoleBindings,
+# one in the provider's namespace (LibvirtHost credentials live there) and one in each namespace it serves (bootstrap
+# data, <cluster>-kubeconfig), which the cluster templates ship (config/rbac, api.templates).
+PROVIDER_NAMESPACE = "capi-libvirt-system"
+PROVIDER_SERVICE_ACCOUNT = "capi-libvirt-manager"
+SECRETS_CLUSTER_ROLE = "capi-libvirt-secrets"
+
 # A DNS-1123 label / subdomain: what Kubernetes accepts for names, and what we accept for host and pool names.
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"

@@ -56,6 +56,7 @@ CONTROL_PLANE_MEMORY_MIB = "${LIBVIRT_CONTROL_PLANE_MEMORY_MIB:=4096}"
 WORKER_CPUS = "${LIBVIRT_WORKER_CPUS:=2}"
 WORKER_MEMORY_MIB = "${LIBVIRT_WORKER_MEMORY_MIB:=4096}"
 DISK_GIB = "${LIBVIRT_DISK_GIB:=20}"
+PROVIDER_NAMESPACE = f"${{CAPI_LIBVIRT_NAMESPACE:={meta.PROVIDER_NAMESPACE}}}"  # where `clusterctl init` put us
 
 CLUSTER_CLASS = "libvirt-kubeadm-v0.1.0"  # versioned, so a changed class is a new class clusters move to
 
@@ -124,6 +125,18 @@ def _cluster_network() -> dict[str, Any]:
     return {"pods": {"cidrBlocks": [POD_CIDR]}, "services": {"cidrBlocks": [SERVICE_CIDR]}}
 
 
+def secrets_binding() -> dict[str, Any]:
+    """The provider may read this namespace's Secrets (bootstrap data, `<cluster>-kubeconfig`): a RoleBinding of its
+    ClusterRole to its ServiceAccount, in the cluster's namespace only (never a ClusterRoleBinding: README "Tenants").
+    One per cluster, so deleting one cluster's objects leaves the others' binding."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": f"{CLUSTER_NAME}-{meta.SECRETS_CLUSTER_ROLE}", "namespace": NAMESPACE},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": meta.SECRETS_CLUSTER_ROLE},
+        "subjects": [{"kind": "ServiceAccount", "name": meta.PROVIDER_SERVICE_ACCOUNT, "namespace": PROVIDER_NAMESPACE}],
+    }
+
+
 # -- the default flavor ----------------------------------------------------------------------------------------------
 
 def _machine_deployment(name: str, replicas: str | None, annotations: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -168,6 +181,7 @@ def cluster_template(worker_annotations: dict[str, Any] | None = None,
         _machine_deployment(workers, worker_replicas, worker_annotations),
         _worker_bootstrap_template(workers),
         _machine_template(workers, WORKER_CPUS, WORKER_MEMORY_MIB),
+        secrets_binding(),
     ]
 
 
@@ -267,7 +281,7 @@ def clusterclass_template() -> list[dict[str, Any]]:
             ],
         },
     })
-    return [*cluster_class(), cluster]
+    return [*cluster_class(), cluster, secrets_binding()]
 
 
 # Flavor name ("" is the default) -> the objects of `cluster-template[-<flavor>].yaml`.

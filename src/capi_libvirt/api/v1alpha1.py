@@ -6,6 +6,7 @@ become its validation, so the API server refuses a bad object before the operato
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -14,13 +15,47 @@ from capi_libvirt.api import meta
 
 # Names that end up inside libvirt object names and XML: conservative characters only.
 LIBVIRT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
+# Names libvirt's domain schema restricts further (its machine type and bridge patterns): no '+'.
+DEVICE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 CIDR = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
 IP = r"^[0-9a-fA-F:.]+$"
-MAC = r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$"
-ABSOLUTE_PATH = r"^/.*$"
+# Unicast only (the first octet even): libvirt refuses a multicast MAC when the domain is defined.
+MAC = r"^[0-9a-fA-F][02468aceACE](:[0-9a-fA-F]{2}){5}$"
+# Text that goes into the domain XML as it is (kernel, initrd, command line): no control characters (XML 1.0 cannot
+# carry most of them, and a carriage return would read back as a newline) and none of XML's two noncharacters.
+# Written in the syntax both Go's RE2 (the API server) and Rust's regex (pydantic) read.
+XML_TEXT = r"^[^\x00-\x1f\x7f\x{FFFE}\x{FFFF}]*$"
+ABSOLUTE_PATH = r"^/[^\x00-\x1f\x7f\x{FFFE}\x{FFFF}]*$"
 
-Cidr = Annotated[str, pydantic.Field(pattern=CIDR, max_length=64)]
-IPAddress = Annotated[str, pydantic.Field(pattern=IP, max_length=64)]
+
+def _is_ip(value: str) -> str:
+    """An IPv4 or IPv6 address as the API server's CEL `isIP` reads it: no zone, no IPv4-mapped IPv6 form."""
+    address = ipaddress.ip_address(value)
+    if isinstance(address, ipaddress.IPv6Address) and (address.scope_id or address.ipv4_mapped):
+        raise ValueError(f"{value!r} is not a plain IP address")
+    return value
+
+
+def _is_cidr(value: str) -> str:
+    """An address with a prefix length in range (192.0.2.10/24, 2001:db8::10/64), as CEL `isCIDR` reads it."""
+    address, _, length = value.partition("/")
+    _is_ip(address)
+    ipaddress.ip_interface(value)  # the prefix length: within the family's range, no leading zeros or sign
+    if length != str(int(length)):
+        raise ValueError(f"{value!r} has a malformed prefix length")
+    return value
+
+
+def _cel(rule: str, message: str) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message}]}
+
+
+Cidr = Annotated[str, pydantic.Field(pattern=CIDR, max_length=64,
+                                     json_schema_extra=_cel("isCIDR(self)", "must be an address in CIDR form")),
+                 pydantic.AfterValidator(_is_cidr)]
+IPAddress = Annotated[str, pydantic.Field(pattern=IP, max_length=64,
+                                          json_schema_extra=_cel("isIP(self)", "must be an IP address")),
+                      pydantic.AfterValidator(_is_ip)]
 
 
 class ImageSource(meta.Model):
@@ -56,11 +91,11 @@ class NetworkInterface(meta.Model):
 
     network: str | None = pydantic.Field(default=None, min_length=1, max_length=255, pattern=LIBVIRT_NAME)
     """A libvirt network on the host (for example `default`)."""
-    bridge: str | None = pydantic.Field(default=None, min_length=1, max_length=15, pattern=LIBVIRT_NAME)
+    bridge: str | None = pydantic.Field(default=None, min_length=1, max_length=15, pattern=DEVICE_NAME)
     """A Linux bridge on the host (for example `br0`)."""
     model: Literal["virtio", "e1000", "rtl8139"] = "virtio"
     """Emulated NIC model."""
-    mac_address: str | None = pydantic.Field(default=None, pattern=MAC)
+    mac_address: str | None = pydantic.Field(default=None, max_length=17, pattern=MAC)  # bounded: CEL's cost estimate
     """Fixed MAC address; derived from the machine's identity when unset."""
     static: StaticAddressing | None = None
     """Static addressing; DHCP when unset."""
@@ -79,7 +114,7 @@ class KernelBoot(meta.Model):
     """Path of the kernel image on the host."""
     initrd: str | None = pydantic.Field(default=None, min_length=2, max_length=4096, pattern=ABSOLUTE_PATH)
     """Path of the initrd on the host."""
-    cmdline: str = pydantic.Field(default="root=/dev/vda rw console=ttyS0", max_length=4096)
+    cmdline: str = pydantic.Field(default="root=/dev/vda rw console=ttyS0", max_length=4096, pattern=XML_TEXT)
     """Kernel command line."""
 
 
@@ -105,8 +140,26 @@ def machine_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+HOST_PASSTHROUGH_NEEDS_KVM = "cpuMode host-passthrough needs domainType kvm (QEMU's emulation cannot pass the host CPU)"
+MACS_UNIQUE = "interfaces must not share a macAddress"
+
+
 class LibvirtMachineSpec(meta.Model):
     """The desired VM: its size, image, hardware and network."""
+
+    # What libvirt would refuse at every start, refused once at admission instead of retried with backoff forever.
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.cpuMode) || self.cpuMode != 'host-passthrough' || self.domainType == 'kvm'",
+                 "message": HOST_PASSTHROUGH_NEEDS_KVM},
+                # Two NICs with one MAC: the network-config matches both with one entry, and the guest's network breaks.
+                {"rule": "self.interfaces.all(i, !has(i.macAddress) || self.interfaces.exists_one(j, "
+                         "has(j.macAddress) && j.macAddress.lowerAscii() == i.macAddress.lowerAscii()))",
+                 "message": MACS_UNIQUE},
+            ]
+        }
+    )
 
     provider_id: str | None = pydantic.Field(default=None, alias="providerID", min_length=1, max_length=512)
     """libvirt://<host>/<domain-uuid>, set by the provider once the domain exists."""
@@ -124,7 +177,7 @@ class LibvirtMachineSpec(meta.Model):
     """Storage pool the overlay and the NoCloud ISO are created in."""
     domain_type: Literal["kvm", "qemu"] = "kvm"
     """`kvm` on hosts with hardware virtualization; `qemu` (software emulation) elsewhere."""
-    machine_type: str = pydantic.Field(default="q35", min_length=1, max_length=64, pattern=LIBVIRT_NAME)
+    machine_type: str = pydantic.Field(default="q35", min_length=1, max_length=64, pattern=DEVICE_NAME)
     """QEMU machine type (q35, pc, ...)."""
     cpu_mode: Literal["host-passthrough", "host-model", "maximum"] | None = None
     """libvirt CPU mode; the hypervisor's default when unset."""
@@ -140,6 +193,15 @@ class LibvirtMachineSpec(meta.Model):
     """Log the serial console to a file on the host (cloud-init output is there)."""
     kernel_boot: KernelBoot | None = None
     """Boot a kernel directly instead of the disk's bootloader."""
+
+    @pydantic.model_validator(mode="after")
+    def _cpu_mode_fits_domain_type(self) -> LibvirtMachineSpec:
+        if self.cpu_mode == "host-passthrough" and self.domain_type != "kvm":
+            raise ValueError(HOST_PASSTHROUGH_NEEDS_KVM)
+        macs = [nic.mac_address.lower() for nic in self.interfaces if nic.mac_address]
+        if len(macs) != len(set(macs)):
+            raise ValueError(MACS_UNIQUE)
+        return self
 
 
 class LibvirtMachineStatus(meta.Model):
@@ -257,6 +319,33 @@ class Overcommit(meta.Model):
     """Guest memory per unit of host memory (above 1 relies on ballooning or unused guest memory)."""
 
 
+NAME_PATTERN = r"^[A-Za-z0-9*?\[\]][A-Za-z0-9_.+*?\[\]-]*$"  # a libvirt name, or a shell-style pattern of names
+HOST_PATH_PREFIX = r"^/([^/]+/)*$"  # an absolute folder, ending in /
+
+Patterns = Annotated[list[Annotated[str, pydantic.Field(min_length=1, max_length=255, pattern=NAME_PATTERN)]],
+                     pydantic.Field(max_length=64)]
+
+
+class HostAccess(meta.Model):
+    """What tenants (whoever may create LibvirtMachines in a namespace) may use of this host. Checked before the host
+    is touched; anything else ends in a TenantNotAllowed condition. Names may be shell-style patterns (`team-*`)."""
+
+    namespaces: Patterns | None = None
+    """Namespaces whose machines may use the host; every namespace when unset."""
+    storage_pools: Patterns | None = None
+    """Pools machines may put their disks in and take base images from; only the host's storagePool when unset."""
+    networks: Patterns = ["default"]
+    """libvirt networks machines may attach to (NAT networks libvirt runs)."""
+    bridges: Patterns = []
+    """Host bridges machines may attach to (a bridge puts the guest on the host's LAN); none by default."""
+    images: Patterns = []
+    """Base image volumes (in an allowed pool) machines may boot from; none by default (pools hold other disks).
+    Machine volumes the provider made (overlays, NoCloud ISOs, serial logs) are never allowed."""
+    host_paths: list[Annotated[str, pydantic.Field(min_length=2, max_length=4096, pattern=HOST_PATH_PREFIX)]] = \
+        pydantic.Field(default=[], max_length=16)
+    """Folders (absolute, ending in /) whose files may be a kernelBoot kernel or initrd; none by default."""
+
+
 class LibvirtHostSpec(meta.Model):
     """A KVM/libvirt hypervisor machines can be placed on, and how to reach it."""
 
@@ -267,6 +356,8 @@ class LibvirtHostSpec(meta.Model):
     credentials_secret_ref: SecretReference | None = None
     """Secret with the transport's credentials: for qemu+ssh `ssh-privatekey` and `known_hosts`; for qemu+tls
     `ca.crt`, `tls.crt` and `tls.key`. Written to private files only while connecting, then removed."""
+    access: HostAccess = HostAccess()
+    """Which namespaces may use the host, and which of its pools, networks, bridges, images and files."""
     failure_domain: str | None = pydantic.Field(default=None, min_length=1, max_length=256)
     """Failure domain of the host (a rack, a room); machines of one group are spread over failure domains."""
     control_plane: bool = True
@@ -291,6 +382,29 @@ class PoolStatus(meta.Model):
     """Pool capacity."""
     available_bytes: int | None = pydantic.Field(default=None, ge=0)
     """Free space in the pool."""
+
+
+class OrphanStatus(meta.Model):
+    """Domains on the host that carry this provider's owner metadata but that no LibvirtMachine here claims."""
+
+    count: int | None = pydantic.Field(default=None, ge=0)
+    """Orphans of this management cluster (their LibvirtMachine is gone): removed after the grace period."""
+    domains: list[Annotated[str, pydantic.Field(max_length=255)]] | None = pydantic.Field(default=None,
+                                                                                              max_length=10)
+    """Their domain names (at most 10)."""
+    removed: int | None = pydantic.Field(default=None, ge=0)
+    """Orphans removed from the host since the operator started."""
+    kept_count: int | None = pydantic.Field(default=None, ge=0)
+    """Domains of this provider no LibvirtMachine here claims, but not provably this management cluster's (another
+    management cluster's, an older release's, or moved away by clusterctl move): reported, never removed."""
+    kept: list[Annotated[str, pydantic.Field(max_length=300)]] | None = pydantic.Field(default=None,
+                                                                                           max_length=10)
+    """Their names, each with the reason it is kept (at most 10)."""
+    stray_volumes: int | None = pydantic.Field(default=None, ge=0)
+    """Volumes in the host's pool named as this provider names volumes that no domain uses: never removed (a name is
+    no proof of whose they are)."""
+    grace_period_seconds: int | None = pydantic.Field(default=None, ge=0)
+    """How long an orphan is kept before it is removed (absent: never removed, report only)."""
 
 
 class LibvirtHostStatus(meta.Model):
@@ -318,6 +432,8 @@ class LibvirtHostStatus(meta.Model):
     """Memory of this provider's domains on the host."""
     pool: PoolStatus | None = None
     """The storage pool's capacity."""
+    orphans: OrphanStatus | None = None
+    """What the orphan collector found on the host in its last round."""
     conditions: list[meta.Condition] | None = pydantic.Field(
         default=None, max_length=32, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
     )

@@ -36,6 +36,7 @@ class Reason:
     IMAGE_NOT_FOUND = "ImageNotFound"
     POOL_NOT_FOUND = "PoolNotFound"
     BOOTSTRAP_FORMAT_UNSUPPORTED = "BootstrapFormatUnsupported"
+    BOOTSTRAP_DATA_MISSING = "BootstrapDataMissing"  # the Secret exists, but without data under `value`
     CREATING_OVERLAY = "CreatingOverlay"
     UPLOADING_BOOTSTRAP_DATA = "UploadingBootstrapData"
     DEFINING_DOMAIN = "DefiningDomain"

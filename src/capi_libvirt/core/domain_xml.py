@@ -3,8 +3,10 @@
 Two layers, as in nova's libvirt config: `from_spec` holds the policy (which bus, which MAC, how big the TCG cache) and
 turns a LibvirtMachineSpec into a `DomainConfig`; the small `_element` builders below turn the config into XML and
 decide nothing. Values only ever enter the document as element text or attribute values, so ElementTree escapes them:
-a hostile name cannot break out of its element. The owner (namespace, name, UID, cluster) is stored in the domain's
-`<metadata>` under our own XML namespace, and `parse_owner` reads it back to tell our domains from everyone else's.
+a hostile name cannot break out of its element. The owner (namespace, name, UID, cluster, and the management cluster
+whose operator made or adopted it) is stored in the domain's `<metadata>` under our own XML namespace, and
+`parse_owner` reads it back to tell our domains from everyone else's. `owner_metadata_xml` is the same element on its
+own, for virDomainSetMetadata (adoption rewrites the owner without redefining the domain).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from capi_libvirt.core import naming
 METADATA_NAMESPACE = "https://capi-libvirt.x-k8s.io/machine/v1"
 METADATA_PREFIX = "capi"
 METADATA_ELEMENT = "machine"
-OWNER_FIELDS = ("namespace", "name", "uid", "cluster")
+OWNER_FIELDS = ("namespace", "name", "uid", "cluster", "management_cluster")
+# Element names in the metadata (an older release wrote the first four only).
+OWNER_ELEMENTS = {"namespace": "namespace", "name": "name", "uid": "uid", "cluster": "cluster",
+                  "management_cluster": "managementCluster"}
 
 GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0"
 # QEMU >= 5.0 gives every TCG guest a 1 GiB translation cache by default; a few emulated guests on a small host then
@@ -32,17 +37,22 @@ DiskBus = Literal["virtio", "scsi", "sata"]
 CdromBus = Literal["scsi", "ide"]
 
 # Characters XML 1.0 cannot carry at all, even escaped: ElementTree would write them and nothing could read them back.
-_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+# Plus the carriage return: ElementTree writes it unescaped in element text, and every XML parser (libvirt's too)
+# reads it back as a newline, so the value would silently change.
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\r\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
 class Owner:
-    """Who a domain belongs to: the LibvirtMachine (and its cluster) it was defined for."""
+    """Who a domain belongs to: the LibvirtMachine (and its cluster) it was defined for, and the management cluster
+    (its identity: see operator startup) whose operator made or last adopted it. None: written by a release before
+    management cluster identities, or released by a clusterctl move source: no proof of whose it is."""
 
     namespace: str
     name: str
     uid: str
     cluster: str | None = None
+    management_cluster: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("namespace", "name", "uid"):
@@ -203,12 +213,33 @@ def parse_owner(xml_text: str) -> Owner | None:
     machine = root.find(f"metadata/{{{METADATA_NAMESPACE}}}{METADATA_ELEMENT}")
     if machine is None:
         return None
-    values = {name: machine.findtext(f"{{{METADATA_NAMESPACE}}}{name}") for name in OWNER_FIELDS}
+    values = {name: machine.findtext(f"{{{METADATA_NAMESPACE}}}{OWNER_ELEMENTS[name]}") for name in OWNER_FIELDS}
     if not (values["namespace"] and values["name"] and values["uid"]):
         return None  # damaged or foreign: never claim a domain on partial evidence
     return Owner(
-        namespace=values["namespace"], name=values["name"], uid=values["uid"], cluster=values["cluster"] or None
+        namespace=values["namespace"], name=values["name"], uid=values["uid"], cluster=values["cluster"] or None,
+        management_cluster=values["management_cluster"] or None,
     )
+
+
+def owner_metadata_xml(owner: Owner) -> str:
+    """The owner element alone, as virDomainSetMetadata takes it (key METADATA_PREFIX, uri METADATA_NAMESPACE).
+
+    The children are in METADATA_NAMESPACE through a default namespace: libvirt gives the root element the prefix
+    itself and would refuse a root that already declares it.
+    """
+    machine = ET.Element(METADATA_ELEMENT, {"xmlns": METADATA_NAMESPACE})
+    _owner_children(machine, owner, prefix="")
+    return ET.tostring(machine, encoding="unicode")
+
+
+def disk_paths(xml_text: str) -> frozenset[str]:
+    """Every host file the domain uses: disk and CD-ROM sources, and serial/console log files."""
+    root = ET.fromstring(xml_text)
+    paths = {source.get("file") for source in root.findall("devices/disk/source")}
+    paths |= {source.get("path") for kind in ("serial", "console") for source in root.findall(f"devices/{kind}/source")}
+    paths |= {log.get("file") for kind in ("serial", "console") for log in root.findall(f"devices/{kind}/log")}
+    return frozenset(path for path in paths if path)
 
 
 # --- builders: one per element, config in, element out, no decisions ------------------------------------------------
@@ -247,11 +278,15 @@ def metadata_element(owner: Owner) -> ET.Element:
     machine = ET.SubElement(
         metadata, f"{METADATA_PREFIX}:{METADATA_ELEMENT}", {f"xmlns:{METADATA_PREFIX}": METADATA_NAMESPACE}
     )
+    _owner_children(machine, owner, prefix=f"{METADATA_PREFIX}:")
+    return metadata
+
+
+def _owner_children(machine: ET.Element, owner: Owner, prefix: str) -> None:
     for name in OWNER_FIELDS:
         value = getattr(owner, name)
         if value:  # an empty cluster is the same as none, and reads back as None
-            _text(machine, f"{METADATA_PREFIX}:{name}", value)
-    return metadata
+            _text(machine, f"{prefix}{OWNER_ELEMENTS[name]}", value)
 
 
 def os_element(config: DomainConfig) -> ET.Element:

@@ -15,6 +15,7 @@ import base64
 import dataclasses
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -37,13 +38,18 @@ class Conflict(Exception):
     """A write made against an older version of the object: read it again and retry."""
 
 
+class Forbidden(Exception):
+    """The API refused a read (HTTP 403): the provider lacks the RBAC for it (e.g. Secrets of a namespace)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class BootstrapData:
-    value: bytes
-    format: str  # cloud-config or ignition
+    value: bytes | None  # None: the Secret has no `value` key
+    format: str  # cloud-config or ignition (as read: any bytes, decoded with replacement characters)
 
     def __repr__(self) -> str:  # bootstrap data can hold credentials: never in a log line or a traceback
-        return f"BootstrapData(format={self.format!r}, value=<{len(self.value)} bytes>)"
+        size = "missing" if self.value is None else f"<{len(self.value)} bytes>"
+        return f"BootstrapData(format={self.format!r}, value={size})"
 
 
 async def new_api_client() -> client.ApiClient:
@@ -148,9 +154,40 @@ class KubeAPI:
         listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, LIBVIRT_MACHINES)
         return listed.get("items", [])
 
-    async def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
+    def cached_clusters(self) -> list[dict[str, Any]]:
+        """The Clusters the watch has delivered (the orphan collector's view of which are paused)."""
+        return list(self.cache.items(CLUSTERS))
+
+    async def list_libvirt_machines_fresh(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """Every LibvirtMachine (of the watched namespaces) as the API server has them now, not the cache: the last
+        word before the orphan collector removes anything."""
+        items: list[dict[str, Any]] = []
+        scopes: list[str | None] = [*namespaces] or [None]  # None: all namespaces
+        for namespace in scopes:
+            self.calls += 1
+            if namespace is None:
+                listed = await self.objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, LIBVIRT_MACHINES)
+            else:
+                listed = await self.objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace,
+                                                                          LIBVIRT_MACHINES)
+            items += listed.get("items", [])
+        return items
+
+    async def namespace_uid(self, name: str) -> str | None:
+        """The UID of a Namespace (kube-system's identifies the management cluster), None when it is absent."""
         self.calls += 1
-        secret = await _or_none(self.core.read_namespaced_secret(name, namespace))
+        namespace = await _or_none(self.core.read_namespace(name))
+        return namespace.metadata.uid if namespace is not None else None
+
+    async def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        """The Secret's data, None when it does not exist, Forbidden when the provider may not read it there."""
+        self.calls += 1
+        try:
+            secret = await _or_none(self.core.read_namespaced_secret(name, namespace))
+        except ApiException as error:
+            if error.status == 403:
+                raise Forbidden(f"reading Secrets in namespace {namespace} is forbidden") from None
+            raise
         if secret is None:
             return None
         return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
@@ -180,7 +217,9 @@ class KubeAPI:
         data = await self.get_secret_data(namespace, name)
         if data is None:
             return None
-        return BootstrapData(value=data.get("value", b""), format=data.get("format", b"cloud-config").decode())
+        # A format of any bytes (not UTF-8) is read with replacement characters: the reconcile refuses it by name.
+        return BootstrapData(value=data.get("value"),
+                             format=data.get("format", b"cloud-config").decode("utf-8", errors="replace"))
 
     async def patch_libvirt_machine(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A merge patch; with `metadata.resourceVersion` in it, only of that version (else Conflict)."""

@@ -7,16 +7,23 @@ import os
 import re
 from collections.abc import Sequence
 
+MANAGEMENT_CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")  # a UID, a name: it goes into domain XML
 HOST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label, as status.host and providerIDs take
 HOSTS_ENV = "CAPI_LIBVIRT_HOSTS"  # "name=uri,name=uri"
 CRASH_AFTER_ENV = "CAPI_LIBVIRT_CRASH_AFTER"  # tests only: end the process right after this reconcile phase
 CRASH_EXIT_CODE = 70
+MANAGEMENT_CLUSTER_ENV = "CAPI_LIBVIRT_MANAGEMENT_CLUSTER_ID"  # else the kube-system Namespace's UID
+ORPHAN_GRACE_ENV = "CAPI_LIBVIRT_ORPHAN_GRACE_PERIOD"  # seconds, or "never" (report orphans, never remove them)
+NAMESPACE_ENV = "POD_NAMESPACE"  # the Deployment sets it from the pod's namespace (the downward API)
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
+from capi_libvirt.api import meta
 from capi_libvirt.core.outage import DEFAULT_REPLACE_AFTER_S
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
-
-DEFAULT_PROBE_INTERVAL_S = 30.0  # = reconcile.inventory.PROBE_INTERVAL_S; not imported: `--help` needs no libvirt
+from capi_libvirt.reconcile.inventory import PROBE_INTERVAL_S as DEFAULT_PROBE_INTERVAL_S
+from capi_libvirt.reconcile.machine import ORPHAN_GRACE_S
+from capi_libvirt.reconcile.orphans import INTERVAL_S as ORPHAN_INTERVAL_S
 
 DEFAULT_WORKERS = 16  # machine reconciles at once (each mostly waits on libvirt or the API)
 
@@ -29,6 +36,13 @@ class OperatorConfig:
     creates_per_host: int = DEFAULT_CREATES_PER_HOST
     probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S  # how often every host is probed
     replace_after_s: float = DEFAULT_REPLACE_AFTER_S  # an unreachable host's machines with no domain move after this
+    # This management cluster's identity in domains' owner metadata (None: the kube-system Namespace's UID). Give it
+    # when the management cluster may be rebuilt around the same hosts and must recognise its domains.
+    management_cluster_id: str | None = None
+    orphan_grace_s: float | None = ORPHAN_GRACE_S  # None: orphans are reported, never removed
+    orphan_interval_s: float = ORPHAN_INTERVAL_S
+    # The provider's own namespace: the only one LibvirtHost credentials Secrets may live in (see api.meta).
+    provider_namespace: str = meta.PROVIDER_NAMESPACE
 
     def after_phase(self, phase: str) -> None:
         if phase == self.crash_after:
@@ -48,12 +62,50 @@ def parse_hosts(entries: list[str]) -> dict[str, str]:
     return hosts
 
 
+def check_management_cluster_id(value: str) -> str:
+    """A management cluster identity of letters, digits and . _ : - (at most 253): what goes into owner metadata."""
+    if not MANAGEMENT_CLUSTER_ID.match(value):
+        raise ValueError(f"management cluster id {value!r}: letters, digits and . _ : - only, at most 253")
+    return value
+
+
+def parse_grace_period(value: str) -> float | None:
+    """Seconds (>= 0) before an orphan is removed, or "never" (None): report only."""
+    if value.strip().lower() == "never":
+        return None
+    seconds = float(value)
+    if not seconds >= 0:
+        raise ValueError(f"orphan grace period {value!r}: expected seconds >= 0 or 'never'")
+    return seconds
+
+
+def _management_cluster_id(given: str | None) -> str | None:
+    value = given or os.environ.get(MANAGEMENT_CLUSTER_ENV) or None
+    return None if value is None else check_management_cluster_id(value)
+
+
+def provider_namespace() -> str:
+    """$POD_NAMESPACE, else the ServiceAccount's namespace in a pod, else capi-libvirt-system."""
+    if os.environ.get(NAMESPACE_ENV):
+        return os.environ[NAMESPACE_ENV]
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+            return file.read().strip() or meta.PROVIDER_NAMESPACE
+    except OSError:
+        return meta.PROVIDER_NAMESPACE
+
+
 def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_WORKERS,
                      creates_per_host: int = DEFAULT_CREATES_PER_HOST,
                      probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
-                     replace_after_s: float = DEFAULT_REPLACE_AFTER_S) -> OperatorConfig:
+                     replace_after_s: float = DEFAULT_REPLACE_AFTER_S, management_cluster_id: str | None = None,
+                     orphan_grace: str | None = None, orphan_interval_s: float = ORPHAN_INTERVAL_S) -> OperatorConfig:
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
+    grace = orphan_grace or os.environ.get(ORPHAN_GRACE_ENV)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
                           crash_after=os.environ.get(CRASH_AFTER_ENV) or None, workers=workers,
                           creates_per_host=creates_per_host, probe_interval_s=probe_interval_s,
-                          replace_after_s=replace_after_s)
+                          replace_after_s=replace_after_s, provider_namespace=provider_namespace(),
+                          management_cluster_id=_management_cluster_id(management_cluster_id),
+                          orphan_grace_s=ORPHAN_GRACE_S if grace is None else parse_grace_period(grace),
+                          orphan_interval_s=orphan_interval_s)

@@ -24,7 +24,7 @@ from typing import Any, cast
 import kopf
 
 from capi_libvirt.api import kinds, meta, v1alpha1
-from capi_libvirt.core import capacity
+from capi_libvirt.core import capacity, naming
 from capi_libvirt.hypervisor import connection, credentials
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config as operator_config
@@ -34,6 +34,7 @@ from capi_libvirt.reconcile import cluster as cluster_reconcile
 from capi_libvirt.reconcile import hosts as hosts_reconcile
 from capi_libvirt.reconcile import inventory
 from capi_libvirt.reconcile import machine as machine_reconcile
+from capi_libvirt.reconcile import orphans as orphans_reconcile
 
 log = logging.getLogger(__name__)
 MACHINES = kinds.LIBVIRT_MACHINE.plural
@@ -46,9 +47,11 @@ class Runtime:
     """What handlers share for the operator's life: the reconcile dependencies, the machine queue, wake-up events."""
 
     def __init__(self, deps: machine_reconcile.Dependencies, namespaces: Sequence[str] = (),
-                 workers: int = operator_config.DEFAULT_WORKERS) -> None:
+                 workers: int = operator_config.DEFAULT_WORKERS,
+                 orphan_interval_s: float = orphans_reconcile.INTERVAL_S) -> None:
         self.deps = deps
         self.namespaces = list(namespaces)
+        self.orphan_interval_s = orphan_interval_s
         self.machines: workqueue.WorkQueue[tuple[str, str]] = workqueue.WorkQueue(self.reconcile_machine, workers)
         self.machine_worker: asyncio.Task | None = None
         # Keyed by (kind, namespace, name), kind being "machine" or "cluster".
@@ -147,10 +150,34 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=EventPoster(kube),
                                           after_phase=cfg.after_phase, observe=observer,
                                           creates_per_host=cfg.creates_per_host,
-                                          probe_interval_s=cfg.probe_interval_s, replace_after_s=cfg.replace_after_s)
-    memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers),
+                                          probe_interval_s=cfg.probe_interval_s, replace_after_s=cfg.replace_after_s,
+                                          management_cluster=cfg.management_cluster_id or
+                                          await _management_cluster_identity(kube),
+                                          orphan_grace_s=cfg.orphan_grace_s,
+                                          provider_namespace=cfg.provider_namespace)
+    memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers, cfg.orphan_interval_s),
                                   memo.setdefault("state", election.State(None)), observer)
     log.info("static libvirt hosts: %s; LibvirtHost objects add more", ", ".join(hosts.names()) or "none")
+
+
+MANAGEMENT_NAMESPACE = "kube-system"  # every cluster has it, and its UID lives as long as the cluster's data
+
+
+async def _management_cluster_identity(kube: api.KubeAPI, attempts: int = 5) -> str | None:
+    """The kube-system Namespace's UID: what tells this management cluster's domains from another's. None (logged)
+    when it cannot be read: domains then carry no management cluster, and no orphan is ever removed."""
+    for attempt in range(attempts):
+        try:
+            uid = await kube.namespace_uid(MANAGEMENT_NAMESPACE)
+            if uid:
+                log.info("management cluster identity: %s (the %s Namespace's UID)", uid, MANAGEMENT_NAMESPACE)
+                return uid
+        except Exception as error:  # noqa: BLE001  forbidden, or the API server not answering yet
+            log.warning("reading the %s Namespace failed: %s", MANAGEMENT_NAMESPACE, type(error).__name__)
+        await asyncio.sleep(min(2.0 ** attempt, 10.0))
+    log.error("no management cluster identity (the %s Namespace's UID could not be read, and --management-cluster-id "
+              "is not set): orphaned domains are not collected", MANAGEMENT_NAMESPACE)
+    return None
 
 
 def _configure_kopf(settings: kopf.OperatorSettings) -> None:
@@ -170,7 +197,8 @@ def _start_runtime(runtime: Runtime, state: election.State, observer: metrics.Ob
     metrics.attach(runtime.metrics)
     if state.peering is not None:
         runtime.election = asyncio.create_task(election.observe(state, deps.kube.objects))
-    runtime.prober = asyncio.create_task(_probe_while_active(deps, state))
+    runtime.prober = asyncio.create_task(_probe_while_active(deps, state, runtime.namespaces,
+                                                             runtime.orphan_interval_s))
     runtime.machine_worker = asyncio.create_task(runtime.work_machines_while_active(state))
     return runtime
 
@@ -192,15 +220,20 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
         await runtime.deps.kube.client.close()
 
 
-async def _probe_while_active(deps: machine_reconcile.Dependencies, state: election.State) -> None:
-    """The host prober, while this replica does the work: a standby would publish host status twice."""
+async def _probe_while_active(deps: machine_reconcile.Dependencies, state: election.State,
+                              namespaces: Sequence[str] = (),
+                              orphan_interval_s: float = orphans_reconcile.INTERVAL_S) -> None:
+    """The host prober and the orphan collector, while this replica does the work: a standby would publish host
+    status twice, and its machine cache is not kept complete."""
     while True:
         await state.leading.wait()
-        prober = asyncio.create_task(hosts_reconcile.probe_forever(deps))
+        tasks = [asyncio.create_task(hosts_reconcile.probe_forever(deps)),
+                 asyncio.create_task(orphans_reconcile.collect_forever(deps, namespaces, orphan_interval_s))]
         try:
             await state.not_leading.wait()
         finally:
-            prober.cancel()
+            for task in tasks:
+                task.cancel()
 
 
 @kopf.on.login()
@@ -225,6 +258,8 @@ def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> No
     if not runtime.deps.kube.cache.apply(api.LIBVIRT_MACHINES, event["type"], body):
         return  # the echo of our own write
     if event["type"] == "DELETED":
+        if machine_reconcile.DELETE_FOR_MOVE_ANNOTATION in (body["metadata"].get("annotations") or {}):
+            runtime.deps.moved_away.add(naming.identity_uid(body))  # lives on in the move target: not an orphan
         runtime.machines.forget(key)
         runtime.deps.observe.machine_gone(*key)
     else:

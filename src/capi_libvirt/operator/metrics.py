@@ -3,7 +3,8 @@
 Counters and the histogram are recorded as things happen: by the machine reconcile through `Observer` (it is the
 reconcile's `Dependencies.observe`: phase durations, each pass's outcome) and by the handlers around the other
 reconciles (`reconcile_pass`). The gauges (machines per host and phase, host reachability and connections, leader)
-are read at scrape time from the running operators' state, so they cannot drift from it.
+are read at scrape time from the running operators' state, so they cannot drift from it; so are the orphans per host
+and state (reconcile.orphans), whose removals are counted as they happen.
 
 Label values are bounded: kinds, phase names, condition reasons and exception class names, host names. Never a
 message, a URI or anything from a Secret.
@@ -24,6 +25,7 @@ from prometheus_client.registry import Collector
 from capi_libvirt.operator import election
 from capi_libvirt.reconcile import inventory as inventory_
 from capi_libvirt.reconcile import machine as machine_reconcile
+from capi_libvirt.reconcile import orphans as orphans_reconcile
 
 PREFIX = "capi_libvirt"
 RECONCILES = Counter(f"{PREFIX}_reconciles", "Reconcile passes, by kind and result "
@@ -33,13 +35,18 @@ DURATION = Histogram(f"{PREFIX}_reconcile_duration_seconds", "Duration of reconc
                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
 ERRORS = Counter(f"{PREFIX}_reconcile_errors", "Failed reconciles, by kind and reason (a condition reason, or the "
                  "class of an unexpected exception).", ["kind", "reason"])
+ORPHANS_REMOVED = Counter(f"{PREFIX}_orphans_removed", "Orphaned domains and volumes (of this management cluster, "
+                          "their LibvirtMachine gone) removed after the grace period, by host and kind (domain, "
+                          "volume).", ["host", "kind"])
 MACHINES = f"{PREFIX}_machines"
+ORPHANS = f"{PREFIX}_orphans"
 HOST_REACHABLE = f"{PREFIX}_host_reachable"
 HOST_CONNECTIONS = f"{PREFIX}_host_connections_opened"
 HOST_OPERATIONS = f"{PREFIX}_host_operations"
 LEADER = f"{PREFIX}_leader"
 NAMES = [f"{PREFIX}_reconciles_total", f"{PREFIX}_reconcile_duration_seconds", f"{PREFIX}_reconcile_errors_total",
-         MACHINES, HOST_REACHABLE, f"{HOST_CONNECTIONS}_total", f"{HOST_OPERATIONS}_total", LEADER]
+         MACHINES, HOST_REACHABLE, f"{HOST_CONNECTIONS}_total", f"{HOST_OPERATIONS}_total", LEADER, ORPHANS,
+         f"{PREFIX}_orphans_removed_total"]
 
 MACHINE = "LibvirtMachine"
 SUCCESS, WAITING, FAILED, PAUSED, ERROR = "success", "waiting", "failed", "paused", "error"
@@ -104,6 +111,12 @@ class Observer(machine_reconcile.Observer):
     def machine_gone(self, namespace: str, name: str) -> None:
         self.machines.pop((namespace, name), None)
 
+    def orphans_removed(self, host: str, domains: int, volumes: int) -> None:
+        if domains:
+            ORPHANS_REMOVED.labels(host, "domain").inc(domains)
+        if volumes:
+            ORPHANS_REMOVED.labels(host, "volume").inc(volumes)
+
 
 @dataclasses.dataclass(eq=False)
 class Source:
@@ -130,6 +143,17 @@ class StateCollector(Collector):
         operations = CounterMetricFamily(HOST_OPERATIONS, "Operations run on the libvirt host (each one or a few "
                                          "libvirt API calls: look up a domain, create a volume, start...).",
                                          labels=["host"])
+        orphans = GaugeMetricFamily(ORPHANS, "Domains and volumes on the host that carry this provider's names or "
+                                    "owner metadata but no LibvirtMachine here claims, by state: pending (this "
+                                    "management cluster's, removed after the grace period), kept (another management "
+                                    "cluster's, an older release's or moved away: reported, never removed), "
+                                    "stray_volume (our naming scheme, no domain: never removed).",
+                                    labels=["host", "state"])
+        for source in self.sources:
+            if source.state.active:
+                for host, record in sorted(source.inventory.orphans.items()):
+                    for state, count in orphans_reconcile.status_counts(record).items():
+                        orphans.add_metric([host, state], count)
         leader = GaugeMetricFamily(LEADER, "1 when this replica does the work (it leads, or runs standalone), "
                                    "0 while it stands by.")
         for labels, count in sorted(self._machine_counts().items()):
@@ -139,7 +163,7 @@ class StateCollector(Collector):
             opened.add_metric([name], connections)
             operations.add_metric([name], calls)
         leader.add_metric([], max((1 if s.state.active else 0 for s in self.sources), default=0))
-        return iter([machines, reachable, opened, operations, leader])
+        return iter([machines, reachable, opened, operations, leader, orphans])
 
     def _machine_counts(self) -> dict[tuple[str, str], int]:
         counts: dict[tuple[str, str], int] = {}

@@ -15,13 +15,22 @@ import pydantic
 from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import conditions
 from capi_libvirt.hypervisor import connection, credentials
+from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory as inventory_
-from capi_libvirt.reconcile.machine import RECHECK_WAITING, Dependencies, Wait, recorded_host
+from capi_libvirt.reconcile.machine import (
+    RECHECK_WAITING,
+    SECRETS_FORBIDDEN,
+    Dependencies,
+    Wait,
+    recorded_host,
+    secrets_forbidden_message,
+)
 
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = inventory_.PROBE_INTERVAL_S
 REACHABLE, UNREACHABLE, INVALID, IN_USE = "Reachable", "HostUnreachable", "InvalidSpec", "HostInUse"
 DECOMMISSIONED = "Decommissioned"
+CREDENTIALS_NAMESPACE = "CredentialsNamespaceNotAllowed"
 
 
 async def _close(replaced: connection.HostConnection | None) -> None:
@@ -48,7 +57,14 @@ async def upsert_host(deps: Dependencies, name: str, spec_data: dict[str, Any]) 
     secret = None
     if spec.credentials_secret_ref is not None:
         ref = spec.credentials_secret_ref
-        data = await deps.kube.get_secret_data(ref.namespace, ref.name)
+        if ref.namespace != deps.provider_namespace:  # a tenant namespace's Secret could be read, or swapped, there
+            await _refuse(deps, name, CREDENTIALS_NAMESPACE, f"credentialsSecretRef {ref.namespace}/{ref.name}: host "
+                          f"credentials must be in the provider's namespace {deps.provider_namespace}")
+        try:
+            data = await deps.kube.get_secret_data(ref.namespace, ref.name)
+        except api.Forbidden:
+            await _refuse(deps, name, SECRETS_FORBIDDEN, secrets_forbidden_message(ref.namespace,
+                                                                                   deps.provider_namespace))
         if data is None:
             await _refuse(deps, name, UNREACHABLE, f"credentials Secret {ref.namespace}/{ref.name} not found")
         secret = credentials.Credentials(data)

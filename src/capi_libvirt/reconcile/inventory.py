@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from capi_libvirt.api import v1alpha1
-from capi_libvirt.core import outage, placement
+from capi_libvirt.core import outage, placement, tenancy
 from capi_libvirt.hypervisor import connection, credentials, errors, machines
 
 log = logging.getLogger(__name__)
@@ -34,16 +34,32 @@ class InventoryHost:
     unreachable_since: float | None = None  # the inventory's clock at the first failed probe of this outage
 
 
+@dataclasses.dataclass
+class OrphanRecord:
+    """What the orphan collector (reconcile.orphans) knows of one host between rounds."""
+
+    first_seen: dict[str, float] = dataclasses.field(default_factory=dict)  # orphan domain UUID -> monotonic time
+    pending: int = 0  # orphans waiting for the grace period
+    kept: int = 0  # of our scheme but not provably this management cluster's: reported, never removed
+    stray_volumes: int = 0
+    removed_domains: int = 0
+    removed_volumes: int = 0
+    published: dict[str, Any] | None = None  # the last status.orphans written
+
+
 class Inventory:
     def __init__(self, registry: connection.HostRegistry, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry
         self.clock = clock
         self.hosts: dict[str, InventoryHost] = {}
+        self.orphans: dict[str, OrphanRecord] = {}
         self.static = set(registry.names())  # from --host: no LibvirtHost object to publish on
         self.conditions: dict[str, list[dict[str, Any]]] = {}  # last published on each LibvirtHost
         for name in registry.names():  # static hosts (--host): default spec, probed like the others
             # Not validated as an object's spec: a local URI may carry ?socket=, which LibvirtHost objects may not.
-            self.hosts[name] = InventoryHost(name, v1alpha1.LibvirtHostSpec.model_construct(uri=registry.get(name).uri))
+            # Unrestricted access: whoever runs the operator with --host (development) is the host's admin.
+            self.hosts[name] = InventoryHost(name, v1alpha1.LibvirtHostSpec.model_construct(
+                uri=registry.get(name).uri, access=tenancy.UNRESTRICTED))
 
     def upsert(self, name: str, spec: v1alpha1.LibvirtHostSpec,
                secret: credentials.Credentials | None) -> connection.HostConnection | None:
@@ -56,6 +72,7 @@ class Inventory:
 
     def remove(self, name: str) -> connection.HostConnection | None:
         self.hosts.pop(name, None)
+        self.orphans.pop(name, None)
         return self.registry.remove(name)
 
     async def probe(self, name: str, timeout: float = PROBE_TIMEOUT_S) -> InventoryHost | None:
@@ -94,10 +111,20 @@ class Inventory:
         return outage.HostState(decommissioned=host.spec.decommissioned,
                                 unreachable_for=None if since is None else self.clock() - since)
 
-    def loads(self, allocated: dict[str, tuple[int, int]]) -> list[placement.HostLoad]:
-        """Placement's view: capacity from the probe, allocation from the API (cpus, MiB per host)."""
+    def refusal(self, name: str, namespace: str, spec: v1alpha1.LibvirtMachineSpec) -> tenancy.Refusal | None:
+        """Why host `name` refuses a machine of `namespace` with `spec` (core.tenancy), or None."""
+        host = self.hosts.get(name)
+        if host is None:
+            return None
+        return tenancy.refusal(name, host.spec.access, host.spec.storage_pool, namespace, spec)
+
+    def loads(self, allocated: dict[str, tuple[int, int]], namespace: str | None = None,
+              spec: v1alpha1.LibvirtMachineSpec | None = None) -> list[placement.HostLoad]:
+        """Placement's view: capacity from the probe, allocation from the API (cpus, MiB per host), and each host's
+        refusal of the machine (`namespace`, `spec`) by its access rules."""
         loads = []
         for host in self.hosts.values():
+            refused = self.refusal(host.name, namespace, spec) if namespace is not None and spec is not None else None
             cpus, memory = allocated.get(host.name, (0, 0))
             loads.append(placement.HostLoad(
                 name=host.name,
@@ -107,7 +134,8 @@ class Inventory:
                 allocated_cpus=cpus, allocated_memory_mib=memory,
                 cpu_overcommit=host.spec.overcommit.cpu, memory_overcommit=host.spec.overcommit.memory,
                 failure_domain=host.spec.failure_domain, control_plane=host.spec.control_plane,
-                decommissioned=host.spec.decommissioned))
+                decommissioned=host.spec.decommissioned,
+                refusal=str(refused) if refused is not None else None))
         return loads
 
     def failure_domains(self) -> list[dict[str, Any]]:

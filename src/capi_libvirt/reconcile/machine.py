@@ -27,9 +27,19 @@ from typing import Any
 import pydantic
 
 from capi_libvirt.api import meta, v1alpha1
-from capi_libvirt.core import cloud_init, conditions, domain_xml, naming, nocloud, outage, placement, provider_id
+from capi_libvirt.core import (
+    cloud_init,
+    conditions,
+    domain_xml,
+    naming,
+    nocloud,
+    outage,
+    placement,
+    provider_id,
+    tenancy,
+)
 from capi_libvirt.core.conditions import Reason
-from capi_libvirt.hypervisor import connection, errors, machines
+from capi_libvirt.hypervisor import connection, errors, host_domains, machines
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory as inventory_
 
@@ -40,6 +50,8 @@ INVALID_SPEC = "InvalidSpec"
 NETWORK_NOT_FOUND = "NetworkNotFound"
 RECONCILE_ERROR = "ReconcileError"
 ADOPTION_REFUSED = "AdoptionRefused"
+TENANT_NOT_ALLOWED = tenancy.TENANT_NOT_ALLOWED
+SECRETS_FORBIDDEN = "SecretsForbidden"
 DELETED_FOR_MOVE = "DeletedForMove"
 REPLACED = "Replaced"
 DOMAIN_HOST_MISMATCH = "DomainHostMismatch"
@@ -59,6 +71,7 @@ RECHECK_BOOTSTRAP = 10.0  # a missing bootstrap Secret: the Machine watch usuall
 RECHECK_ADDRESS = 2.0  # no libvirt event says a lease was given: look again soon (one cheap call)
 RECHECK_PROVISIONED = 60.0
 BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
+ORPHAN_GRACE_S = 3600.0  # default: an orphan is removed an hour after it was first seen (operator config)
 
 # Cluster API's naming of an infrastructure machine's finalizer. Not kopf's (infrastructure.cluster.x-k8s.io/libvirt,
 # on LibvirtHosts and LibvirtClusters): kopf removes its own from objects none of its handlers needs it on.
@@ -86,6 +99,9 @@ class Observer:
     def machine_gone(self, namespace: str, name: str) -> None:
         """A machine's finalizer was released."""
 
+    def orphans_removed(self, host: str, domains: int, volumes: int) -> None:
+        """The orphan collector removed domains and volumes from a host."""
+
 
 @dataclasses.dataclass
 class Dependencies:
@@ -104,6 +120,12 @@ class Dependencies:
     replace_after_s: float = outage.DEFAULT_REPLACE_AFTER_S  # an unreachable host's never-defined machines move then
     probe_interval_s: float = inventory_.PROBE_INTERVAL_S
     wake_host: Callable[[str], None] = lambda host: None  # queue the machines on a host (it went down or came back)
+    provider_namespace: str = meta.PROVIDER_NAMESPACE  # where host credentials live, and the ServiceAccount
+    # This management cluster's identity, written into every domain's owner metadata (None: unknown, so no domain is
+    # ever provably ours to collect), and the orphan collector's grace period (None: report only, never remove).
+    management_cluster: str | None = None
+    orphan_grace_s: float | None = ORPHAN_GRACE_S
+    moved_away: set[str] = dataclasses.field(default_factory=set)  # identities deleted here by clusterctl move
 
     def creation_slot(self, host: str) -> asyncio.Semaphore:
         """Held while a machine's overlay, ISO and domain are made on `host`."""
@@ -230,13 +252,29 @@ async def _fetch_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
     secret_name = (p.machine or {}).get("spec", {}).get("bootstrap", {}).get("dataSecretName")
     if not secret_name:
         raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, "waiting for the Machine's bootstrap.dataSecretName")
-    p.bootstrap = await deps.kube.get_bootstrap_data(p.namespace, secret_name)
+    try:
+        p.bootstrap = await deps.kube.get_bootstrap_data(p.namespace, secret_name)
+    except api.Forbidden:
+        raise Wait(SECRETS_FORBIDDEN, secrets_forbidden_message(p.namespace, deps.provider_namespace),
+                   failure=True) from None
     if p.bootstrap is None:
         raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, f"bootstrap Secret {secret_name} not found", RECHECK_BOOTSTRAP)
+    # Both refusals back off (a bootstrap provider may still rewrite the Secret, which is not watched); the format is
+    # quoted cut short (it is not secret, but it is anyone's text), the data never.
     if p.bootstrap.format != "cloud-config":
         raise Wait(Reason.BOOTSTRAP_FORMAT_UNSUPPORTED,
-                   f"bootstrap data format {p.bootstrap.format!r} is not supported; use cloud-config",
+                   f"bootstrap data format {p.bootstrap.format[:64]!r} is not supported; use cloud-config",
                    RECHECK_PROVISIONED, failure=True)
+    if not p.bootstrap.value:
+        raise Wait(Reason.BOOTSTRAP_DATA_MISSING, f"bootstrap Secret {secret_name} has no data under 'value'",
+                   RECHECK_PROVISIONED, failure=True)
+
+
+def secrets_forbidden_message(namespace: str, provider_namespace: str) -> str:
+    """What to bind when the API refuses the provider a Secret of `namespace` (HTTP 403)."""
+    return (f"the provider may not read Secrets in namespace {namespace}: bind ClusterRole "
+            f"{meta.SECRETS_CLUSTER_ROLE} to ServiceAccount {provider_namespace}/{meta.PROVIDER_SERVICE_ACCOUNT} "
+            f"with a RoleBinding in namespace {namespace} (the cluster templates include one)")
 
 
 GROUP_LABELS = ("cluster.x-k8s.io/deployment-name", "cluster.x-k8s.io/control-plane-name",
@@ -314,7 +352,8 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
     async with deps.placement_lock:
         result = await _choose(deps, p)
         if isinstance(result, placement.NoHost):
-            raise Wait(result.reason, result.message, RECHECK_WAITING)
+            # A refusal waits for the host's admin (a LibvirtHost change wakes nothing here): looked at again slowly.
+            raise Wait(result.reason, result.message, RECHECK_WAITING, failure=result.reason == TENANT_NOT_ALLOWED)
         p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, placement_patch(p.body, result.host))
         _placed_on(p, result)
     await _event(deps, p.body, "Normal", "Placed", f"placed on host {p.host}")
@@ -337,7 +376,7 @@ async def _choose(deps: Dependencies, p: MachinePass) -> placement.Placed | plac
     request = placement.Request(cpus=p.spec.cpus, memory_mib=p.spec.memory_mib, pinned_host=p.spec.host,
                                 failure_domain=(p.machine or {}).get("spec", {}).get("failureDomain"),
                                 control_plane=CONTROL_PLANE_LABEL in (p.body["metadata"].get("labels") or {}))
-    return placement.choose_host(request, deps.inventory.loads(allocated), group_per_host)
+    return placement.choose_host(request, deps.inventory.loads(allocated, p.namespace, p.spec), group_per_host)
 
 
 def _placed_on(p: MachinePass, result: placement.Placed) -> None:
@@ -484,11 +523,34 @@ async def check_networks(deps: Dependencies, p: MachinePass) -> None:
             raise Wait(ADOPTION_REFUSED, f"domain {p.domain_uuid} on host {p.host} belongs to another machine; left "
                        "alone", failure=True)
         return  # already defined: it was checked then
+    # Placed, nothing made yet: the host's access rules again (its admin may have narrowed them since placement).
+    refused = deps.inventory.refusal(p.host or "", p.namespace, p.spec)
+    if refused is not None:
+        raise Wait(TENANT_NOT_ALLOWED, str(refused), failure=True)
     networks = [nic.network for nic in p.spec.interfaces if nic.network]
     try:
         await host.call(machines.check_networks, networks, doing="look up networks")
     except errors.NetworkNotFound as error:
         raise Wait(NETWORK_NOT_FOUND, str(error), failure=True) from None
+
+
+async def record_owner(deps: Dependencies, p: MachinePass) -> None:
+    """The domain's owner metadata names this management cluster: a domain adopted after clusterctl move (made by the
+    source's operator), released by a move source, or made by a release before management cluster identities.
+    Rewritten in place (virDomainSetMetadata): the domain is neither redefined nor restarted. Only then can the
+    orphan collector of this management cluster, and no other, ever tell it is ours."""
+    if p.domain is None or not deps.management_cluster:
+        return
+    owner = domain_xml.parse_owner(p.domain.xml)
+    if owner is None or owner.management_cluster == deps.management_cluster:
+        return
+    host = deps.hosts.get(p.host or "")
+    await host.call(host_domains.set_owner, p.domain_uuid,
+                    dataclasses.replace(owner, management_cluster=deps.management_cluster), owner,
+                    doing="set owner metadata")
+    p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
+    await _event(deps, p.body, "Normal", "OwnerRecorded", f"domain {p.domain_name} on host {p.host} now records this "
+                 f"management cluster as its owner (was {owner.management_cluster or 'none'})")
 
 
 async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
@@ -514,13 +576,17 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     pool_dir = await host.call(machines.pool_path, volumes.pool, doing="read pool path")
     provider = provider_id.format_provider_id(p.host or "", p.domain_uuid)
     owner = domain_xml.Owner(namespace=p.namespace, name=p.name, uid=p.uid,
-                             cluster=(p.cluster or {}).get("metadata", {}).get("name"))
+                             cluster=(p.cluster or {}).get("metadata", {}).get("name"),
+                             management_cluster=deps.management_cluster)
     overlay_path = f"{pool_dir}/{volumes.overlay}"
-    config = domain_xml.from_spec(p.spec, name=p.domain_name, uuid=p.domain_uuid, disk_path=overlay_path,
-                                  iso_path=f"{pool_dir}/{volumes.nocloud}",
-                                  serial_log_path=f"{pool_dir}/{volumes.serial_log}", owner=owner)
+    try:
+        config = domain_xml.from_spec(p.spec, name=p.domain_name, uuid=p.domain_uuid, disk_path=overlay_path,
+                                      iso_path=f"{pool_dir}/{volumes.nocloud}",
+                                      serial_log_path=f"{pool_dir}/{volumes.serial_log}", owner=owner)
+    except ValueError as error:  # a spec admission let through that no domain XML can carry: the spec is immutable
+        raise Wait(INVALID_SPEC, f"invalid spec: {error}", None, failure=True) from None
     iso = nocloud.build_nocloud_iso(
-        user_data=p.bootstrap.value if p.bootstrap else b"",  # (always set: fetched above)
+        user_data=(p.bootstrap.value if p.bootstrap else None) or b"",  # (always set and non-empty: fetched above)
         meta_data=cloud_init.meta_data(p.domain_uuid, naming.hostname(p.name), provider),
         network_config=cloud_init.network_config(p.spec.interfaces, [nic.mac for nic in config.interfaces]),
     )
@@ -598,8 +664,8 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
 
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
-          read_bootstrap_data, choose_host, clean_former_hosts, check_networks, ensure_overlay, ensure_domain, ensure_running,
-          publish_provider_id, observe_addresses, patch_workload_node)
+          read_bootstrap_data, choose_host, clean_former_hosts, check_networks, record_owner, ensure_overlay,
+          ensure_domain, ensure_running, publish_provider_id, observe_addresses, patch_workload_node)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
 
@@ -645,7 +711,9 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
     except Wait as wait:
         if not wait.failure:
             deps.failures.pop(key, None)
-        return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, wait) if wait.failure else wait)
+        # A failure with no retry (an invalid spec: immutable, so retrying cannot help) waits for a watch event.
+        backoff = wait.failure and wait.retry_after is not None
+        return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, wait) if backoff else wait)
     except errors.HypervisorError as error:
         return await _write_status(deps, p.body, p.status, _with_backoff(deps, key, _wait_for_hypervisor(error)))
     except Exception as error:  # noqa: BLE001  anything else: a condition that names its kind, details in the log
@@ -716,7 +784,9 @@ async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
     if body is None or FINALIZER not in (body["metadata"].get("finalizers") or []):
         return None  # gone, or never placed (nothing was made: the finalizer comes first)
     if DELETE_FOR_MOVE_ANNOTATION in (body["metadata"].get("annotations") or {}):
-        # clusterctl move deletes the source copy of a machine that lives on: never touch the host.
+        # clusterctl move deletes the source copy of a machine that lives on: never touch the host, and never take
+        # its domain for an orphan (the orphan collector releases its owner metadata to the move target).
+        deps.moved_away.add(naming.identity_uid(body))
         log.info("%s/%s deleted by clusterctl move (%s): its domain stays, the finalizer goes", namespace, name,
                  DELETE_FOR_MOVE_ANNOTATION)
         await _event(deps, body, "Normal", DELETED_FOR_MOVE, "deleted by clusterctl move; the domain on host "

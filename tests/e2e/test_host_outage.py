@@ -31,7 +31,7 @@ from devenv import remote_access as ra
 from devenv.libvirt_host import LibvirtHost, run
 from guests import host_objects, provider_objects
 
-from fixtures_control_plane import operator_running
+from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from prereq import require
 from waiting import wait_until
 
@@ -89,16 +89,19 @@ def of_machine(access: ra.RemoteAccess, namespace: str, name: str, uid: str) -> 
 
 
 async def add_host(api_client, namespace: str, name: str, access: ra.RemoteAccess, **spec) -> None:
-    """A LibvirtHost over qemu+tls and its credentials Secret."""
+    """A LibvirtHost over qemu+tls and its credentials Secret (in the provider's namespace, the only one host
+    credentials may live in); its access rules allow the test's namespace both base images and the host's network."""
     folder = access.client_dir
     data = {"ca.crt": folder / "cacert.pem", "tls.crt": folder / "clientcert.pem", "tls.key": folder / "clientkey.pem"}
-    await client.CoreV1Api(api_client).create_namespaced_secret(namespace, client.V1Secret(
+    await client.CoreV1Api(api_client).create_namespaced_secret(PROVIDER_NAMESPACE, client.V1Secret(
         metadata=client.V1ObjectMeta(name=name),
         data={key: base64.b64encode(path.read_bytes()).decode() for key, path in data.items()}))
     await client.CustomObjectsApi(api_client).create_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", {
         "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": name},
         "spec": {"uri": f"qemu+tls://{access.address}/system", "storagePool": access.host.pool_name,
-                 "credentialsSecretRef": {"name": name, "namespace": namespace}, **spec}})
+                 "credentialsSecretRef": {"name": name, "namespace": PROVIDER_NAMESPACE},
+                 "access": {"namespaces": [namespace], "images": [BASE, ONLY_ON_B],
+                            "networks": [access.host.network_name]}, **spec}})
 
 
 async def patch_host(api_client, name: str, spec: dict) -> None:
@@ -111,6 +114,8 @@ async def delete_hosts(api_client, names) -> None:
     for name in names:
         with contextlib.suppress(client.exceptions.ApiException):
             await objects.delete_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name)
+        with contextlib.suppress(client.exceptions.ApiException):
+            await client.CoreV1Api(api_client).delete_namespaced_secret(name, PROVIDER_NAMESPACE)
 
     async def gone():
         listed = await objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import pathlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import kopf
 import pytest
@@ -102,9 +104,11 @@ def plain_namespace(control_plane: cp.LocalControlPlane) -> Iterator[str]:
 
 @contextlib.asynccontextmanager
 async def operator_running(control_plane: cp.LocalControlPlane, hosts: dict[str, str],
-                           config: operator_config.OperatorConfig | None = None) -> AsyncIterator[kopf.Memo]:
+                           config: operator_config.OperatorConfig | None = None,
+                           **settings: Any) -> AsyncIterator[kopf.Memo]:
     """The operator itself, in the test's event loop, against the test API server and the given libvirt hosts
-    (or with `config`, which then names the hosts itself).
+    (or with `config`, which then names the hosts itself); `settings` are more of its OperatorConfig
+    (probe_interval_s, replace_after_s, ...), set over `config` when both are given.
 
     Yields the operator's memo: `memo.runtime.deps` holds its API and host connections (and their call counters).
     It authenticates as OPERATOR_USER, whose only rights are the ClusterRole the project ships.
@@ -112,6 +116,8 @@ async def operator_running(control_plane: cp.LocalControlPlane, hosts: dict[str,
     os.environ["KUBECONFIG"] = str(control_plane.kubeconfig_for(OPERATOR_USER))
     stop, memo = asyncio.Event(), kopf.Memo()
     config = config if config is not None else operator_config.OperatorConfig(hosts=hosts)
+    if settings:
+        config = dataclasses.replace(config, **settings)
     task = asyncio.create_task(main.run_operator(operator_config=config,
                                                  stop_flag=stop, memo=memo))
     try:

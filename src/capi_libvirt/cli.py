@@ -58,6 +58,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
     operator_config = config.from_environment(args.host, workers=args.workers,
                                               creates_per_host=args.creates_per_host,
+                                              probe_interval_s=args.host_probe_interval,
+                                              replace_after_s=args.replace_unreachable_after,
                                               management_cluster_id=args.management_cluster_id,
                                               orphan_grace=args.orphan_grace_period)
     operator = main.run_operator(args.namespace, operator_config=operator_config,
@@ -95,6 +97,16 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of seconds above 0")
+    return seconds
+
+
 def _management_cluster_id(value: str) -> str:
     from capi_libvirt.operator import config
 
@@ -130,6 +142,13 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--creates-per-host", type=_positive_int, default=config.DEFAULT_CREATES_PER_HOST, metavar="N",
                      help="machines created on one libvirt host at once; a burst queues behind them "
                           f"(default: {config.DEFAULT_CREATES_PER_HOST})")
+    run.add_argument("--host-probe-interval", type=_positive_seconds, default=config.DEFAULT_PROBE_INTERVAL_S,
+                     metavar="SECONDS", help="probe every libvirt host this often (default: "
+                                             f"{config.DEFAULT_PROBE_INTERVAL_S:g})")
+    run.add_argument("--replace-unreachable-after", type=_positive_seconds, default=config.DEFAULT_REPLACE_AFTER_S,
+                     metavar="SECONDS", help="a machine that never had a domain on its host moves to another host "
+                                             "when that host stays unreachable this long (default: "
+                                             f"{config.DEFAULT_REPLACE_AFTER_S:g})")
     run.add_argument("--management-cluster-id", type=_management_cluster_id, metavar="ID",
                      help=f"this management cluster's identity in domains' owner metadata (default: "
                           f"${config.MANAGEMENT_CLUSTER_ENV}, else the kube-system Namespace's UID)")

@@ -131,7 +131,7 @@ async def test_template_capacity_accepts_only_strings(api_client, namespace):
     assert patched["status"]["capacity"] == {"cpu": "2"}
 
 
-async def test_machine_spec_is_immutable_but_provider_id_can_be_set_once(api_client, namespace):
+async def test_machine_spec_is_immutable_and_provider_id_keeps_its_domain_once_set(api_client, namespace):
     await create(api_client, namespace, machine("fixed"))
     objects = client.CustomObjectsApi(api_client)
     args = (meta.GROUP, meta.VERSION, namespace, "libvirtmachines", "fixed")
@@ -145,7 +145,14 @@ async def test_machine_spec_is_immutable_but_provider_id_can_be_set_once(api_cli
     provider_id = "libvirt://kvm1/5d64ece4-dc73-59e8-9624-de2ce4c5a35e"
     patched = await objects.patch_namespaced_custom_object(*args, {"spec": {"providerID": provider_id}}, **MERGE)
     assert patched["spec"]["providerID"] == provider_id
-    with pytest.raises(ApiException) as caught:
+    with pytest.raises(ApiException) as caught:  # another domain: never
         await objects.patch_namespaced_custom_object(
-            *args, {"spec": {"providerID": "libvirt://kvm2/5d64ece4-dc73-59e8-9624-de2ce4c5a35e"}}, **MERGE)
+            *args, {"spec": {"providerID": "libvirt://kvm1/0d64ece4-dc73-59e8-9624-de2ce4c5a35e"}}, **MERGE)
     assert caught.value.status == 422 and "providerID cannot change" in json.loads(caught.value.body)["message"]
+    with pytest.raises(ApiException) as caught:
+        await objects.patch_namespaced_custom_object(*args, {"spec": {"providerID": None}}, **MERGE)
+    assert caught.value.status == 422
+    # The same domain UUID on another host: a machine that never had a domain, placed again after a host outage.
+    moved = "libvirt://kvm2/5d64ece4-dc73-59e8-9624-de2ce4c5a35e"
+    patched = await objects.patch_namespaced_custom_object(*args, {"spec": {"providerID": moved}}, **MERGE)
+    assert patched["spec"]["providerID"] == moved

@@ -10,11 +10,12 @@ import types
 
 import pytest
 
-from capi_libvirt.core import capacity, domain_xml, naming, provider_id
+from capi_libvirt.core import capacity, domain_xml, naming, outage, provider_id
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile import hosts as hosts_reconcile
 from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile.machine import DELETE_FOR_MOVE_ANNOTATION, FINALIZER, IDENTITY_ANNOTATION
+from capi_libvirt.reconcile.machine import DOMAIN_RECORD_ANNOTATION as DOMAIN_RECORD
 
 pytestmark = pytest.mark.unit
 
@@ -115,7 +116,7 @@ def deps_for(body: dict, domain: machines.DomainInfo | None) -> tuple[machine_re
             assert name == "kvm1", name
             return host
 
-    inventory = types.SimpleNamespace(registry=Registry(), hosts={})
+    inventory = types.SimpleNamespace(registry=Registry(), hosts={}, state=lambda name: outage.HostState())
     deps = machine_reconcile.Dependencies(kube=FakeKube(body), inventory=inventory,
                                           post_event=lambda body, kind, reason, message: events.append(reason),
                                           now=lambda: "2026-01-01T00:00:00Z")
@@ -145,11 +146,12 @@ def test_a_copy_records_the_same_host_and_names_as_its_source() -> None:
     assert (a.uid, a.domain_uuid, a.domain_name, a.volumes()) == (b.uid, b.domain_uuid, b.domain_name, b.volumes())
 
 
-def test_the_placement_patch_writes_finalizer_provider_id_and_identity_in_one_guarded_write() -> None:
+def test_the_placement_patch_writes_finalizer_provider_id_identity_and_an_empty_domain_record_in_one_guarded_write() -> None:
     body = {"metadata": {"namespace": "ns", "name": "m0", "uid": SOURCE_UID, "resourceVersion": "3",
                          "finalizers": ["other"]}, "spec": {}}
     patch = machine_reconcile.placement_patch(body, "kvm1")
-    assert patch == {"metadata": {"finalizers": ["other", FINALIZER], "annotations": {IDENTITY_ANNOTATION: SOURCE_UID},
+    assert patch == {"metadata": {"finalizers": ["other", FINALIZER], "annotations": {IDENTITY_ANNOTATION: SOURCE_UID,
+                                                                             DOMAIN_RECORD: ""},
                                   "resourceVersion": "3"},
                      "spec": {"providerID": PROVIDER_ID}}
 
@@ -289,14 +291,14 @@ async def test_a_host_entering_the_inventory_is_announced_once_an_update_is_not(
         hosts: dict = {}
 
         def upsert(self, name, spec, secret):
-            self.hosts[name] = spec
+            self.hosts[name] = types.SimpleNamespace(spec=spec)  # as the inventory keeps a host: with its spec
             return None
 
     async def probe_and_publish(deps, name):
         probed.append(name)
 
     monkeypatch.setattr(hosts_reconcile, "probe_and_publish", probe_and_publish)
-    deps = types.SimpleNamespace(inventory=Inventory(), host_added=added.append)
+    deps = types.SimpleNamespace(inventory=Inventory(), wake_host=added.append)
     spec = {"uri": "qemu+ssh://root@kvm1/system", "storagePool": "default"}
     await hosts_reconcile.upsert_host(deps, "kvm1", spec)
     await hosts_reconcile.upsert_host(deps, "kvm1", spec)  # a spec update or a resume: already known
@@ -315,10 +317,10 @@ async def test_machines_placed_on_an_added_host_are_queued_now_with_their_backof
     deps = machine_reconcile.Dependencies(kube=types.SimpleNamespace(cache=cache), inventory=None,
                                           post_event=lambda *args: None)
     runtime = handlers.Runtime(deps)
-    assert deps.host_added == runtime.wake_host
+    assert deps.wake_host == runtime.wake_host
     deps.failures.update({("ns", "m0"): 5, ("ns", "elsewhere"): 3})
     queued = []
     runtime.machines = types.SimpleNamespace(add=queued.append)
-    deps.host_added("kvm1")
+    deps.wake_host("kvm1")
     assert queued == [("ns", "m0"), ("ns", "by-status")]
     assert deps.failures == {("ns", "elsewhere"): 3}

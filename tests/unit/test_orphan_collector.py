@@ -15,6 +15,7 @@ from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.core.orphans import HostDomain
 from capi_libvirt.hypervisor import host_domains
 from capi_libvirt.operator import config
+from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile import orphans as collector
 
 pytestmark = pytest.mark.unit
@@ -75,10 +76,12 @@ def machine_of(domain: HostDomain) -> dict:
             "spec": {"providerID": provider_id.format_provider_id(HOST, domain.uuid)}}
 
 
-def dependencies(host: FakeHost, kube: FakeKube, management: str | None = ME) -> types.SimpleNamespace:
+def dependencies(host: FakeHost, kube: FakeKube, management: str | None = ME,
+                 decommissioned: bool = False) -> types.SimpleNamespace:
     events: list[tuple[str, str, str]] = []
     removed: list[tuple[str, int, int]] = []
-    known = types.SimpleNamespace(reachable=True, spec=types.SimpleNamespace(storage_pool="default"))
+    known = types.SimpleNamespace(reachable=True, spec=types.SimpleNamespace(storage_pool="default",
+                                                                             decommissioned=decommissioned))
     return types.SimpleNamespace(
         management_cluster=management, orphan_grace_s=GRACE, moved_away=set(), kube=kube,
         hosts=types.SimpleNamespace(get=lambda name: host),
@@ -116,6 +119,28 @@ async def test_without_a_management_cluster_identity_nothing_is_looked_at() -> N
     deps = dependencies(host, FakeKube([], []), management=None)
     assert await collector.collect_host(deps, HOST, clock=lambda: 1e9) is None
     assert host.removed == [] and deps.events == []
+
+
+async def test_a_decommissioned_host_is_never_contacted() -> None:
+    class Untouchable(FakeHost):
+        async def call(self, function, *args, doing: str):
+            raise AssertionError(f"a decommissioned host was asked to {doing}")
+    deps = dependencies(Untouchable([ours("gone")]), FakeKube([], []), decommissioned=True)
+    assert await collector.collect_host(deps, HOST, clock=lambda: 1e9) is None
+    assert deps.events == [] and deps.kube.statuses == []
+
+
+async def test_a_replaced_machines_domain_left_on_its_old_host_is_claimed_not_collected() -> None:
+    """Outage re-placement changes only the providerID's host (same domain UUID, same identity): whatever the machine
+    left on the host it moved away from stays its own, for its reconcile (clean_former_hosts) to remove."""
+    left = ours("moved-off")
+    moved = machine_of(left)
+    moved["spec"]["providerID"] = provider_id.format_provider_id("kvm2", left.uuid)
+    moved["metadata"]["annotations"] = {machine_reconcile.FORMER_HOSTS_ANNOTATION: HOST}
+    host = FakeHost([left])
+    deps = dependencies(host, FakeKube(cached=[moved], fresh=[moved]))
+    record = await collector.collect_host(deps, HOST, clock=lambda: 1e9)
+    assert record is not None and record.pending == 0 and host.removed == [] and deps.events == []
 
 
 async def test_a_machine_deleted_for_move_is_released_not_collected() -> None:

@@ -28,6 +28,7 @@ def test_pinned_host_is_taken_when_healthy_with_room():
     ([host("a")], placement.HOST_NOT_FOUND),
     ([host("b", healthy=False)], placement.HOST_UNREACHABLE),
     ([host("b", allocated_memory_mib=16000)], placement.INSUFFICIENT_CAPACITY),
+    ([host("b", decommissioned=True)], placement.HOST_DECOMMISSIONED),
 ])
 def test_pinned_host_that_cannot_take_the_machine_says_why(hosts, reason):
     result = choose_host(dataclasses.replace(SMALL, pinned_host="b"), hosts)
@@ -89,3 +90,37 @@ def test_a_burst_spreads_when_each_placement_counts_the_ones_before_it():
 def test_same_inputs_same_host():
     hosts = [host("b"), host("a"), host("c")]
     assert {choose_host(SMALL, hosts).host for _ in range(5)} == {"a"}
+
+
+def test_a_decommissioned_host_is_never_chosen_even_when_it_looks_healthy_and_emptiest():
+    hosts = [host("a", decommissioned=True), host("b", allocated_memory_mib=8192)]
+    assert choose_host(SMALL, hosts) == Placed("b", None)
+    result = choose_host(SMALL, [host("a", decommissioned=True)])
+    assert isinstance(result, NoHost) and result.reason == placement.HOST_UNREACHABLE
+
+
+# -- decommissioned hosts and tenant refusals together (the outage and tenancy work merged) ---------------------------
+
+def test_a_pinned_host_that_refuses_is_tenant_not_allowed_before_it_is_decommissioned():
+    """A tenant learns nothing more of a host it may not use: the refusal comes first."""
+    pinned = Request(cpus=1, memory_mib=1024, pinned_host="b")
+    result = choose_host(pinned, [host("b", decommissioned=True, refusal="host b does not allow namespace t")])
+    assert isinstance(result, NoHost) and result.reason == placement.TENANT_NOT_ALLOWED
+    result = choose_host(pinned, [host("b", decommissioned=True)])
+    assert isinstance(result, NoHost) and result.reason == placement.HOST_DECOMMISSIONED
+
+
+def test_candidates_exclude_decommissioned_and_refusing_hosts():
+    hosts = [host("a", decommissioned=True), host("b", refusal="no b"), host("c", allocated_memory_mib=8192)]
+    assert choose_host(SMALL, hosts) == Placed("c", None)
+
+
+def test_a_decommissioned_host_that_would_allow_the_machine_does_not_hide_the_refusals():
+    result = choose_host(SMALL, [host("a", decommissioned=True), host("b", refusal="no b")])
+    assert isinstance(result, NoHost) and result.reason == placement.TENANT_NOT_ALLOWED
+    assert result.message == "no host allows this machine: no b"
+
+
+def test_a_decommissioned_host_is_not_named_among_the_refusals():
+    result = choose_host(SMALL, [host("a", decommissioned=True, refusal="no a"), host("b", refusal="no b")])
+    assert isinstance(result, NoHost) and result.reason == placement.TENANT_NOT_ALLOWED and "no a" not in result.message

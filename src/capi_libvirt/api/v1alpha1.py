@@ -131,8 +131,12 @@ def machine_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:
             rules.append(f"has(self.{name}) == has(oldSelf.{name}) && (!has(self.{name}) || self.{name} == oldSelf.{name})")
     return [
         {"rule": " && ".join(rules), "message": "the machine spec is immutable (only providerID may be set, once)"},
-        {"rule": "!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)",
-         "message": "providerID cannot change once set"},
+        # The host part may change, the domain UUID (after the last '/') never: a machine that never had a domain is
+        # placed again when its host stays unreachable (the operator refuses a host change once a domain was defined).
+        {"rule": "!has(oldSelf.providerID) || (has(self.providerID) && (self.providerID == oldSelf.providerID || "
+                 "self.providerID.substring(self.providerID.lastIndexOf('/')) == "
+                 "oldSelf.providerID.substring(oldSelf.providerID.lastIndexOf('/'))))",
+         "message": "providerID cannot change once set, except its host (the domain UUID stays)"},
     ]
 
 
@@ -364,6 +368,11 @@ class LibvirtHostSpec(meta.Model):
     """Storage pool whose capacity the health probe reports."""
     unschedulable: bool = False
     """Place no new machines here (existing ones stay)."""
+    decommissioned: bool = False
+    """The host is gone for good (lost, or retired without draining): the operator stops talking to it, places
+    nothing here, moves machines that never had a domain here to another host, and releases the finalizers of
+    machines being deleted with a Warning event naming what may remain on the host. Machines whose domain may be
+    here are not moved: they report HostDecommissioned until they are deleted (a MachineHealthCheck replaces them)."""
 
 
 class PoolStatus(meta.Model):

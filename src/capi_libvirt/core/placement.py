@@ -1,12 +1,14 @@
 """Placement: which host a new machine goes to. Pure: hosts and their load in, a decision (or why none) out.
 
-Only hosts whose access rules allow the machine (core.tenancy; the caller puts each host's refusal in its HostLoad)
-are considered; a pinned host that refuses it is a TenantNotAllowed answer. A pinned host is taken as it is (if
-healthy and with room). Otherwise: healthy hosts in the requested failure
-domain (control-plane machines only where the host allows them), with room after overcommit: capacity x ratio
-minus what the provider's machines are allocated there (the caller counts machines placed a moment ago), spread so
-that a group (a MachineDeployment, the control plane) lands in the failure domain and on the host where it has the
-fewest machines, then the most memory room; ties broken by name, so the same inputs always give the same host.
+A decommissioned host (LibvirtHost.spec.decommissioned) is never a candidate and never named in a refusal. Only
+hosts whose access rules allow the machine (core.tenancy; the caller puts each host's refusal in its HostLoad) are
+considered; a pinned host that refuses it is a TenantNotAllowed answer, checked before HostDecommissioned, health and
+capacity. A pinned host is taken as it is (if in service, healthy and with room). Otherwise: healthy hosts in the
+requested failure domain (control-plane machines only where the host allows them), with room after overcommit:
+capacity x ratio minus what the provider's machines are allocated there (the caller counts machines placed a moment
+ago), spread so that a group (a MachineDeployment, the control plane) lands in the failure domain and on the host
+where it has the fewest machines, then the most memory room; ties broken by name, so the same inputs always give the
+same host.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class HostLoad:
     memory_overcommit: float = 1.0  # guest memory allowed per MiB of host memory
     failure_domain: str | None = None
     control_plane: bool = True  # control-plane machines may go here
+    decommissioned: bool = False  # gone for good (LibvirtHost.spec.decommissioned): never a candidate
     refusal: str | None = None  # why the host's access rules refuse this machine (core.tenancy), or None
 
     @property
@@ -69,6 +72,7 @@ class NoHost:
 
 HOST_NOT_FOUND = "HostNotFound"
 HOST_UNREACHABLE = "HostUnreachable"
+HOST_DECOMMISSIONED = "HostDecommissioned"
 INSUFFICIENT_CAPACITY = "InsufficientCapacity"
 NO_HOST_IN_FAILURE_DOMAIN = "NoHostInFailureDomain"
 TENANT_NOT_ALLOWED = "TenantNotAllowed"
@@ -93,8 +97,10 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
         host = by_name.get(request.pinned_host)
         if host is None:
             return NoHost(HOST_NOT_FOUND, f"pinned host {request.pinned_host} is not in the inventory")
-        if host.refusal is not None:
+        if host.refusal is not None:  # first: a tenant learns nothing more of a host it may not use
             return NoHost(TENANT_NOT_ALLOWED, f"pinned host refuses this machine: {host.refusal}")
+        if host.decommissioned:
+            return NoHost(HOST_DECOMMISSIONED, f"pinned host {host.name} is decommissioned")
         if not host.healthy:
             return NoHost(HOST_UNREACHABLE, f"pinned host {host.name} is not reachable")
         if request.control_plane and not host.control_plane:
@@ -103,10 +109,11 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
             return NoHost(INSUFFICIENT_CAPACITY, f"pinned host cannot take {wanted}: {_shortfall(host, request)}")
         return Placed(host.name, host.failure_domain)
 
-    allowed = [h for h in hosts if h.refusal is None]
-    if hosts and not allowed:
+    in_service = [h for h in hosts if not h.decommissioned]  # a decommissioned host is out of placement entirely
+    allowed = [h for h in in_service if h.refusal is None]
+    if in_service and not allowed:
         return NoHost(TENANT_NOT_ALLOWED, "no host allows this machine: " + "; ".join(
-            str(h.refusal) for h in sorted(hosts, key=lambda h: h.name)))
+            str(h.refusal) for h in sorted(in_service, key=lambda h: h.name)))
     candidates = [h for h in allowed if h.healthy and (h.control_plane or not request.control_plane)]
     if request.failure_domain is not None:
         candidates = [h for h in candidates if h.failure_domain == request.failure_domain]

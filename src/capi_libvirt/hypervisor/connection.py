@@ -1,9 +1,12 @@
-"""One libvirt connection per host: opened lazily, reused, kept alive, and re-opened when it breaks.
+"""The libvirt connections of a host: opened lazily, reused, kept alive, and re-opened when they break.
 
 libvirt's C calls never yield to the event loop, so every call runs in a thread pool of its host's own: a slow or
-hung host cannot take the threads other hosts need. A `threading.Lock` guards opening, so concurrent reconciles
-share one connection instead of racing to open several. libvirt's default event loop runs in a thread of its own,
-which is what lets connections send keepalives and notice a dead peer instead of hanging on it.
+hung host cannot take the threads other hosts need. Each of the pool's THREADS_PER_HOST threads has a connection of
+its own, so no two calls ever run on one connection: libvirt 9.0's client crashed the process (SIGSEGV in its RPC
+event loop) when a keepalive timeout closed a connection that two threads were waiting on, and again on the next
+connection (a host cut off by a link going down; hack/libvirt-keepalive-crash.py reproduces it). A connection is
+closed only by its own thread, never under another thread's call. libvirt's default event loop runs in a thread of
+its own, which is what lets connections send keepalives and notice a dead peer instead of hanging on it.
 """
 
 from __future__ import annotations
@@ -54,16 +57,17 @@ def ensure_libvirt_event_loop() -> None:
 
 
 class HostConnection:
-    """A host's libvirt connection. `await call(fn, ...)` runs `fn(conn, ...)` in the host's pool with a live one."""
+    """A host's libvirt connections. `await call(fn, ...)` runs `fn(conn, ...)` in the host's pool with a live one."""
 
     def __init__(self, host: str, uri: str, credentials: creds.Credentials | None = None) -> None:
         self.host = host
         self.uri = uri
         self.credentials = credentials
         self._executor = concurrent.futures.ThreadPoolExecutor(THREADS_PER_HOST, thread_name_prefix=f"libvirt-{host}")
-        self._lock = threading.Lock()
-        self._conn: libvirt.virConnect | None = None
-        self.opened = 0  # how many times a connection was opened: 1 in a healthy life
+        self._local = threading.local()  # .conn: the calling pool thread's connection
+        self._lock = threading.Lock()  # guards _open and the counters
+        self._open: set[libvirt.virConnect] = set()
+        self.opened = 0  # connections opened: at most THREADS_PER_HOST in a healthy life
         self.calls = 0  # operations run on the host (each one or a few libvirt API calls), for the README's numbers
 
     async def call(self, fn: Callable[..., T], *args: object, doing: str = "") -> T:
@@ -85,39 +89,41 @@ class HostConnection:
             raise
 
     def _live_connection(self) -> libvirt.virConnect:
-        with self._lock:
-            conn = self._conn
-            if conn is not None:
-                try:
-                    if conn.isAlive():
-                        return conn
-                except libvirt.libvirtError:
-                    pass
-                log.warning("connection to host %s broke; re-opening", self.host)
-                self._close_quietly(conn)
-                self._conn = None
+        """This thread's connection, opened when it has none or it broke."""
+        conn: libvirt.virConnect | None = getattr(self._local, "conn", None)
+        if conn is not None:
             try:
-                with creds.materialized(self.uri, self.credentials) as uri:
-                    conn = libvirt.open(uri)
-            except libvirt.libvirtError as error:
-                reason = errors.translate(error, self.host, "connect")
-                raise errors.HostUnreachable(reason.message, self.host) from None
-            except creds.CredentialsError as error:
-                raise errors.HostUnreachable(str(error), self.host) from None
-            try:
-                conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
+                if conn.isAlive():
+                    return conn
             except libvirt.libvirtError:
-                pass  # local (unix socket) drivers without keepalive support: nothing to detect there
-            self._conn = conn
+                pass
+            log.warning("connection to host %s broke; re-opening", self.host)
+            self._drop(conn)
+        try:
+            with creds.materialized(self.uri, self.credentials) as uri:
+                conn = libvirt.open(uri)
+        except libvirt.libvirtError as error:
+            reason = errors.translate(error, self.host, "connect")
+            raise errors.HostUnreachable(reason.message, self.host) from None
+        except creds.CredentialsError as error:
+            raise errors.HostUnreachable(str(error), self.host) from None
+        try:
+            conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
+        except libvirt.libvirtError:
+            pass  # local (unix socket) drivers without keepalive support: nothing to detect there
+        self._local.conn = conn
+        with self._lock:
+            self._open.add(conn)
             self.opened += 1
-            log.info("connected to host %s", self.host)
-            return conn
+        log.info("connected to host %s", self.host)
+        return conn
 
     def _drop(self, conn: libvirt.virConnect) -> None:
+        """Close this thread's broken connection (no other thread ever uses it)."""
+        self._local.conn = None
         with self._lock:
-            if self._conn is conn:
-                self._close_quietly(conn)
-                self._conn = None
+            self._open.discard(conn)
+        self._close_quietly(conn)
 
     @staticmethod
     def _close_quietly(conn: libvirt.virConnect) -> None:
@@ -127,12 +133,12 @@ class HostConnection:
             pass
 
     def close(self) -> None:
-        """Blocking: call it from a thread (the operator's cleanup does)."""
-        with self._lock:
-            if self._conn is not None:
-                self._close_quietly(self._conn)
-                self._conn = None
+        """Blocking: call it from a thread (the operator's cleanup does), once no call runs any more."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            connections, self._open = list(self._open), set()
+        for conn in connections:
+            self._close_quietly(conn)
 
 
 class HostRegistry:

@@ -8,7 +8,9 @@ import re
 from collections.abc import Sequence
 
 from capi_libvirt.api import meta
+from capi_libvirt.core.outage import DEFAULT_REPLACE_AFTER_S
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
+from capi_libvirt.reconcile.inventory import PROBE_INTERVAL_S as DEFAULT_PROBE_INTERVAL_S
 from capi_libvirt.reconcile.machine import ORPHAN_GRACE_S
 from capi_libvirt.reconcile.orphans import INTERVAL_S as ORPHAN_INTERVAL_S
 
@@ -27,6 +29,8 @@ class OperatorConfig:
     hosts: dict[str, str]  # host name (as in providerIDs) -> libvirt URI
     workers: int = DEFAULT_WORKERS
     creates_per_host: int = DEFAULT_CREATES_PER_HOST
+    probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S  # how often every host is probed
+    replace_after_s: float = DEFAULT_REPLACE_AFTER_S  # an unreachable host's machines with no domain move after this
     # This management cluster's identity in domains' owner metadata (None: the kube-system Namespace's UID). Give it
     # when the management cluster may be rebuilt around the same hosts and must recognise its domains.
     management_cluster_id: str | None = None
@@ -83,12 +87,15 @@ def provider_namespace() -> str:
 
 
 def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_WORKERS,
-                     creates_per_host: int = DEFAULT_CREATES_PER_HOST, management_cluster_id: str | None = None,
+                     creates_per_host: int = DEFAULT_CREATES_PER_HOST,
+                     probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+                     replace_after_s: float = DEFAULT_REPLACE_AFTER_S, management_cluster_id: str | None = None,
                      orphan_grace: str | None = None, orphan_interval_s: float = ORPHAN_INTERVAL_S) -> OperatorConfig:
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
     grace = orphan_grace or os.environ.get(ORPHAN_GRACE_ENV)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
-                          workers=workers, creates_per_host=creates_per_host, provider_namespace=provider_namespace(),
+                          workers=workers, creates_per_host=creates_per_host, probe_interval_s=probe_interval_s,
+                          replace_after_s=replace_after_s, provider_namespace=provider_namespace(),
                           management_cluster_id=_management_cluster_id(management_cluster_id),
                           orphan_grace_s=ORPHAN_GRACE_S if grace is None else parse_grace_period(grace),
                           orphan_interval_s=orphan_interval_s)

@@ -63,7 +63,7 @@ class Runtime:
         self.prober: asyncio.Task | None = None
         self.election: asyncio.Task | None = None
         self.metrics: metrics.Source | None = None
-        deps.host_added = self.wake_host
+        deps.wake_host = self.wake_host
         self.relists: dict[str, asyncio.Task] = {}  # a cached kind -> its pending relist (relisted)
         self.closing = False  # the operator stops: no new background work
 
@@ -112,12 +112,12 @@ class Runtime:
                 self.machines.add((namespace, body["metadata"]["name"]))
 
     def wake_host(self, host: str) -> None:
-        """Every cached machine placed on `host` (its providerID or status names it), queued now with its backoff
-        cleared: a host that just entered the inventory (a LibvirtHost clusterctl move copied) ends their
-        HostUnreachable wait."""
+        """Every cached machine placed on `host` (its providerID or status names it) or moved away from it, queued now
+        with its backoff cleared: the host just entered the inventory (a LibvirtHost clusterctl move copied), went
+        down, came back, or was decommissioned; its machines decide again without waiting out their backoff."""
         for body in self.deps.kube.cache.items(api.LIBVIRT_MACHINES):
             namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-            if placed_on(body) == host:
+            if placed_on(body) == host or host in machine_reconcile.former_hosts(body):
                 self.deps.failures.pop((namespace, name), None)
                 self.machines.add((namespace, name))
 
@@ -195,6 +195,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=EventPoster(kube),
                                           observe=observer,
                                           creates_per_host=cfg.creates_per_host,
+                                          probe_interval_s=cfg.probe_interval_s, replace_after_s=cfg.replace_after_s,
                                           management_cluster=cfg.management_cluster_id or
                                           await _management_cluster_identity(kube),
                                           orphan_grace_s=cfg.orphan_grace_s,

@@ -27,8 +27,9 @@ from capi_libvirt.reconcile.machine import (
 )
 
 log = logging.getLogger(__name__)
-PROBE_INTERVAL_S = 30.0
+PROBE_INTERVAL_S = inventory_.PROBE_INTERVAL_S
 REACHABLE, UNREACHABLE, INVALID, IN_USE = "Reachable", "HostUnreachable", "InvalidSpec", "HostInUse"
+DECOMMISSIONED = "Decommissioned"
 CREDENTIALS_NAMESPACE = "CredentialsNamespaceNotAllowed"
 
 
@@ -67,11 +68,12 @@ async def upsert_host(deps: Dependencies, name: str, spec_data: dict[str, Any]) 
         if data is None:
             await _refuse(deps, name, UNREACHABLE, f"credentials Secret {ref.namespace}/{ref.name} not found")
         secret = credentials.Credentials(data)
-    added = name not in deps.inventory.hosts
+    current = deps.inventory.hosts.get(name)
+    decommissioning_changed = current is not None and current.spec.decommissioned != spec.decommissioned
     await _close(deps.inventory.upsert(name, spec, secret))
     await probe_and_publish(deps, name)
-    if added:
-        deps.host_added(name)
+    if current is None or decommissioning_changed:
+        deps.wake_host(name)  # its machines decide again: a copied host's adopted, re-placed, held, or released
 
 
 async def remove_host(deps: Dependencies, name: str) -> None:
@@ -87,10 +89,21 @@ async def remove_host(deps: Dependencies, name: str) -> None:
 
 
 async def probe_and_publish(deps: Dependencies, name: str) -> None:
+    """Probe, publish, and wake the host's machines when it went down or came back (a machine waiting on it with a
+    long backoff converges as soon as the host answers; a provisioned one reports the outage without waiting for its
+    next periodic pass)."""
+    before = deps.inventory.hosts.get(name)
+    was_up, was_down = (before.reachable, before.unreachable_since is not None) if before else (False, False)
     host = await deps.inventory.probe(name)
+    if host is not None and ((was_up and not host.reachable) or (was_down and host.reachable)):
+        log.info("host %s is %s", name, "reachable again" if host.reachable else "unreachable")
+        deps.wake_host(name)
     if host is None or name in deps.inventory.static:
         return  # gone meanwhile, or a static (--host) host with no object to publish on
-    if host.reachable:
+    if host.spec.decommissioned:
+        await _publish(deps, name, inventory_.host_status(host, deps.now()), "False", DECOMMISSIONED,
+                       "spec.decommissioned: gone for good; not probed, nothing placed here")
+    elif host.reachable:
         await _publish(deps, name, inventory_.host_status(host, deps.now()), "True", REACHABLE, "")
     else:
         await _publish(deps, name, inventory_.host_status(host, deps.now()), "False", UNREACHABLE,
@@ -125,8 +138,9 @@ async def add_missing_hosts(deps: Dependencies) -> list[str]:
 
 
 async def probe_forever(deps: Dependencies) -> None:
-    """Every host, every PROBE_INTERVAL_S, concurrently; a host that does not answer counts as unreachable after
-    inventory.PROBE_TIMEOUT_S, so one dead host delays a round by that much at most. Each round first adds the
+    """Every host, every `deps.probe_interval_s` (PROBE_INTERVAL_S unless configured), concurrently; a host that does
+    not answer counts as unreachable after inventory.PROBE_TIMEOUT_S, so one dead host delays a round by that much at
+    most. Each round first adds the
     LibvirtHosts the inventory lacks (add_missing_hosts)."""
     while True:
         try:
@@ -138,4 +152,4 @@ async def probe_forever(deps: Dependencies) -> None:
         for name, result in zip(names, results, strict=True):
             if isinstance(result, Exception):
                 log.warning("probe of host %s failed: %s", name, type(result).__name__)
-        await asyncio.sleep(PROBE_INTERVAL_S)
+        await asyncio.sleep(deps.probe_interval_s)

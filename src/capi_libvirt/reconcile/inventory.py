@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from capi_libvirt.api import v1alpha1
-from capi_libvirt.core import placement, tenancy
+from capi_libvirt.core import outage, placement, tenancy
 from capi_libvirt.hypervisor import connection, credentials, errors, machines
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 20.0
+PROBE_INTERVAL_S = 30.0  # the host prober's period (the operator's --host-probe-interval)
 
 
 @dataclasses.dataclass
@@ -28,6 +31,7 @@ class InventoryHost:
     probe: machines.HostProbe | None = None
     reachable: bool = False
     problem: str | None = None  # why the last probe failed (safe text: no URI, no credentials)
+    unreachable_since: float | None = None  # the inventory's clock at the first failed probe of this outage
 
 
 @dataclasses.dataclass
@@ -44,8 +48,9 @@ class OrphanRecord:
 
 
 class Inventory:
-    def __init__(self, registry: connection.HostRegistry) -> None:
+    def __init__(self, registry: connection.HostRegistry, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry
+        self.clock = clock
         self.hosts: dict[str, InventoryHost] = {}
         self.orphans: dict[str, OrphanRecord] = {}
         self.static = set(registry.names())  # from --host: no LibvirtHost object to publish on
@@ -61,7 +66,8 @@ class Inventory:
         """Add or update a host; returns a replaced connection for the caller to close off the event loop."""
         current = self.hosts.get(name)
         self.hosts[name] = InventoryHost(name, spec, current.probe if current else None,
-                                         current.reachable if current else False)
+                                         current.reachable if current else False,
+                                         unreachable_since=current.unreachable_since if current else None)
         return self.registry.upsert(name, spec.uri, secret)
 
     def remove(self, name: str) -> connection.HostConnection | None:
@@ -70,21 +76,40 @@ class Inventory:
         return self.registry.remove(name)
 
     async def probe(self, name: str, timeout: float = PROBE_TIMEOUT_S) -> InventoryHost | None:
-        """Probe one host (None when it left the inventory meanwhile). Only an unreachable host counts as down."""
+        """Probe one host (None when it left the inventory meanwhile). Only an unreachable host counts as down; a
+        decommissioned one is not asked at all (it is gone: no connection attempts, no timeouts)."""
         host = self.hosts.get(name)
         if host is None:
             return None
+        if host.spec.decommissioned:
+            host.reachable, host.problem = False, "decommissioned: not probed"
+            return host
         try:
             host.probe = await asyncio.wait_for(
                 self.registry.get(name).call(machines.probe_host, host.spec.storage_pool, doing="probe host"), timeout)
-            host.reachable, host.problem = True, None
+            host.reachable, host.problem, host.unreachable_since = True, None, None
         except errors.HostUnreachable as error:
-            host.reachable, host.problem = False, error.message
+            self._down(host, error.message)
         except TimeoutError:
-            host.reachable, host.problem = False, f"no answer within {timeout:.0f}s"
+            self._down(host, f"no answer within {timeout:.0f}s")
         except errors.HypervisorError as error:  # reachable, but the probe failed: keep the last numbers
             log.warning("probe of host %s failed: %s", name, error)
         return host
+
+    def _down(self, host: InventoryHost, problem: str) -> None:
+        host.reachable, host.problem = False, problem
+        if host.unreachable_since is None:
+            host.unreachable_since = self.clock()
+
+    def state(self, name: str) -> outage.HostState:
+        """What re-placement needs to know of a host: decommissioned, and how long the prober has found it
+        unreachable. A host gone from the inventory counts as reachable: its calls fail on their own."""
+        host = self.hosts.get(name)
+        if host is None:
+            return outage.HostState()
+        since = host.unreachable_since
+        return outage.HostState(decommissioned=host.spec.decommissioned,
+                                unreachable_for=None if since is None else self.clock() - since)
 
     def refusal(self, name: str, namespace: str, spec: v1alpha1.LibvirtMachineSpec) -> tenancy.Refusal | None:
         """Why host `name` refuses a machine of `namespace` with `spec` (core.tenancy), or None."""
@@ -109,6 +134,7 @@ class Inventory:
                 allocated_cpus=cpus, allocated_memory_mib=memory,
                 cpu_overcommit=host.spec.overcommit.cpu, memory_overcommit=host.spec.overcommit.memory,
                 failure_domain=host.spec.failure_domain, control_plane=host.spec.control_plane,
+                decommissioned=host.spec.decommissioned,
                 refusal=str(refused) if refused is not None else None))
         return loads
 

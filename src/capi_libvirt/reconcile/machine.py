@@ -27,7 +27,17 @@ from typing import Any
 import pydantic
 
 from capi_libvirt.api import meta, v1alpha1
-from capi_libvirt.core import cloud_init, conditions, domain_xml, naming, nocloud, placement, provider_id, tenancy
+from capi_libvirt.core import (
+    cloud_init,
+    conditions,
+    domain_xml,
+    naming,
+    nocloud,
+    outage,
+    placement,
+    provider_id,
+    tenancy,
+)
 from capi_libvirt.core.conditions import Reason
 from capi_libvirt.hypervisor import connection, errors, host_domains, machines
 from capi_libvirt.kube import api
@@ -43,10 +53,17 @@ ADOPTION_REFUSED = "AdoptionRefused"
 TENANT_NOT_ALLOWED = tenancy.TENANT_NOT_ALLOWED
 SECRETS_FORBIDDEN = "SecretsForbidden"
 DELETED_FOR_MOVE = "DeletedForMove"
+REPLACED = "Replaced"
+DOMAIN_HOST_MISMATCH = "DomainHostMismatch"
 
 # clusterctl move puts this on every source object just before deleting it: the object goes, its machine does not.
 DELETE_FOR_MOVE_ANNOTATION = "clusterctl.cluster.x-k8s.io/delete-for-move"
 IDENTITY_ANNOTATION = naming.IDENTITY_ANNOTATION
+# Where a domain of the machine may have been defined (core.outage): "" from placement, the host's name from just
+# before the first define. Only a machine with "" is ever placed on another host.
+DOMAIN_RECORD_ANNOTATION = f"{meta.GROUP}/libvirt-domain-defined-on"
+# Hosts a machine was moved away from while they were unreachable, whose volumes of it are removed once they answer.
+FORMER_HOSTS_ANNOTATION = f"{meta.GROUP}/libvirt-former-hosts"
 
 # Seconds until the next pass. Watches on Machines, Clusters and Secrets wake a waiting machine sooner.
 RECHECK_WAITING = 30.0
@@ -99,9 +116,12 @@ class Dependencies:
     placement_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one placement at a time
     creates_per_host: int = placement.DEFAULT_CREATES_PER_HOST
     creation_slots: dict[str, asyncio.Semaphore] = dataclasses.field(default_factory=dict)
+    replace_after_s: float = outage.DEFAULT_REPLACE_AFTER_S  # an unreachable host's never-defined machines move then
+    probe_interval_s: float = inventory_.PROBE_INTERVAL_S
+    # Queue the machines on a host, their backoff cleared: it entered the inventory (a copy clusterctl move made), went
+    # down, came back, or was decommissioned.
+    wake_host: Callable[[str], None] = lambda host: None
     provider_namespace: str = meta.PROVIDER_NAMESPACE  # where host credentials live, and the ServiceAccount
-    # A host entered the inventory: its machines waiting on it (a copy clusterctl move made) go again now.
-    host_added: Callable[[str], None] = lambda host: None
     # This management cluster's identity, written into every domain's owner metadata (None: unknown, so no domain is
     # ever provably ours to collect), and the orphan collector's grace period (None: report only, never remove).
     management_cluster: str | None = None
@@ -273,20 +293,30 @@ def placement_group(body: dict[str, Any]) -> tuple[str, str, str] | None:
 
 
 def recorded_host(body: dict[str, Any]) -> str | None:
-    """Where the machine was placed: its status, or (placement's own record, written first) its providerID when it
-    names the domain of the machine's identity (a moved copy: no status, a new UID, the identity annotation)."""
-    host: str | None = (body.get("status") or {}).get("host")
-    if host:
-        return host
+    """Where the machine was placed: placement's own record, written first (the providerID, when it names the domain
+    of the machine's identity: also a moved copy's, which has no status), else its status (machines of a release that
+    set the providerID last). The two agree but after a re-placement, which changes the providerID first."""
     recorded = (body.get("spec") or {}).get("providerID")
     if recorded and FINALIZER in (body["metadata"].get("finalizers") or []):
         try:
             parsed = provider_id.parse_provider_id(recorded)
         except ValueError:
-            return None
-        if parsed.domain_uuid == naming.domain_uuid(naming.identity_uid(body)):  # ours, not one a spec made up
-            return parsed.host
-    return None
+            parsed = None
+        if parsed is not None and parsed.domain_uuid == naming.domain_uuid(naming.identity_uid(body)):
+            return parsed.host  # ours, not one a spec made up
+    host: str | None = (body.get("status") or {}).get("host")
+    return host or None
+
+
+def domain_record(body: dict[str, Any]) -> str | None:
+    """DOMAIN_RECORD_ANNOTATION: "" (no define yet), a host (a define may have been sent there), None (unknown)."""
+    record: str | None = (body["metadata"].get("annotations") or {}).get(DOMAIN_RECORD_ANNOTATION)
+    return record
+
+
+def former_hosts(body: dict[str, Any]) -> list[str]:
+    value = (body["metadata"].get("annotations") or {}).get(FORMER_HOSTS_ANNOTATION) or ""
+    return [host for host in value.split(",") if host]
 
 
 async def choose_host(deps: Dependencies, p: MachinePass) -> None:
@@ -295,8 +325,19 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
     spreads. Allocation is counted from the cache of every LibvirtMachine, not a LIST."""
     host = recorded_host(p.body)
     if host:
+        record = domain_record(p.body)
+        if record and record != host:  # someone changed the providerID's host under a defined domain: never follow
+            raise Wait(DOMAIN_HOST_MISMATCH, f"spec.providerID names host {host}, but the domain was defined on host "
+                       f"{record}; not defining another", failure=True)
+        decision = outage.decide(host, record, deps.inventory.state(host), deps.replace_after_s,
+                                 pinned=p.spec.host is not None)
+        if isinstance(decision, outage.Replace):
+            await _replace(deps, p, host, decision.message)
+            return
         p.host = host
         p.status.update(host=host, domainUUID=p.domain_uuid)
+        if isinstance(decision, outage.Hold):
+            raise Wait(decision.reason, decision.message, decision.retry_after)
         deps.hosts.get(p.host)  # a host gone from the inventory raises HostUnreachable
         known = deps.inventory.hosts.get(host)
         if not p.status.get("failureDomain") and known is not None and known.spec.failure_domain:
@@ -310,31 +351,91 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
     if never_probed:  # just added (or the operator just started): look before deciding, outside the lock
         await asyncio.gather(*(deps.inventory.probe(name) for name in never_probed))
     async with deps.placement_lock:
-        allocated: dict[str, tuple[int, int]] = {}
-        group_per_host: dict[str, int] = {}
-        group = placement_group(p.body)
-        for other in await deps.kube.list_libvirt_machines():
-            host = recorded_host(other)
-            if not host or other["metadata"]["uid"] == p.body["metadata"]["uid"]:
-                continue
-            spec = other.get("spec") or {}
-            cpus, memory = allocated.get(host, (0, 0))
-            allocated[host] = (cpus + spec.get("cpus", 0), memory + spec.get("memoryMiB", 0))
-            if group is not None and placement_group(other) == group:
-                group_per_host[host] = group_per_host.get(host, 0) + 1
-        request = placement.Request(cpus=p.spec.cpus, memory_mib=p.spec.memory_mib, pinned_host=p.spec.host,
-                                    failure_domain=(p.machine or {}).get("spec", {}).get("failureDomain"),
-                                    control_plane=CONTROL_PLANE_LABEL in (p.body["metadata"].get("labels") or {}))
-        result = placement.choose_host(request, deps.inventory.loads(allocated, p.namespace, p.spec), group_per_host)
+        result = await _choose(deps, p)
         if isinstance(result, placement.NoHost):
             # A refusal waits for the host's admin (a LibvirtHost change wakes nothing here): looked at again slowly.
             raise Wait(result.reason, result.message, RECHECK_WAITING, failure=result.reason == TENANT_NOT_ALLOWED)
         p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, placement_patch(p.body, result.host))
-        p.host = result.host
-        p.status.update(host=result.host, domainUUID=p.domain_uuid)
-        if result.failure_domain:
-            p.status["failureDomain"] = result.failure_domain
+        _placed_on(p, result)
     await _event(deps, p.body, "Normal", "Placed", f"placed on host {p.host}")
+
+
+async def _choose(deps: Dependencies, p: MachinePass) -> placement.Placed | placement.NoHost:
+    """Placement's decision for the machine, from the inventory and every other machine's record (under the lock)."""
+    allocated: dict[str, tuple[int, int]] = {}
+    group_per_host: dict[str, int] = {}
+    group = placement_group(p.body)
+    for other in await deps.kube.list_libvirt_machines():
+        host = recorded_host(other)
+        if not host or other["metadata"]["uid"] == p.body["metadata"]["uid"]:
+            continue
+        spec = other.get("spec") or {}
+        cpus, memory = allocated.get(host, (0, 0))
+        allocated[host] = (cpus + spec.get("cpus", 0), memory + spec.get("memoryMiB", 0))
+        if group is not None and placement_group(other) == group:
+            group_per_host[host] = group_per_host.get(host, 0) + 1
+    request = placement.Request(cpus=p.spec.cpus, memory_mib=p.spec.memory_mib, pinned_host=p.spec.host,
+                                failure_domain=(p.machine or {}).get("spec", {}).get("failureDomain"),
+                                control_plane=CONTROL_PLANE_LABEL in (p.body["metadata"].get("labels") or {}))
+    return placement.choose_host(request, deps.inventory.loads(allocated, p.namespace, p.spec), group_per_host)
+
+
+def _placed_on(p: MachinePass, result: placement.Placed) -> None:
+    p.host = result.host
+    p.status.update(host=result.host, domainUUID=p.domain_uuid)
+    if result.failure_domain:
+        p.status["failureDomain"] = result.failure_domain
+    elif p.status.get("failureDomain"):  # re-placed from a host of another failure domain
+        p.status["failureDomain"] = None
+
+
+async def _replace(deps: Dependencies, p: MachinePass, old: str, why: str) -> None:
+    """Place a machine that never had a domain on another host (core.outage decided it may move): one guarded write
+    of the providerID's new host, the record still "never defined", and the old host among the former hosts, whose
+    volumes of the machine (an overlay or ISO made before the outage) are removed once it answers."""
+    async with deps.placement_lock:
+        result = await _choose(deps, p)  # the old host is unreachable or decommissioned: never a candidate
+        if isinstance(result, placement.NoHost) or result.host == old:
+            message = result.message if isinstance(result, placement.NoHost) else f"only {old} fits"
+            raise Wait(placement.HOST_UNREACHABLE, f"{why}; no other host: {message}", RECHECK_WAITING)
+        formers = [host for host in former_hosts(p.body) if host not in (old, result.host)] + [old]
+        p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {
+            "metadata": {"annotations": {FORMER_HOSTS_ANNOTATION: ",".join(formers),
+                                         DOMAIN_RECORD_ANNOTATION: outage.NEVER_DEFINED},
+                         "resourceVersion": p.body["metadata"]["resourceVersion"]},
+            "spec": {"providerID": provider_id.format_provider_id(result.host, p.domain_uuid)}})
+        _placed_on(p, result)
+    await _event(deps, p.body, "Warning", REPLACED, f"{why}: placed on host {p.host} instead")
+
+
+async def clean_former_hosts(deps: Dependencies, p: MachinePass) -> None:
+    """Remove what a re-placed machine left on the hosts it moved away from, once they answer (the prober says so);
+    a decommissioned (or forgotten) former host is let go with a Warning naming what may remain there."""
+    formers = former_hosts(p.body)
+    if not formers:
+        return
+    done = []
+    for host in formers:
+        known = deps.inventory.hosts.get(host)
+        if host == p.host:  # placed back where it was: its volumes there are its own again
+            done.append(host)
+        elif known is None or known.spec.decommissioned:
+            await _event(deps, p.body, "Warning", placement.HOST_DECOMMISSIONED,
+                         outage.what_may_remain(host, None, volume_names(p.volumes())))
+            done.append(host)
+        elif known.reachable:
+            try:
+                await deps.hosts.get(host).call(machines.delete_machine, p.domain_uuid, p.uid, p.volumes(),
+                                                p.namespace, p.name, doing="delete machine")
+            except errors.HypervisorError as error:
+                log.info("%s/%s: former host %s not cleaned yet: %s", p.namespace, p.name, host, error)
+                continue
+            done.append(host)
+    if done:
+        left = [host for host in formers if host not in done]
+        p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {"metadata": {
+            "annotations": {FORMER_HOSTS_ANNOTATION: ",".join(left) or None},
+            "resourceVersion": p.body["metadata"]["resourceVersion"]}})
 
 
 def placement_patch(body: dict[str, Any], host: str) -> dict[str, Any]:
@@ -344,7 +445,7 @@ def placement_patch(body: dict[str, Any], host: str) -> dict[str, Any]:
     uid = body["metadata"]["uid"]
     return {
         "metadata": {"finalizers": finalizers + [f for f in [FINALIZER] if f not in finalizers],
-                     "annotations": {IDENTITY_ANNOTATION: uid},
+                     "annotations": {IDENTITY_ANNOTATION: uid, DOMAIN_RECORD_ANNOTATION: outage.NEVER_DEFINED},
                      "resourceVersion": body["metadata"]["resourceVersion"]},
         "spec": {"providerID": provider_id.format_provider_id(host, naming.domain_uuid(uid))}}
 
@@ -493,6 +594,10 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     await host.call(machines.replace_nocloud, volumes, iso, doing="upload NoCloud ISO")
     if p.spec.serial_log:
         await host.call(machines.ensure_serial_log, volumes, doing="create serial log")
+    if domain_record(p.body) != p.host:  # written ahead: from here on a domain may exist there (core.outage)
+        p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {"metadata": {
+            "annotations": {DOMAIN_RECORD_ANNOTATION: p.host},
+            "resourceVersion": p.body["metadata"]["resourceVersion"]}})
     p.domain = await host.call(machines.define_domain, p.domain_uuid, domain_xml.domain_xml(config),
                                doing="define domain")
     await _event(deps, p.body, "Normal", "DomainDefined", f"domain {p.domain_name} defined on host {p.host}")
@@ -560,8 +665,8 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
 
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
-          read_bootstrap_data, choose_host, check_networks, record_owner, ensure_overlay, ensure_domain, ensure_running,
-          publish_provider_id, observe_addresses, patch_workload_node)
+          read_bootstrap_data, choose_host, clean_former_hosts, check_networks, record_owner, ensure_overlay,
+          ensure_domain, ensure_running, publish_provider_id, observe_addresses, patch_workload_node)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
 
@@ -729,7 +834,21 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
         pool = spec.storage_pool
     except pydantic.ValidationError:
         pool = (body.get("spec") or {}).get("storagePool", "default")
+    removed: list[str] = []
     try:
+        # Hosts the machine moved away from first (a re-placement: volumes, never a domain), then its own.
+        for former in [host for host in former_hosts(body) if host != host_name]:
+            volumes = machine_volumes(namespace, name, uid, pool)
+            if former not in deps.inventory.hosts:  # its LibvirtHost is gone: nobody to ask
+                await _event(deps, body, "Warning", placement.HOST_DECOMMISSIONED,
+                             outage.what_may_remain(former, None, volume_names(volumes)))
+            elif not await _released_from_decommissioned(deps, body, former, None, volumes):
+                await deps.hosts.get(former).call(machines.delete_machine, naming.domain_uuid(uid), uid, volumes,
+                                                  namespace, name, doing="delete machine")
+        current = host_name or provider_id.parse_provider_id(recorded).host
+        domain = naming.domain_name(namespace, name, uid) if outage.may_have_domain(domain_record(body)) else None
+        if await _released_from_decommissioned(deps, body, current, domain, machine_volumes(namespace, name, uid, pool)):
+            return
         if host_name is None:
             # A providerID that names no domain of this identity (a copy moved without the identity annotation):
             # ask the host what it has, rather than take "no host" for "nothing made" and leak the domain.
@@ -756,3 +875,20 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
     deps.failures.pop(key, None)
     if removed:
         await _event(deps, body, "Normal", "Deleted", f"removed from host {host_name}: {', '.join(removed)}")
+
+
+def volume_names(volumes: machines.MachineVolumes) -> list[str]:
+    return [volumes.overlay, volumes.nocloud, volumes.serial_log]
+
+
+async def _released_from_decommissioned(deps: Dependencies, body: dict[str, Any], host: str, domain: str | None,
+                                        volumes: machines.MachineVolumes) -> bool:
+    """A decommissioned host is never asked: True, with a Warning event naming what of the machine may remain there
+    (`domain` when one may have been defined)."""
+    if not deps.inventory.state(host).decommissioned:
+        return False
+    log.warning("%s/%s: host %s is decommissioned; releasing without touching it", body["metadata"]["namespace"],
+                body["metadata"]["name"], host)
+    await _event(deps, body, "Warning", placement.HOST_DECOMMISSIONED,
+                 outage.what_may_remain(host, domain, volume_names(volumes)))
+    return True

@@ -12,8 +12,15 @@ with core.orphans (the safety rule is there) and:
 - releases the owner metadata of a domain whose LibvirtMachine clusterctl move deleted here (delete-for-move), so that
   neither a later round nor a restarted operator takes it for an orphan while the move target adopts it.
 
-Nothing runs without a known management cluster identity or before the machine cache is complete. The grace clock is
-in memory: a restart starts it again (later removal, never earlier).
+Nothing runs without a known management cluster identity or before the machine cache is complete, and nothing on a
+decommissioned host (LibvirtHost.spec.decommissioned: it is never contacted). The grace clock is in memory: a restart
+starts it again (later removal, never earlier).
+
+A machine that host outage re-placement moved (core.outage) never leaves an orphan behind on its old host: it moves
+only while no define was ever sent there, so at most its volumes remain, and those are cleaned by the machine's own
+reconcile (clean_former_hosts, or its deletion); the collector only counts them as stray volumes. Should a domain of
+it be there all the same, it is CLAIMED (claims go by the machine's identity and domain UUID, whatever the host), so
+the machine's reconcile is the only one that removes it.
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ async def collect_host(deps: Dependencies, name: str, namespaces: Sequence[str] 
                        clock: Callable[[], float] = time.monotonic) -> inventory_.OrphanRecord | None:
     """One round on one host; returns its record (None: nothing could be decided)."""
     known = deps.inventory.hosts.get(name)
-    if not deps.management_cluster or not deps.kube.primed or known is None or not known.reachable:
+    if not deps.management_cluster or not deps.kube.primed or known is None or not known.reachable or \
+            known.spec.decommissioned:  # gone for good: never contacted (its machines' remains are reported there)
         return None
     host = deps.hosts.get(name)
     domains, volumes = await asyncio.wait_for(

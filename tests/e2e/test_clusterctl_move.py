@@ -54,7 +54,7 @@ from waiting import Clock, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
-SUBNET, LINK = "192.168.160.0/24", 160
+SUBNET, LINK = "192.168.165.0/24", 165  # not 160-164: the bench and its smoke run may run beside
 HOST = "move-kvm"
 NAMESPACE = "move-demo"
 CLUSTER = "moved"

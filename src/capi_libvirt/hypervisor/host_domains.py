@@ -11,7 +11,7 @@ import libvirt
 
 from capi_libvirt.core import domain_xml
 from capi_libvirt.core.orphans import HostDomain
-from capi_libvirt.hypervisor import errors
+from capi_libvirt.hypervisor import errors, machines
 
 
 def list_domains(conn: libvirt.virConnect, pool_name: str) -> tuple[list[HostDomain], list[str]]:
@@ -55,14 +55,7 @@ def remove_orphan(conn: libvirt.virConnect, orphan: HostDomain, paths: frozenset
         raise
     if domain.name() != orphan.name or domain_xml.parse_owner(domain.XMLDesc(0)) != orphan.owner:
         raise errors.HypervisorError(f"domain {orphan.name} changed since it was found orphaned; left alone")
-    if domain.isActive():
-        try:
-            domain.destroy()
-        except libvirt.libvirtError as error:
-            if error.get_error_code() != libvirt.VIR_ERR_OPERATION_INVALID:  # it stopped meanwhile
-                raise
-    domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
-                         | libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+    machines.destroy_and_undefine(domain)
     removed = [f"domain {orphan.name}"]
     for path in sorted(paths):
         try:

@@ -287,6 +287,18 @@ def domain_addresses(conn: libvirt.virConnect, uuid: str) -> list[str]:
     return []
 
 
+def destroy_and_undefine(domain: libvirt.virDomain) -> None:
+    """Stop the domain if it runs, then remove its definition with its managed save, snapshot metadata and NVRAM."""
+    if domain.isActive():
+        try:
+            domain.destroy()
+        except libvirt.libvirtError as error:
+            if error.get_error_code() != libvirt.VIR_ERR_OPERATION_INVALID:  # it stopped meanwhile
+                raise
+    domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+                         | libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+
+
 def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volumes: MachineVolumes,
                    namespace: str | None = None, name: str | None = None) -> list[str]:
     """Destroy and undefine the domain, delete the overlay, ISO and serial log; absent parts count as done.
@@ -307,14 +319,7 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volume
         if owner is None or owner.uid != machine_uid or (namespace is not None and owner.namespace != namespace) or \
                 (name is not None and owner.name != name):
             raise errors.HypervisorError(f"domain {uuid} is not owned by machine {machine_uid}; left alone")
-        if domain.isActive():
-            try:
-                domain.destroy()
-            except libvirt.libvirtError as error:
-                if error.get_error_code() != libvirt.VIR_ERR_OPERATION_INVALID:  # it stopped meanwhile
-                    raise
-        domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
-                             | libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+        destroy_and_undefine(domain)
         removed.append(f"domain {uuid}")
     try:
         pool = conn.storagePoolLookupByName(volumes.pool)

@@ -1,6 +1,6 @@
 """The orphan collector's round (reconcile.orphans.collect_host) against stand-ins of the host and the API: the grace
 period, the last-word fresh LIST before anything is removed, the events and the status it writes; and the operator
-options that configure it. (The real host and API server: tests/integration/test_orphans.py.)"""
+options that configure it. (The real host and API server: tests/integration/test_orphans_on_a_host.py.)"""
 
 from __future__ import annotations
 

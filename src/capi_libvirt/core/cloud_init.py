@@ -6,7 +6,7 @@ keys or lines of its own. The user-data is the bootstrap data from Cluster API a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -29,11 +29,13 @@ def meta_data(instance_id: str, hostname: str, provider_id: str) -> bytes:
     return _yaml(document)
 
 
-def network_config(interfaces: Sequence[v1alpha1.NetworkInterface], macs: Sequence[str]) -> bytes | None:
+def network_config(interfaces: Sequence[v1alpha1.NetworkInterface], macs: Sequence[str],
+                   addressing: Mapping[int, v1alpha1.StaticAddressing] | None = None) -> bytes | None:
     """network-config (netplan v2) for these interfaces, each matched by its MAC (`macs[i]` belongs to `interfaces[i]`).
 
-    An interface without `static` gets DHCPv4; a static one gets its addresses, a default route via its gateway and
-    its nameservers. Every interface is listed, so all of them come up (cloud-init's fallback only configures the
+    `addressing` maps an interface's index to its addresses (its `static`, or what an IP pool allocated it); None
+    means each interface's own `static`. An interface without addressing gets DHCPv4; one with addressing gets its
+    addresses, a default route via its gateway and its nameservers. Every interface is listed, so all of them come up (cloud-init's fallback only configures the
     first). None when there are no interfaces: cloud-init then applies its fallback.
     """
     if len(interfaces) != len(macs):
@@ -41,7 +43,7 @@ def network_config(interfaces: Sequence[v1alpha1.NetworkInterface], macs: Sequen
     if not interfaces:
         return None
     ethernets = {
-        ethernet_id(index): ethernet(interface, mac)
+        ethernet_id(index): ethernet(mac, interface.static if addressing is None else addressing.get(index))
         for index, (interface, mac) in enumerate(zip(interfaces, macs, strict=True))
     }
     return _yaml({"version": 2, "ethernets": ethernets})
@@ -52,10 +54,9 @@ def ethernet_id(index: int) -> str:
     return f"nic{index}"
 
 
-def ethernet(interface: v1alpha1.NetworkInterface, mac: str) -> dict[str, Any]:
-    """One netplan ethernet: matched by MAC, DHCPv4 unless the interface has static addressing."""
+def ethernet(mac: str, static: v1alpha1.StaticAddressing | None) -> dict[str, Any]:
+    """One netplan ethernet: matched by MAC, DHCPv4 unless it has static addressing."""
     config: dict[str, Any] = {"match": {"macaddress": mac.lower()}}
-    static = interface.static
     if static is None:
         config["dhcp4"] = True
         return config

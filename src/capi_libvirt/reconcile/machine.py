@@ -162,6 +162,8 @@ class MachinePass:
     bootstrap: api.BootstrapData | None = None
     host: str | None = None
     domain: machines.DomainInfo | None = None
+    # Interface index -> its addresses, known before the guest boots (its `static`, or an IP pool's allocation).
+    addressing: dict[int, v1alpha1.StaticAddressing] = dataclasses.field(default_factory=dict)
 
     @property
     def namespace(self) -> str:
@@ -554,6 +556,11 @@ async def record_owner(deps: Dependencies, p: MachinePass) -> None:
                  f"management cluster as its owner (was {owner.management_cluster or 'none'})")
 
 
+async def resolve_addressing(deps: Dependencies, p: MachinePass) -> None:
+    """The addresses each interface has before the guest boots: its `static` addressing."""
+    p.addressing = {index: nic.static for index, nic in enumerate(p.spec.interfaces) if nic.static is not None}
+
+
 async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
     if p.domain is not None:
         return  # the domain exists, so its disk was made before it
@@ -589,7 +596,8 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     iso = nocloud.build_nocloud_iso(
         user_data=(p.bootstrap.value if p.bootstrap else None) or b"",  # (always set and non-empty: fetched above)
         meta_data=cloud_init.meta_data(p.domain_uuid, naming.hostname(p.name), provider),
-        network_config=cloud_init.network_config(p.spec.interfaces, [nic.mac for nic in config.interfaces]),
+        network_config=cloud_init.network_config(p.spec.interfaces, [nic.mac for nic in config.interfaces],
+                                                 p.addressing),
     )
     await host.call(machines.replace_nocloud, volumes, iso, doing="upload NoCloud ISO")
     if p.spec.serial_log:
@@ -665,8 +673,8 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
 
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
-          read_bootstrap_data, choose_host, clean_former_hosts, check_networks, record_owner, ensure_overlay,
-          ensure_domain, ensure_running, publish_provider_id, observe_addresses, patch_workload_node)
+          read_bootstrap_data, choose_host, clean_former_hosts, check_networks, record_owner, resolve_addressing,
+          ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses, patch_workload_node)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
 

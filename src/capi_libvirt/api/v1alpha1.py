@@ -193,6 +193,11 @@ class LibvirtMachineSpec(meta.Model):
     """Log the serial console to a file on the host (cloud-init output is there)."""
     kernel_boot: KernelBoot | None = None
     """Boot a kernel directly instead of the disk's bootloader."""
+    keep_nocloud_iso: bool = pydantic.Field(default=False, alias="keepNoCloudISO", description=(
+        "Keep the NoCloud ISO (the bootstrap data: cloud-init's user-data, with the kubeadm join token) attached and "
+        "on the host for the machine's whole life, for debugging. By default it is ejected from the VM's CD-ROM drive "
+        "(no reboot) and deleted from the host's storage pool once the owner Machine has a nodeRef (the node joined, "
+        "so cloud-init ran the bootstrap data)."))
 
     @pydantic.model_validator(mode="after")
     def _cpu_mode_fits_domain_type(self) -> LibvirtMachineSpec:
@@ -221,6 +226,8 @@ class LibvirtMachineStatus(meta.Model):
     """UUID of the libvirt domain, fixed before anything is created."""
     state: str | None = pydantic.Field(default=None, max_length=64)
     """Domain state as libvirt reports it (running, shutoff, ...)."""
+    no_cloud_iso_removed: bool | None = pydantic.Field(default=None, alias="noCloudISORemoved")
+    """True once the NoCloud ISO (the bootstrap data) was ejected from the VM and deleted from the host."""
     observed_generation: int | None = pydantic.Field(default=None, ge=0)
     """The .metadata.generation last reconciled."""
     conditions: list[meta.Condition] | None = pydantic.Field(

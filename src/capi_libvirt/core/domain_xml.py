@@ -11,6 +11,8 @@ own, for virDomainSetMetadata (adoption rewrites the owner without redefining th
 
 from __future__ import annotations
 
+import copy
+import posixpath
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -240,6 +242,31 @@ def disk_paths(xml_text: str) -> frozenset[str]:
     paths |= {source.get("path") for kind in ("serial", "console") for source in root.findall(f"devices/{kind}/source")}
     paths |= {log.get("file") for kind in ("serial", "console") for log in root.findall(f"devices/{kind}/log")}
     return frozenset(path for path in paths if path)
+
+
+def ejected_cdrom_xml(xml_text: str, volume_name: str) -> str | None:
+    """The device XML that empties the CD-ROM whose source is the volume `volume_name` (a file of that name, in any
+    folder), for virDomainUpdateDeviceFlags: the domain's own <disk> element without its <source> (so the target,
+    bus, driver and address stay, and libvirt knows which device is meant). None when no CD-ROM holds that file:
+    already ejected, or never there."""
+    root = ET.fromstring(xml_text)
+    for disk in root.findall("devices/disk[@device='cdrom']"):
+        source = disk.find("source")
+        if source is None or posixpath.basename(source.get("file") or "") != volume_name:
+            continue
+        ejected = copy.deepcopy(disk)
+        for child in list(ejected):
+            # The source and what only a running domain's XML carries about it (libvirt rejects or ignores it).
+            if child.tag in ("source", "backingStore", "alias"):
+                ejected.remove(child)
+        return ET.tostring(ejected, encoding="unicode")
+    return None
+
+
+def cdrom_sources(xml_text: str) -> list[str]:
+    """The files in the domain's CD-ROM drives (an empty drive has none)."""
+    root = ET.fromstring(xml_text)
+    return [source.get("file") or "" for source in root.findall("devices/disk[@device='cdrom']/source")]
 
 
 # --- builders: one per element, config in, element out, no decisions ------------------------------------------------

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import posixpath
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -55,6 +56,8 @@ SECRETS_FORBIDDEN = "SecretsForbidden"
 DELETED_FOR_MOVE = "DeletedForMove"
 REPLACED = "Replaced"
 DOMAIN_HOST_MISMATCH = "DomainHostMismatch"
+NOCLOUD_ISO_REMOVED = "NoCloudISODetached"
+NOCLOUD_ISO_NOT_REMOVED = "NoCloudISONotRemoved"
 
 # clusterctl move puts this on every source object just before deleting it: the object goes, its machine does not.
 DELETE_FOR_MOVE_ANNOTATION = "clusterctl.cluster.x-k8s.io/delete-for-move"
@@ -672,9 +675,40 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
         log.warning("Node %s of %s/%s carries another providerID", naming.hostname(p.name), p.namespace, p.name)
 
 
+async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
+    """Once the bootstrap data was provably consumed (the owner Machine has a nodeRef: Cluster API's word that the
+    node joined, so cloud-init ran it), eject the NoCloud ISO from the domain and delete it from the host: the join
+    token is then nowhere on the hypervisor. Unless spec.keepNoCloudISO keeps it for debugging.
+
+    Looked at every pass from the domain XML this pass read (free); the host is asked only while the ISO is still in
+    the CD-ROM or its removal is not recorded in status.noCloudISORemoved (a crash between the eject and the delete,
+    or a moved copy without status, converges). A failure is no provisioning failure: a Warning event, and the next
+    pass tries again.
+    """
+    if p.spec.keep_nocloud_iso or p.domain is None or not ((p.machine or {}).get("status") or {}).get("nodeRef"):
+        return
+    inserted = any(posixpath.basename(path) == p.volumes().nocloud for path in domain_xml.cdrom_sources(p.domain.xml))
+    if p.status.get("noCloudISORemoved") and not inserted:
+        return
+    host = deps.hosts.get(p.host or "")
+    try:
+        done = await host.call(machines.remove_nocloud, p.domain_uuid, p.volumes(), doing="remove NoCloud ISO")
+    except errors.HostUnreachable:
+        raise
+    except errors.HypervisorError as error:
+        log.warning("%s/%s: the NoCloud ISO was not removed yet: %s", p.namespace, p.name, error)
+        await _event(deps, p.body, "Warning", NOCLOUD_ISO_NOT_REMOVED, f"the NoCloud ISO stays for now: {error}")
+        return
+    p.status["noCloudISORemoved"] = True
+    if done:
+        await _event(deps, p.body, "Normal", NOCLOUD_ISO_REMOVED, f"the node joined, so the bootstrap data was used: "
+                     f"NoCloud ISO {'; '.join(done)} on host {p.host}")
+
+
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
           read_bootstrap_data, choose_host, clean_former_hosts, check_networks, record_owner, resolve_addressing,
-          ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses, patch_workload_node)
+          ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses, patch_workload_node,
+          remove_nocloud_iso)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
 

@@ -1,0 +1,172 @@
+"""The NoCloud ISO leaves the host once the node joined: the eject's device XML (pure), the reconcile phase's decisions
+with the host faked (when it asks the host, what it records, that a crash between eject and delete converges, that a
+failure is no provisioning failure), and the orphan rules for a domain whose CD-ROM is already empty."""
+
+from __future__ import annotations
+
+import types
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from capi_libvirt.api import v1alpha1
+from capi_libvirt.core import domain_xml, naming, orphans, outage
+from capi_libvirt.core.domain_xml import Owner
+from capi_libvirt.hypervisor import errors, machines
+from capi_libvirt.reconcile import machine as machine_reconcile
+
+pytestmark = pytest.mark.unit
+
+UID = "0b3c3f4e-8f0e-4d7a-9a51-2f1c1c7e5d10"
+POOL = "/var/lib/libvirt/images"
+ISO = naming.nocloud_volume_name("ns", "m0", UID)
+OVERLAY = naming.overlay_volume_name("ns", "m0", UID)
+
+
+def domain(cdrom_source: str | None, *, live: bool = False) -> str:
+    """A domain XML as libvirt returns it, its CD-ROM holding `cdrom_source` (None: empty); `live` adds what only a
+    running domain's XML has (alias, an empty backingStore)."""
+    source = f"<source file='{cdrom_source}'/>" if cdrom_source else ""
+    extras = "<backingStore/><alias name='scsi0-0-0-0'/>" if live else ""
+    return (f"<domain type='qemu'><name>d</name><devices>"
+            f"<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='{POOL}/{OVERLAY}'/>"
+            f"<target dev='vda' bus='virtio'/></disk>"
+            f"<disk type='file' device='cdrom'><driver name='qemu' type='raw'/>{source}{extras}"
+            f"<target dev='sda' bus='scsi'/><readonly/><address type='drive' controller='0' bus='0' target='0' "
+            f"unit='0'/></disk></devices></domain>")
+
+
+# -- the eject's device XML -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("live", [False, True])
+def test_the_eject_is_the_cdrom_itself_without_its_source_so_libvirt_finds_the_same_device(live: bool) -> None:
+    ejected = domain_xml.ejected_cdrom_xml(domain(f"{POOL}/{ISO}", live=live), ISO)
+    assert ejected is not None
+    disk = ET.fromstring(ejected)
+    assert (disk.tag, disk.get("device"), disk.get("type")) == ("disk", "cdrom", "file")
+    assert disk.find("source") is None and disk.find("backingStore") is None and disk.find("alias") is None
+    assert disk.find("target").attrib == {"dev": "sda", "bus": "scsi"}
+    assert disk.find("readonly") is not None and disk.find("driver").get("type") == "raw"
+    assert disk.find("address").get("unit") == "0"
+
+
+def test_nothing_to_eject_when_the_drive_is_empty_or_holds_another_file() -> None:
+    assert domain_xml.ejected_cdrom_xml(domain(None), ISO) is None
+    assert domain_xml.ejected_cdrom_xml(domain(f"{POOL}/someone-elses.iso"), ISO) is None
+    assert domain_xml.ejected_cdrom_xml(domain(f"{POOL}/{ISO}.bak"), ISO) is None  # the exact name, not a prefix
+
+
+def test_cdrom_sources_lists_the_files_in_the_drives_only() -> None:
+    assert domain_xml.cdrom_sources(domain(f"{POOL}/{ISO}")) == [f"{POOL}/{ISO}"]
+    assert domain_xml.cdrom_sources(domain(None)) == []
+
+
+# -- the phase, the host faked ------------------------------------------------------------------------------------------
+
+class Host:
+    """A host whose remove_nocloud does what `outcome` says (a list of what was done, or an error to raise)."""
+
+    def __init__(self, outcome: list[str] | Exception) -> None:
+        self.outcome, self.calls = outcome, []
+
+    async def call(self, fn, *args, doing=""):
+        assert fn is machines.remove_nocloud, fn
+        self.calls.append(args)
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        return self.outcome
+
+
+def phase_pass(*, node_ref: bool = True, keep: bool = False, inserted: bool = True, recorded: bool = False,
+               outcome: list[str] | Exception = ("ejected live and persistent", f"deleted volume {ISO}")):
+    host, events = Host(list(outcome) if not isinstance(outcome, Exception) else outcome), []
+
+    class Registry:
+        def get(self, name):
+            assert name == "kvm1"
+            return host
+
+    deps = machine_reconcile.Dependencies(
+        kube=None, inventory=types.SimpleNamespace(registry=Registry(), hosts={}, state=lambda n: outage.HostState()),
+        post_event=lambda body, kind, reason, message: events.append((kind, reason, message)))
+    body = {"metadata": {"namespace": "ns", "name": "m0", "uid": UID, "annotations": {}},
+            "spec": {"image": {"volume": "base.qcow2"}, "keepNoCloudISO": keep}}
+    machine = {"metadata": {"name": "m0"}, "status": {"nodeRef": {"name": "m0"}} if node_ref else {}}
+    info = machines.DomainInfo(uuid=naming.domain_uuid(UID), name="d", state="running",
+                               xml=domain(f"{POOL}/{ISO}" if inserted else None, live=True))
+    p = machine_reconcile.MachinePass(body=body, spec=v1alpha1.LibvirtMachineSpec.model_validate(body["spec"]),
+                                      status={"noCloudISORemoved": True} if recorded else {}, machine=machine,
+                                      host="kvm1", domain=info)
+    return deps, p, host, events
+
+
+async def test_once_the_machine_has_a_node_ref_the_iso_is_removed_recorded_and_a_normal_event_says_so() -> None:
+    deps, p, host, events = phase_pass()
+    await machine_reconcile.remove_nocloud_iso(deps, p)
+    assert host.calls == [(naming.domain_uuid(UID), p.volumes())]
+    assert p.status["noCloudISORemoved"] is True
+    [(kind, reason, message)] = events
+    assert (kind, reason) == ("Normal", machine_reconcile.NOCLOUD_ISO_REMOVED)
+    assert "ejected" in message and ISO in message and "kvm1" in message
+
+
+@pytest.mark.parametrize("case", [{"node_ref": False}, {"keep": True}, {"inserted": False, "recorded": True}])
+async def test_the_host_is_not_asked_before_the_node_joined_when_kept_or_once_done(case) -> None:
+    deps, p, host, events = phase_pass(**case)
+    before = dict(p.status)
+    await machine_reconcile.remove_nocloud_iso(deps, p)
+    assert host.calls == [] and events == [] and p.status == before
+
+
+async def test_an_iso_put_back_after_it_was_recorded_removed_is_removed_again() -> None:
+    deps, p, host, _ = phase_pass(inserted=True, recorded=True)  # the domain was defined anew, with a fresh ISO
+    await machine_reconcile.remove_nocloud_iso(deps, p)
+    assert len(host.calls) == 1
+
+
+async def test_a_crash_between_eject_and_delete_converges_ejected_but_unrecorded_asks_the_host_again() -> None:
+    deps, p, host, events = phase_pass(inserted=False, recorded=False, outcome=[f"deleted volume {ISO}"])
+    await machine_reconcile.remove_nocloud_iso(deps, p)
+    assert len(host.calls) == 1 and p.status["noCloudISORemoved"] is True
+    assert [e[1] for e in events] == [machine_reconcile.NOCLOUD_ISO_REMOVED]
+    # A moved copy (no status) whose ISO is long gone: the host has nothing to do, so no event either.
+    deps, p, host, events = phase_pass(inserted=False, recorded=False, outcome=[])
+    await machine_reconcile.remove_nocloud_iso(deps, p)
+    assert len(host.calls) == 1 and p.status["noCloudISORemoved"] is True and events == []
+
+
+async def test_a_refused_eject_is_a_warning_and_no_provisioning_failure_the_next_pass_tries_again() -> None:
+    deps, p, host, events = phase_pass(outcome=errors.HypervisorError("update device: tray locked", "kvm1"))
+    await machine_reconcile.remove_nocloud_iso(deps, p)  # no Wait, no HypervisorError: Provisioned stays True
+    assert "noCloudISORemoved" not in p.status
+    [(kind, reason, message)] = events
+    assert (kind, reason) == ("Warning", machine_reconcile.NOCLOUD_ISO_NOT_REMOVED) and "tray locked" in message
+
+
+async def test_an_unreachable_host_is_the_passes_problem_as_for_every_phase() -> None:
+    deps, p, _, _ = phase_pass(outcome=errors.HostUnreachable("connection refused", "kvm1"))
+    with pytest.raises(errors.HostUnreachable):
+        await machine_reconcile.remove_nocloud_iso(deps, p)
+
+
+def test_the_phase_runs_after_the_address_is_known() -> None:
+    phases = machine_reconcile.PHASES
+    assert phases.index(machine_reconcile.remove_nocloud_iso) > phases.index(machine_reconcile.observe_addresses)
+
+
+def test_keep_nocloud_iso_is_false_unless_set() -> None:
+    spec = v1alpha1.LibvirtMachineSpec.model_validate({"image": {"volume": "b"}})
+    assert spec.keep_nocloud_iso is False
+    assert v1alpha1.LibvirtMachineSpec.model_validate({"image": {"volume": "b"}, "keepNoCloudISO": True}).keep_nocloud_iso
+
+
+# -- orphans of a machine whose ISO is gone -------------------------------------------------------------------------
+
+def test_an_orphan_with_an_empty_cdrom_takes_its_overlay_along_and_an_iso_left_behind_is_only_reported() -> None:
+    owner = Owner(namespace="ns", name="m0", uid=UID, management_cluster="me")
+    orphan = orphans.HostDomain(uuid=naming.domain_uuid(UID), name=naming.domain_name("ns", "m0", UID), owner=owner,
+                                paths=domain_xml.disk_paths(domain(None)))
+    found = orphans.find([orphan], "me", orphans.Claims(), volume_names=[OVERLAY, ISO])
+    [(domain_found, paths)] = found.orphans
+    assert domain_found == orphan and paths == {f"{POOL}/{OVERLAY}"}
+    assert found.stray_volumes == (ISO,)  # ejected, not yet deleted: reported, never removed without proof

@@ -66,6 +66,10 @@ class FakeHost:
             return ["192.0.2.10"]
         if fn is machines.start_domain:
             return None
+        if fn is machines.eject_nocloud:  # a moved copy (no status) whose Machine has a nodeRef: its ISO is long gone
+            return []
+        if fn is machines.delete_nocloud:
+            return False
         raise AssertionError(f"unexpected host call {fn.__name__}")
 
 
@@ -178,7 +182,9 @@ async def test_a_moved_copy_is_adopted_status_rebuilt_never_placed_or_defined_ag
     assert status["failureDomain"] == "rack-a"
     assert status["ready"] is True and status["initialization"] == {"provisioned": True} and status["state"] == "running"
     assert deps.kube.patches == []  # providerID, finalizer and annotation already right: nothing to write
-    assert {name for name, _ in host.calls} == {"domain_info", "domain_addresses"}
+    # Its Machine has a nodeRef and the copy no status: the host is asked once whether an ISO is left (none).
+    assert {name for name, _ in host.calls} == {"domain_info", "domain_addresses", "eject_nocloud", "delete_nocloud"}
+    assert status["noCloudISORemoved"] is True
 
 
 async def test_a_copy_moved_without_the_annotation_is_adopted_by_its_domains_owner_metadata() -> None:

@@ -64,22 +64,26 @@ def test_cdrom_sources_lists_the_files_in_the_drives_only() -> None:
 # -- the phase, the host faked ------------------------------------------------------------------------------------------
 
 class Host:
-    """A host whose remove_nocloud does what `outcome` says (a list of what was done, or an error to raise)."""
+    """A host whose eject answers `ejected` and whose delete answers `deleted` (or raises `error`, at the eject)."""
 
-    def __init__(self, outcome: list[str] | Exception) -> None:
-        self.outcome, self.calls = outcome, []
+    def __init__(self, ejected: list[str], deleted: bool, error: Exception | None) -> None:
+        self.ejected, self.deleted, self.error, self.calls = ejected, deleted, error, []
 
     async def call(self, fn, *args, doing=""):
-        assert fn is machines.remove_nocloud, fn
-        self.calls.append(args)
-        if isinstance(self.outcome, Exception):
-            raise self.outcome
-        return self.outcome
+        self.calls.append(fn.__name__)
+        if self.error is not None:
+            raise self.error
+        if fn is machines.eject_nocloud:
+            assert args == (naming.domain_uuid(UID), ISO)
+            return self.ejected
+        assert fn is machines.delete_nocloud, fn
+        assert args[0].nocloud == ISO
+        return self.deleted
 
 
 def phase_pass(*, node_ref: bool = True, keep: bool = False, inserted: bool = True, recorded: bool = False,
-               outcome: list[str] | Exception = ("ejected live and persistent", f"deleted volume {ISO}")):
-    host, events = Host(list(outcome) if not isinstance(outcome, Exception) else outcome), []
+               ejected: tuple[str, ...] = ("live", "persistent"), deleted: bool = True, error: Exception | None = None):
+    host, events = Host(list(ejected), deleted, error), []
 
     class Registry:
         def get(self, name):
@@ -103,40 +107,48 @@ def phase_pass(*, node_ref: bool = True, keep: bool = False, inserted: bool = Tr
 async def test_once_the_machine_has_a_node_ref_the_iso_is_removed_recorded_and_a_normal_event_says_so() -> None:
     deps, p, host, events = phase_pass()
     await machine_reconcile.remove_nocloud_iso(deps, p)
-    assert host.calls == [(naming.domain_uuid(UID), p.volumes())]
+    assert host.calls == ["eject_nocloud", "delete_nocloud"]  # in this order: never a domain pointing at no file
     assert p.status["noCloudISORemoved"] is True
     [(kind, reason, message)] = events
     assert (kind, reason) == ("Normal", machine_reconcile.NOCLOUD_ISO_REMOVED)
-    assert "ejected" in message and ISO in message and "kvm1" in message
+    assert "ejected from the domain (live and persistent)" in message and f"volume {ISO} deleted" in message
+    assert "kvm1" in message
 
 
-@pytest.mark.parametrize("case", [{"node_ref": False}, {"keep": True}, {"inserted": False, "recorded": True}])
-async def test_the_host_is_not_asked_before_the_node_joined_when_kept_or_once_done(case) -> None:
+@pytest.mark.parametrize("case", [{"node_ref": False}, {"inserted": False, "recorded": True}])
+async def test_the_host_is_not_asked_before_the_node_joined_nor_once_done(case) -> None:
     deps, p, host, events = phase_pass(**case)
     before = dict(p.status)
     await machine_reconcile.remove_nocloud_iso(deps, p)
     assert host.calls == [] and events == [] and p.status == before
 
 
+async def test_keep_nocloud_iso_keeps_it_and_says_so_once_the_node_joined() -> None:
+    deps, p, host, events = phase_pass(keep=True)
+    await machine_reconcile.remove_nocloud_iso(deps, p)
+    assert host.calls == [] and events == [] and p.status == {"noCloudISORemoved": False}
+
+
 async def test_an_iso_put_back_after_it_was_recorded_removed_is_removed_again() -> None:
     deps, p, host, _ = phase_pass(inserted=True, recorded=True)  # the domain was defined anew, with a fresh ISO
     await machine_reconcile.remove_nocloud_iso(deps, p)
-    assert len(host.calls) == 1
+    assert host.calls == ["eject_nocloud", "delete_nocloud"]
 
 
 async def test_a_crash_between_eject_and_delete_converges_ejected_but_unrecorded_asks_the_host_again() -> None:
-    deps, p, host, events = phase_pass(inserted=False, recorded=False, outcome=[f"deleted volume {ISO}"])
+    deps, p, host, events = phase_pass(inserted=False, recorded=False, ejected=())
     await machine_reconcile.remove_nocloud_iso(deps, p)
-    assert len(host.calls) == 1 and p.status["noCloudISORemoved"] is True
-    assert [e[1] for e in events] == [machine_reconcile.NOCLOUD_ISO_REMOVED]
+    assert host.calls == ["eject_nocloud", "delete_nocloud"] and p.status["noCloudISORemoved"] is True
+    [(_, reason, message)] = events
+    assert reason == machine_reconcile.NOCLOUD_ISO_REMOVED and "ejected" not in message and "deleted" in message
     # A moved copy (no status) whose ISO is long gone: the host has nothing to do, so no event either.
-    deps, p, host, events = phase_pass(inserted=False, recorded=False, outcome=[])
+    deps, p, host, events = phase_pass(inserted=False, recorded=False, ejected=(), deleted=False)
     await machine_reconcile.remove_nocloud_iso(deps, p)
-    assert len(host.calls) == 1 and p.status["noCloudISORemoved"] is True and events == []
+    assert len(host.calls) == 2 and p.status["noCloudISORemoved"] is True and events == []
 
 
 async def test_a_refused_eject_is_a_warning_and_no_provisioning_failure_the_next_pass_tries_again() -> None:
-    deps, p, host, events = phase_pass(outcome=errors.HypervisorError("update device: tray locked", "kvm1"))
+    deps, p, host, events = phase_pass(error=errors.HypervisorError("update device: tray locked", "kvm1"))
     await machine_reconcile.remove_nocloud_iso(deps, p)  # no Wait, no HypervisorError: Provisioned stays True
     assert "noCloudISORemoved" not in p.status
     [(kind, reason, message)] = events
@@ -144,7 +156,7 @@ async def test_a_refused_eject_is_a_warning_and_no_provisioning_failure_the_next
 
 
 async def test_an_unreachable_host_is_the_passes_problem_as_for_every_phase() -> None:
-    deps, p, _, _ = phase_pass(outcome=errors.HostUnreachable("connection refused", "kvm1"))
+    deps, p, _, _ = phase_pass(error=errors.HostUnreachable("connection refused", "kvm1"))
     with pytest.raises(errors.HostUnreachable):
         await machine_reconcile.remove_nocloud_iso(deps, p)
 

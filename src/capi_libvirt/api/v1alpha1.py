@@ -226,8 +226,9 @@ class LibvirtMachineStatus(meta.Model):
     """UUID of the libvirt domain, fixed before anything is created."""
     state: str | None = pydantic.Field(default=None, max_length=64)
     """Domain state as libvirt reports it (running, shutoff, ...)."""
-    no_cloud_iso_removed: bool | None = pydantic.Field(default=None, alias="noCloudISORemoved")
-    """True once the NoCloud ISO (the bootstrap data) was ejected from the VM and deleted from the host."""
+    no_cloud_iso_removed: bool | None = pydantic.Field(default=None, alias="noCloudISORemoved", description=(
+        "True once the NoCloud ISO (the bootstrap data) was ejected from the VM and deleted from the host; false when "
+        "the node joined but spec.keepNoCloudISO keeps it; unset before the node joined."))
     observed_generation: int | None = pydantic.Field(default=None, ge=0)
     """The .metadata.generation last reconciled."""
     conditions: list[meta.Condition] | None = pydantic.Field(

@@ -287,31 +287,32 @@ def domain_addresses(conn: libvirt.virConnect, uuid: str) -> list[str]:
     return []
 
 
-def remove_nocloud(conn: libvirt.virConnect, uuid: str, volumes: MachineVolumes) -> list[str]:
-    """Eject the NoCloud ISO from the domain's CD-ROM, then delete the ISO volume; returns what was done.
+def eject_nocloud(conn: libvirt.virConnect, uuid: str, iso_volume: str) -> list[str]:
+    """Empty the domain's CD-ROM drive that holds the NoCloud ISO (the file named `iso_volume`); returns where it
+    was ejected ("live", "persistent"), nothing when it was not in.
 
-    The eject is virDomainUpdateDeviceFlags with the CD-ROM's own <disk> minus its source (a media change: no
-    reboot, no hot-unplug), on the running domain and its persistent definition alike, each only where the ISO is
-    still in. The volume goes only after that, so a domain never points at a missing file; a pass that finds the ISO
-    ejected but the volume still there (a crash between the two) deletes the volume. Absent parts count as done.
+    virDomainUpdateDeviceFlags with the CD-ROM's own <disk> minus its source: a media change, so no reboot and no
+    hot-unplug, on the running domain and its persistent definition alike, each only where the ISO is still in.
     """
-    done: list[str] = []
     domain = conn.lookupByUUIDString(uuid)  # VIR_ERR_NO_DOMAIN -> DomainNotFound
-    active = bool(domain.isActive())
-    live = domain_xml.ejected_cdrom_xml(domain.XMLDesc(0), volumes.nocloud) if active else None
-    config = domain_xml.ejected_cdrom_xml(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE), volumes.nocloud)
-    if live is not None or config is not None:
-        flags = (libvirt.VIR_DOMAIN_AFFECT_LIVE if live is not None else 0) | \
-            (libvirt.VIR_DOMAIN_AFFECT_CONFIG if config is not None else 0)
-        domain.updateDeviceFlags(config if config is not None else live, flags)
-        done.append("ejected " + " and ".join(where for where, xml in (("live", live), ("persistent", config))
-                                              if xml is not None))
-    pool = _active_pool(conn, volumes.pool)
-    volume = _volume_or_none(pool, volumes.nocloud)
-    if volume is not None:
-        volume.delete(0)
-        done.append(f"deleted volume {volumes.nocloud}")
-    return done
+    live = domain_xml.ejected_cdrom_xml(domain.XMLDesc(0), iso_volume) if domain.isActive() else None
+    config = domain_xml.ejected_cdrom_xml(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE), iso_volume)
+    if live is None and config is None:
+        return []
+    flags = (libvirt.VIR_DOMAIN_AFFECT_LIVE if live is not None else 0) | \
+        (libvirt.VIR_DOMAIN_AFFECT_CONFIG if config is not None else 0)
+    domain.updateDeviceFlags(config if config is not None else live, flags)
+    return [where for where, xml in (("live", live), ("persistent", config)) if xml is not None]
+
+
+def delete_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes) -> bool:
+    """Delete the NoCloud ISO volume (after eject_nocloud: a domain never points at a missing file); True when it was
+    there."""
+    volume = _volume_or_none(_active_pool(conn, volumes.pool), volumes.nocloud)
+    if volume is None:
+        return False
+    volume.delete(0)
+    return True
 
 
 def destroy_and_undefine(domain: libvirt.virDomain) -> None:

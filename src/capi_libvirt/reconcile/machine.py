@@ -678,21 +678,25 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
 async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
     """Once the bootstrap data was provably consumed (the owner Machine has a nodeRef: Cluster API's word that the
     node joined, so cloud-init ran it), eject the NoCloud ISO from the domain and delete it from the host: the join
-    token is then nowhere on the hypervisor. Unless spec.keepNoCloudISO keeps it for debugging.
+    token is then nowhere on the hypervisor. Unless spec.keepNoCloudISO keeps it for debugging (status says false).
 
     Looked at every pass from the domain XML this pass read (free); the host is asked only while the ISO is still in
     the CD-ROM or its removal is not recorded in status.noCloudISORemoved (a crash between the eject and the delete,
     or a moved copy without status, converges). A failure is no provisioning failure: a Warning event, and the next
     pass tries again.
     """
-    if p.spec.keep_nocloud_iso or p.domain is None or not ((p.machine or {}).get("status") or {}).get("nodeRef"):
+    if p.domain is None or not ((p.machine or {}).get("status") or {}).get("nodeRef"):
+        return
+    if p.spec.keep_nocloud_iso:
+        p.status["noCloudISORemoved"] = False  # looked at with the node joined, and kept
         return
     inserted = any(posixpath.basename(path) == p.volumes().nocloud for path in domain_xml.cdrom_sources(p.domain.xml))
     if p.status.get("noCloudISORemoved") and not inserted:
         return
-    host = deps.hosts.get(p.host or "")
+    host, volumes = deps.hosts.get(p.host or ""), p.volumes()
     try:
-        done = await host.call(machines.remove_nocloud, p.domain_uuid, p.volumes(), doing="remove NoCloud ISO")
+        ejected = await host.call(machines.eject_nocloud, p.domain_uuid, volumes.nocloud, doing="eject NoCloud ISO")
+        deleted = await host.call(machines.delete_nocloud, volumes, doing="delete NoCloud ISO")
     except errors.HostUnreachable:
         raise
     except errors.HypervisorError as error:
@@ -700,9 +704,11 @@ async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
         await _event(deps, p.body, "Warning", NOCLOUD_ISO_NOT_REMOVED, f"the NoCloud ISO stays for now: {error}")
         return
     p.status["noCloudISORemoved"] = True
+    done = ([f"ejected from the domain ({' and '.join(ejected)})"] if ejected else []) + \
+        ([f"volume {volumes.nocloud} deleted"] if deleted else [])
     if done:
-        await _event(deps, p.body, "Normal", NOCLOUD_ISO_REMOVED, f"the node joined, so the bootstrap data was used: "
-                     f"NoCloud ISO {'; '.join(done)} on host {p.host}")
+        await _event(deps, p.body, "Normal", NOCLOUD_ISO_REMOVED, "the node joined, so the bootstrap data was used: "
+                     f"NoCloud ISO {', '.join(done)} on host {p.host}")
 
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,

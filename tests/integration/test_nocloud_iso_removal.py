@@ -85,6 +85,9 @@ async def test_the_iso_leaves_the_host_once_the_node_joined_unless_kept_and_a_cr
     async with operator_running(control_plane, {host.name: host.uri}) as memo:
         # The fault: the operator's own connection to the host fails once, right after the "crashed" machine's eject
         # returned, before the delete; what the host then holds is recorded.
+        async def started():
+            return "runtime" in memo
+        await wait_until("the operator started", started, DEADLINE_S, interval=0.1)
         connection = memo.runtime.deps.hosts.get(host.name)
         real_call = connection.call
         after_eject: list[dict] = []

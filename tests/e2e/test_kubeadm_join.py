@@ -23,12 +23,16 @@ import re
 import subprocess
 import sys
 
+import libvirt
 import pytest
 from kubernetes_asyncio import client
 
+import guest_agent
 from capi_libvirt.api import meta
+from capi_libvirt.core import domain_xml
+from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv import node_joins, workload_cluster
-from guests import provider_objects
+from guests import provider_objects, refreshed_pool
 from kubeadm_workers import (
     assert_joined_by_kubelet,
     by_kind,
@@ -52,6 +56,8 @@ N = 2
 JOIN_DEADLINE_S = 1200.0  # two TCG guests boot, run cloud-init, containerd and the kubelet on a busy 2-core machine
 SCALE_DOWN_DEADLINE_S = 300.0
 BROKEN_DEADLINE_S = 900.0
+ISO_DEADLINE_S = 120.0  # the Machine's nodeRef wakes the machine at once; its next pass removes the ISO
+REBOOT_DEADLINE_S = 600.0  # a TCG guest's reboot to a Ready kubelet on a busy 2-core machine
 UP_SECONDS = re.compile(r"Cloud-init v\. \S+ running 'modules:final' at .*?Up ([0-9.]+) seconds")
 FINISHED_SECONDS = re.compile(r"Cloud-init v\. \S+ finished at .*?Up ([0-9.]+) seconds")
 JOIN_REFUSED = "failed to verify JWS signature of received cluster info object"
@@ -99,6 +105,8 @@ async def test_workers_join_through_kubeadm_and_leave_nothing(
             print(f"\n[numbers] kubeadm join, MachineDeployment 0 -> {N}, phase by phase (all machines):\n"
                   f"{clock.report()}\n  guest clock (kernel start -> cloud-init final starts / finishes): "
                   + ", ".join(f"{up:.0f}s / {done:.0f}s" for up, done in boots))
+
+            await iso_gone_then_a_reboot_keeps_the_node(api_client, control_plane, namespace, libvirt_host, running)
 
             await workload_cluster.scale(api_client, cluster, deployment, 0)
             down = Clock()
@@ -155,6 +163,101 @@ async def join(api, namespace: str, clock: Clock) -> list[dict]:
 
     return await wait_until(f"{N} Machines Running with Ready Nodes joined by kubeadm", progress, JOIN_DEADLINE_S,
                             interval=2.0)
+
+
+async def iso_gone_then_a_reboot_keeps_the_node(api, plane, namespace: str, host, running: list[dict]) -> None:
+    """The Nodes joined (Machine.status.nodeRef set by Cluster API): every machine's NoCloud ISO, the bootstrap data,
+    is ejected from its domain (running and persistent definition) and deleted from the pool, leaving the host without
+    ISOs. Then one guest reboots for real (the guest agent runs the guest's own reboot): with no NoCloud seed, the
+    Node comes back Ready with a new boot ID, the machine keeps its address, and what cloud-init did on that boot is
+    read inside the guest (through the guest agent) and from its console."""
+    core = client.CoreV1Api(api)
+    clock = Clock()
+
+    async def all_removed():
+        infra = await libvirt_machines(api, namespace)
+        done = [m for m in infra if (m.get("status") or {}).get("noCloudISORemoved") is True]
+        return infra if len(infra) == N and len(done) == N else None
+    infra = await wait_until("every machine's NoCloud ISO removed", all_removed, ISO_DEADLINE_S, interval=1.0)
+    clock.mark(f"{N} NoCloud ISOs ejected and deleted (after the nodeRefs)")
+    with host.connect() as conn:
+        for machine in infra:
+            domain = conn.lookupByUUIDString(machine["status"]["domainUUID"])
+            for flags in (0, libvirt.VIR_DOMAIN_XML_INACTIVE):
+                sources = domain_xml.cdrom_sources(domain.XMLDesc(flags))
+                assert sources == [], f"{machine['metadata']['name']}: the CD-ROM still holds {sources} ({flags=})"
+        pool = refreshed_pool(conn, host.pool_name)
+        isos = [v for v in pool.listVolumes() if v.endswith("-cidata.iso")]
+        assert isos == [], f"a host without ISOs after provisioning: {isos}"
+    for machine in infra:
+        events = (await core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={machine['metadata']['name']}")).items
+        assert [e.type for e in events if e.reason == machine_reconcile.NOCLOUD_ISO_REMOVED] == ["Normal"]
+
+    machine = next(m for m in running if m["spec"]["infrastructureRef"]["name"] == infra[0]["metadata"]["name"])
+    node_name, uuid_ = machine["status"]["nodeRef"]["name"], infra[0]["status"]["domainUUID"]
+    node = await core.read_node(node_name)
+    old_boot = node.status.node_info.boot_id
+    address = internal_ips(infra[0])
+    before = guest_agent.guest_shell(host, uuid_, GUEST_FACTS)
+    with host.connect() as conn:
+        conn.lookupByUUIDString(uuid_).reboot(libvirt.VIR_DOMAIN_REBOOT_GUEST_AGENT)  # the guest's own reboot
+    clock.mark("reboot requested (through the guest agent)")
+
+    async def back():
+        current = await core.read_node(node_name)
+        return current if current.status.node_info.boot_id != old_boot and is_ready(current) else None
+    node = await wait_until("the rebooted Node Ready with a new boot ID", back, REBOOT_DEADLINE_S, interval=2.0)
+    clock.mark("the Node Ready again, with a new boot ID")
+    await wait_until("the guest agent back", lambda: _answers(host, uuid_), REBOOT_DEADLINE_S, interval=1.0)
+    after = guest_agent.guest_shell(host, uuid_, GUEST_FACTS)
+    [now] = [m for m in await libvirt_machines(api, namespace) if m["metadata"]["uid"] == infra[0]["metadata"]["uid"]]
+    node_ips = sorted(a.address for a in node.status.addresses if a.type == "InternalIP")
+    assert internal_ips(now) == address and node_ips == address, (address, internal_ips(now), node_ips)
+    assert facts(after)["boot-id"] == node.status.node_info.boot_id != facts(before)["boot-id"]
+    assert network_facts(after) == network_facts(before), f"the network config changed:\n{before}\n---\n{after}"
+    second_boot = console_log(plane, host, namespace, infra[0]["metadata"]["name"]).split(KERNEL_BANNER)[-1]
+    cloud_init = [line for line in second_boot.splitlines() if "cloud-init" in line.lower()]
+    print(f"\n[numbers] NoCloud ISO removal and a reboot without it:\n{clock.report()}\n"
+          f"  in the guest before the reboot:\n{_indent(before)}\n  after:\n{_indent(after)}\n"
+          f"  cloud-init on the console of the second boot ({len(cloud_init)} lines):\n"
+          + _indent("\n".join(cloud_init[-25:])))
+
+
+GUEST_FACTS = (
+    "echo boot-id=$(cat /proc/sys/kernel/random/boot_id); "
+    "echo instance-id=$(cat /var/lib/cloud/data/instance-id 2>/dev/null); "
+    "echo previous-instance-id=$(cat /var/lib/cloud/data/previous-instance-id 2>/dev/null); "
+    "echo instances=$(ls /var/lib/cloud/instances 2>/dev/null | tr '\\n' ' '); "
+    "echo run-markers=$(ls /run/cloud-init 2>/dev/null | tr '\\n' ' '); "
+    "echo result=$(cat /run/cloud-init/result.json 2>/dev/null | tr -d '\\n '); "
+    "echo ds-identify=$(grep -E 'single entry|RESULT|returning|found' /run/cloud-init/ds-identify.log 2>/dev/null "
+    "| tr '\\n' '|'); "
+    "for f in /etc/systemd/network/* /etc/network/interfaces.d/* /etc/netplan/*; do [ -f \"$f\" ] && "
+    "echo \"network-file $f $(sha256sum < \"$f\" | cut -c1-16)\"; done; "
+    "ip -4 -o addr show scope global | awk '{print \"network-address \" $2 \" \" $4}'; true")
+KERNEL_BANNER = "Linux version "
+
+
+def facts(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("network-"))
+
+
+def network_facts(text: str) -> list[str]:
+    return sorted(line for line in text.splitlines() if line.startswith("network-"))
+
+
+def internal_ips(libvirt_machine: dict) -> list[str]:
+    return sorted(a["address"] for a in (libvirt_machine.get("status") or {}).get("addresses") or []
+                  if a["type"] == "InternalIP")
+
+
+async def _answers(host, uuid_: str) -> bool:
+    return guest_agent.agent_answers(host, uuid_)
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.splitlines())
 
 
 def boot_seconds(console: str) -> tuple[float, float]:

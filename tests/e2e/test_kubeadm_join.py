@@ -216,6 +216,13 @@ async def iso_gone_then_a_reboot_keeps_the_node(api, plane, namespace: str, host
     assert internal_ips(now) == address and node_ips == address, (address, internal_ips(now), node_ips)
     assert facts(after)["boot-id"] == node.status.node_info.boot_id != facts(before)["boot-id"]
     assert network_facts(after) == network_facts(before), f"the network config changed:\n{before}\n---\n{after}"
+    # cloud-init ran at the first boot (its generator enabled it, result.json is its run's outcome) and its
+    # vendor-data script wrote /etc/cloud/cloud-init.disabled; the second boot's generator disabled it: no run.
+    first, second = facts(before), facts(after)
+    assert "enabled" in first["run-markers"].split() and first["result"], before
+    assert first["disabled-file"] == second["disabled-file"] == "/etc/cloud/cloud-init.disabled", (before, after)
+    assert "disabled" in second["run-markers"].split() and not second["result"], after
+    assert second["instance-id"] == first["instance-id"] == uuid_, (before, after)
     second_boot = console_log(plane, host, namespace, infra[0]["metadata"]["name"]).split(KERNEL_BANNER)[-1]
     cloud_init = [line for line in second_boot.splitlines() if "cloud-init" in line.lower()]
     print(f"\n[numbers] NoCloud ISO removal and a reboot without it:\n{clock.report()}\n"
@@ -230,6 +237,7 @@ GUEST_FACTS = (
     "echo previous-instance-id=$(cat /var/lib/cloud/data/previous-instance-id 2>/dev/null); "
     "echo instances=$(ls /var/lib/cloud/instances 2>/dev/null | tr '\\n' ' '); "
     "echo run-markers=$(ls /run/cloud-init 2>/dev/null | tr '\\n' ' '); "
+    "echo disabled-file=$(ls /etc/cloud/cloud-init.disabled 2>/dev/null); "
     "echo result=$(cat /run/cloud-init/result.json 2>/dev/null | tr -d '\\n '); "
     "echo ds-identify=$(grep -E 'single entry|RESULT|returning|found' /run/cloud-init/ds-identify.log 2>/dev/null "
     "| tr '\\n' '|'); "

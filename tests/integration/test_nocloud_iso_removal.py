@@ -7,7 +7,8 @@ once a Node with the machine's providerID exists; tests/e2e/test_kubeadm_join.py
 kubelet). Then:
 - a machine by default: the ISO is ejected from the running domain and its persistent definition, the volume is
   deleted, status.noCloudISORemoved is true and a Normal event says so; the domain keeps running (same libvirt ID);
-- `keepNoCloudISO: true`: the ISO stays in and on the host, status.noCloudISORemoved is false;
+- `keepNoCloudISO: true`: the ISO stays in and on the host, status.noCloudISORemoved is false, and its seed has no
+  vendor-data (the others' seeds carry the one that keeps cloud-init off once the seed is gone);
 - a crash between the two steps: the operator's host connection fails right after the eject (a fault injected into
   the running operator's connection, no hook in production code), the state a crash there leaves (ejected, volume
   still on the host) is checked, and the next pass deletes the volume.
@@ -16,12 +17,15 @@ Deleting the machines afterwards leaves the host clean, ISO or no ISO.
 
 from __future__ import annotations
 
+import io
+
 import libvirt
+import pycdlib
 import pytest
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
-from capi_libvirt.core import domain_xml, naming
+from capi_libvirt.core import cloud_init, domain_xml, naming
 from capi_libvirt.hypervisor import errors
 from capi_libvirt.hypervisor import machines as hypervisor_machines
 from capi_libvirt.reconcile import machine as machine_reconcile
@@ -72,6 +76,22 @@ def iso_state_of(host: LibvirtHost, uuid: str, iso: str) -> dict:
                 "id": domain.ID()}
 
 
+def iso_file(host: LibvirtHost, iso: str, name: str) -> bytes | None:
+    """A file of the NoCloud ISO `iso` in the host's pool (a local folder here), by its Rock Ridge name; None if
+    absent."""
+    image = pycdlib.PyCdlib()
+    image.open(str(host.pool_dir / iso))
+    try:
+        names = {c.rock_ridge.name().decode() for c in image.list_children(rr_path="/") if c.is_file()}
+        if name not in names:
+            return None
+        out = io.BytesIO()
+        image.get_file_from_iso_fp(out, rr_path=f"/{name}")
+        return out.getvalue()
+    finally:
+        image.close()
+
+
 async def test_the_iso_leaves_the_host_once_the_node_joined_unless_kept_and_a_crash_between_eject_and_delete_converges(
         control_plane, api_client, namespace, host):
     objects = client.CustomObjectsApi(api_client)
@@ -116,6 +136,9 @@ async def test_the_iso_leaves_the_host_once_the_node_joined_unless_kept_and_a_cr
             assert (state["live"], state["persistent"], state["volume"]) == (True, True, True), \
                 f"{name}: the ISO stays while the node has not joined: {state}"
             assert "noCloudISORemoved" not in provisioned[name]["status"]
+            # The seed tells cloud-init to stay off after its first boot unless the ISO is kept (core.cloud_init).
+            vendor_data = iso_file(host, naming.nocloud_volume_name(namespace, name, uids[name]), "vendor-data")
+            assert vendor_data == (None if name == "kept" else cloud_init.DISABLE_AFTER_FIRST_BOOT), (name, vendor_data)
 
         # Cluster API's part (stand-in): the Nodes joined.
         for name in names:

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from capi_libvirt.api import v1alpha1
-from capi_libvirt.core import domain_xml, naming, orphans, outage
+from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud, orphans, outage
 from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.hypervisor import errors, machines
 from capi_libvirt.reconcile import machine as machine_reconcile
@@ -182,3 +182,34 @@ def test_an_orphan_with_an_empty_cdrom_takes_its_overlay_along_and_an_iso_left_b
     [(domain_found, paths)] = found.orphans
     assert domain_found == orphan and paths == {f"{POOL}/{OVERLAY}"}
     assert found.stray_volumes == (ISO,)  # ejected, not yet deleted: reported, never removed without proof
+
+
+# -- cloud-init stays off once its seed is gone ------------------------------------------------------------------
+
+def test_the_vendor_data_is_a_shell_script_that_disables_cloud_init_from_the_next_boot() -> None:
+    script = cloud_init.DISABLE_AFTER_FIRST_BOOT.decode()
+    assert script.startswith("#!/bin/sh\n")  # cloud-init runs a vendor-data script once per instance (scripts-vendor)
+    commands = [line for line in script.splitlines()[1:] if line and not line.startswith("#")]
+    assert commands == ["touch /etc/cloud/cloud-init.disabled"]  # the file cloud-init's systemd generator checks
+
+
+def test_the_seed_carries_the_vendor_data_when_given_and_none_otherwise() -> None:
+    import io
+
+    import pycdlib
+
+    def files(image: bytes) -> dict[str, bytes]:
+        iso = pycdlib.PyCdlib()
+        iso.open_fp(io.BytesIO(image))
+        found = {}
+        for child in iso.list_children(rr_path="/"):
+            if child.is_file():
+                out = io.BytesIO()
+                iso.get_file_from_iso_fp(out, rr_path="/" + child.rock_ridge.name().decode())
+                found[child.rock_ridge.name().decode()] = out.getvalue()
+        return found
+
+    with_it = files(nocloud.build_nocloud_iso(b"#cloud-config\n", b"instance-id: x\n",
+                                              vendor_data=cloud_init.DISABLE_AFTER_FIRST_BOOT))
+    assert with_it["vendor-data"] == cloud_init.DISABLE_AFTER_FIRST_BOOT
+    assert "vendor-data" not in files(nocloud.build_nocloud_iso(b"#cloud-config\n", b"instance-id: x\n"))

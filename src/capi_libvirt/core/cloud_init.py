@@ -1,7 +1,8 @@
-"""The NoCloud documents besides user-data: meta-data (identity) and network-config (netplan v2).
+"""The NoCloud documents besides user-data: meta-data (identity), network-config (netplan v2), and the vendor-data that
+keeps cloud-init from running again once its seed is gone.
 
-Both are YAML dumped by pyyaml from plain dicts, never from templates, so no value (a hostname, an address) can add
-keys or lines of its own. The user-data is the bootstrap data from Cluster API and is passed through untouched.
+meta-data and network-config are YAML dumped by pyyaml from plain dicts, never from templates, so no value (a
+hostname, an address) can add keys or lines of its own; the vendor-data is a fixed script. The user-data is the bootstrap data from Cluster API and is passed through untouched.
 """
 
 from __future__ import annotations
@@ -12,6 +13,21 @@ from typing import Any
 import yaml
 
 from capi_libvirt.api import v1alpha1
+
+# vendor-data of a machine whose NoCloud ISO is removed once its node joined (spec.keepNoCloudISO false). cloud-init
+# runs it once, at its first boot (scripts-vendor, before the user-data's runcmd); it takes effect from the next boot.
+# Without it, an image whose datasource_list is NoCloud alone (with None) starts cloud-init again on every boot
+# (ds-identify's "single entry in datasource_list" rule skips its search), which then finds no seed and, in its local
+# stage, writes its fallback network config (DHCP on the first NIC) over the one the provider gave: a machine with
+# static addresses would lose them at its first reboot. With it, cloud-init is disabled as ds-identify disables it
+# when it finds no data source at all, and what the first boot configured stays. User-data can turn it off
+# (`vendor_data: {enabled: false}`).
+DISABLE_AFTER_FIRST_BOOT = (
+    b"#!/bin/sh\n"
+    b"# capi-libvirt: this machine's NoCloud seed (its bootstrap data) is ejected and deleted once its node joined;\n"
+    b"# with no data source left, cloud-init stays off from the next boot on, and the first boot's configuration stays.\n"
+    b"touch /etc/cloud/cloud-init.disabled\n"
+)
 
 
 def meta_data(instance_id: str, hostname: str, provider_id: str) -> bytes:

@@ -601,6 +601,7 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
         meta_data=cloud_init.meta_data(p.domain_uuid, naming.hostname(p.name), provider),
         network_config=cloud_init.network_config(p.spec.interfaces, [nic.mac for nic in config.interfaces],
                                                  p.addressing),
+        vendor_data=None if p.spec.keep_nocloud_iso else cloud_init.DISABLE_AFTER_FIRST_BOOT,
     )
     await host.call(machines.replace_nocloud, volumes, iso, doing="upload NoCloud ISO")
     if p.spec.serial_log:

@@ -161,7 +161,11 @@ def event_reasons(plane: cp.LocalControlPlane, uid: str) -> collections.Counter[
 
 def ready_to_move(plane: cp.LocalControlPlane) -> dict | None:
     """The one Machine Running with a nodeRef, and the Cluster as `clusterctl move` requires it (infrastructure
-    provisioned, control plane initialized): the Machine, or None."""
+    provisioned, control plane initialized): the Machine, or None. Also its NoCloud ISO gone from the host (the
+    provider removes it once the nodeRef is there), so the host's state before the move is the one that must stay."""
+    infra = items(plane, f"{INFRA}/namespaces/{NAMESPACE}/libvirtmachines")
+    if not infra or not (infra[0].get("status") or {}).get("noCloudISORemoved"):
+        return None
     cluster = get(plane, f"{CAPI}/namespaces/{NAMESPACE}/clusters/{CLUSTER}") or {}
     status = cluster.get("status") or {}
     if not (status.get("initialization") or {}).get("infrastructureProvisioned") or \

@@ -292,14 +292,18 @@ def eject_nocloud(conn: libvirt.virConnect, uuid: str, iso_volume: str) -> list[
     was ejected ("live", "persistent"), nothing when it was not in.
 
     virDomainUpdateDeviceFlags with the CD-ROM's own <disk> minus its source: a media change, so no reboot and no
-    hot-unplug, on the running domain and its persistent definition alike, each only where the ISO is still in.
+    hot-unplug, on the running domain (forced) and its persistent definition alike, each only where the ISO is still
+    in.
     """
     domain = conn.lookupByUUIDString(uuid)  # VIR_ERR_NO_DOMAIN -> DomainNotFound
     live = domain_xml.ejected_cdrom_xml(domain.XMLDesc(0), iso_volume) if domain.isActive() else None
     config = domain_xml.ejected_cdrom_xml(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE), iso_volume)
     if live is None and config is None:
         return []
-    flags = (libvirt.VIR_DOMAIN_AFFECT_LIVE if live is not None else 0) | \
+    # FORCE on the running domain: QEMU opens the tray even if the guest locked it (Linux locks it while the drive is
+    # open), and libvirt does not wait for the guest to answer the eject request, which a busy TCG guest did not
+    # within libvirt's 5 s ("timed out waiting to open tray"). The guest has used the seed: the node joined.
+    flags = (libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_DEVICE_MODIFY_FORCE if live is not None else 0) | \
         (libvirt.VIR_DOMAIN_AFFECT_CONFIG if config is not None else 0)
     domain.updateDeviceFlags(config if config is not None else live, flags)
     return [where for where, xml in (("live", live), ("persistent", config)) if xml is not None]

@@ -59,6 +59,9 @@ def test_nothing_to_eject_when_the_drive_is_empty_or_holds_another_file() -> Non
 def test_cdrom_sources_lists_the_files_in_the_drives_only() -> None:
     assert domain_xml.cdrom_sources(domain(f"{POOL}/{ISO}")) == [f"{POOL}/{ISO}"]
     assert domain_xml.cdrom_sources(domain(None)) == []
+    # A running domain's drive after a forced eject: libvirt keeps a <source> without a file.
+    emptied = domain(f"{POOL}/{ISO}", live=True).replace(f"<source file='{POOL}/{ISO}'/>", "<source index='2'/>")
+    assert domain_xml.cdrom_sources(emptied) == [] and domain_xml.ejected_cdrom_xml(emptied, ISO) is None
 
 
 # -- the phase, the host faked ------------------------------------------------------------------------------------------

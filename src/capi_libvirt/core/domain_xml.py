@@ -264,9 +264,11 @@ def ejected_cdrom_xml(xml_text: str, volume_name: str) -> str | None:
 
 
 def cdrom_sources(xml_text: str) -> list[str]:
-    """The files in the domain's CD-ROM drives (an empty drive has none)."""
+    """The files in the domain's CD-ROM drives (an empty drive has none: no <source>, or, on a running domain after a
+    forced eject, a <source> with no file)."""
     root = ET.fromstring(xml_text)
-    return [source.get("file") or "" for source in root.findall("devices/disk[@device='cdrom']/source")]
+    files = (source.get("file") for source in root.findall("devices/disk[@device='cdrom']/source"))
+    return [file for file in files if file]
 
 
 # --- builders: one per element, config in, element out, no decisions ------------------------------------------------

@@ -199,6 +199,7 @@ async def iso_gone_then_a_reboot_keeps_the_node(api, plane, namespace: str, host
     node = await core.read_node(node_name)
     old_boot = node.status.node_info.boot_id
     address = internal_ips(infra[0])
+    await wait_until("the guest agent answering", lambda: _answers(host, uuid_), REBOOT_DEADLINE_S, interval=2.0)
     before = guest_agent.guest_shell(host, uuid_, GUEST_FACTS)
     with host.connect() as conn:
         conn.lookupByUUIDString(uuid_).reboot(libvirt.VIR_DOMAIN_REBOOT_GUEST_AGENT)  # the guest's own reboot

@@ -217,12 +217,15 @@ async def iso_gone_then_a_reboot_keeps_the_node(api, plane, namespace: str, host
     assert internal_ips(now) == address and node_ips == address, (address, internal_ips(now), node_ips)
     assert facts(after)["boot-id"] == node.status.node_info.boot_id != facts(before)["boot-id"]
     assert network_facts(after) == network_facts(before), f"the network config changed:\n{before}\n---\n{after}"
-    # cloud-init ran at the first boot (its generator enabled it, result.json is its run's outcome) and its
-    # vendor-data script wrote /etc/cloud/cloud-init.disabled; the second boot's generator disabled it: no run.
+    # cloud-init ran at the first boot (result.json is its finished run, ds-identify took the seed) and its
+    # vendor-data script wrote /etc/cloud/cloud-init.disabled; at the second boot its generator left it off: /run (a
+    # fresh tmpfs) has the "disabled" marker and nothing of a run (no ds-identify log, status or result).
     first, second = facts(before), facts(after)
-    assert "enabled" in first["run-markers"].split() and first["result"], before
+    assert first["result"] and "NoCloud" in first["ds-identify"], before
     assert first["disabled-file"] == second["disabled-file"] == "/etc/cloud/cloud-init.disabled", (before, after)
-    assert "disabled" in second["run-markers"].split() and not second["result"], after
+    markers = second["run-markers"].split()
+    assert "disabled" in markers and "enabled" not in markers and not second["result"], after
+    assert not {"status.json", "result.json", "ds-identify.log"} & set(markers) and not second["ds-identify"], after
     assert second["instance-id"] == first["instance-id"] == uuid_, (before, after)
     second_boot = console_log(plane, host, namespace, infra[0]["metadata"]["name"]).split(KERNEL_BANNER)[-1]
     cloud_init = [line for line in second_boot.splitlines() if "cloud-init" in line.lower()]

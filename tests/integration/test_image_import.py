@@ -310,3 +310,19 @@ async def test_a_bad_image_ends_in_a_clear_condition_and_leaves_nothing(api_clie
     with remote.host.connect() as conn:  # and its space is back
         _state, capacity, _allocation, available = conn.storagePoolLookupByName(TINY_POOL).info()
         assert available > capacity // 2, (capacity, available)
+
+
+@pytest.mark.parametrize(("image", "words"), [
+    ({"volume": "base.qcow2", "url": "https://images.example.com/x.qcow2", "sha256": "a" * 64},
+     "set exactly one of volume or url"),
+    ({"url": "https://images.example.com/x.qcow2"}, "url needs sha256"),
+    ({"url": "https://images.example.com/x.qcow2", "sha256": "A" * 64}, "sha256"),
+])
+async def test_the_api_server_refuses_an_image_that_is_not_one_source(api_client, namespace, image, words):
+    """The CRD's own rules (CEL and patterns), before the operator ever sees the machine."""
+    body = capi_objects.libvirt_machine_body("demo", "refused", str(uuid.uuid4()),
+                                             {"image": image, "storagePool": "default"})
+    with pytest.raises(client.exceptions.ApiException) as refused:
+        await client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+            meta.GROUP, meta.VERSION, namespace, "libvirtmachines", body)
+    assert refused.value.status == 422 and words in refused.value.body, refused.value.body

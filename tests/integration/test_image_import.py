@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import io
 import random
 import subprocess
 import time
@@ -30,7 +31,7 @@ from kubernetes_asyncio import client
 from capi_libvirt.api import meta
 from capi_libvirt.core import images, naming
 from capi_libvirt.operator import config as operator_config
-from devenv import capi_objects, ipxe_image
+from devenv import base_image, capi_objects, ipxe_image
 from devenv.image_server import ImageServer, Served
 from devenv.libvirt_host import LibvirtHost
 from devenv.remote_access import RemoteAccess
@@ -221,12 +222,25 @@ def backing_path(volume_xml: str) -> str | None:
     return ET.fromstring(volume_xml).findtext("./backingStore/path")
 
 
+def plant(remote: RemoteAccess, name: str, fmt: str, data: bytes) -> None:
+    """A volume as an import that never got its marker leaves it (cut short, or complete)."""
+    with remote.host.connect() as conn:
+        pool = conn.storagePoolLookupByName(remote.host.pool_name)
+        volume = pool.createXML(f"<volume><name>{name}</name><capacity unit='bytes'>{max(len(data), 2**20)}"
+                                f"</capacity><target><format type='{fmt}'/></target></volume>", 0)
+        base_image.upload(conn, volume, io.BytesIO(data), len(data))
+
+
 async def test_machines_share_one_import_and_boot_from_it(api_client, remote, served, operator, tenant):
     """Two machines at once: one download, one image volume, both domains running on overlays of it; a third later:
-    no download; the image stays while machines use it and after; the orphan collector counts no stray volume."""
-    server, ipxe, _ = served
+    no download; the image stays while machines use it and after; the orphan collector counts no stray volume.
+    An import cut short before (a partial volume, no marker) is never taken for the image: replaced by the download;
+    one that was complete but never marked is read back, hashed, marked and used: no download."""
+    server, ipxe, big = served
     digest = sha(ipxe)
     image = {"url": server.url("/images/ipxe.qcow2"), "sha256": digest}
+    plant(remote, images.image_volume_name(digest), "qcow2", ipxe[:200 * 1024])  # cut short
+    plant(remote, images.image_volume_name(sha(big)), "raw", big)  # complete, never marked
     started = time.monotonic()
     first, second = await asyncio.gather(make(api_client, tenant, spec(remote, image)),
                                          make(api_client, tenant, spec(remote, image)))
@@ -237,7 +251,7 @@ async def test_machines_share_one_import_and_boot_from_it(api_client, remote, se
 
     volumes = pool_volumes(remote, remote.host.pool_name)
     name = images.image_volume_name(digest)
-    assert {v for v in volumes if images.is_image_volume(v)} == {name, images.verified_marker_name(digest)}
+    assert {v for v in volumes if digest in v} == {name, images.verified_marker_name(digest)}  # one image, marked
     image_path = ET.fromstring(volumes[name]).findtext("./target/path")
     for body in bodies:
         uid = naming.identity_uid(body)
@@ -249,15 +263,22 @@ async def test_machines_share_one_import_and_boot_from_it(api_client, remote, se
     await running(api_client, tenant, third)
     assert server.hits("/images/ipxe.qcow2") == 1  # found by its checksum: never fetched twice
 
-    await delete_machines(api_client, tenant, [first, second])
+    recovered = await make(api_client, tenant, spec(remote, {"url": server.url("/images/big.raw"),
+                                                             "sha256": sha(big)}))
+    await running(api_client, tenant, recovered)  # random bytes as a raw disk: the domain runs, boots nothing
+    assert server.hits("/images/big.raw") == 0
+    assert images.verified_marker_name(sha(big)) in pool_volumes(remote, remote.host.pool_name)
+
+    await delete_machines(api_client, tenant, [first, second, recovered])
     assert name in pool_volumes(remote, remote.host.pool_name)  # the third machine's overlay still stands on it
     assert (await machine(api_client, tenant, third))["status"]["state"] == "running"
 
-    async def collected():
-        orphans = (await host_status(api_client)).get("orphans")
-        return orphans if orphans is not None else None
-    orphans = await wait_until("an orphan round on the host", collected, DEADLINE_S)
-    assert orphans.get("strayVolumes") == 0 and orphans.get("count") == 0, orphans
+    async def no_stray():  # a round while a deleted machine's volumes were going counts them; image volumes stay
+        orphans = (await host_status(api_client)).get("orphans") or {}
+        return orphans if orphans.get("strayVolumes") == 0 and orphans.get("count") == 0 else None
+    await wait_until("an orphan round with no stray volume and no orphan, the image volumes there", no_stray,
+                     DEADLINE_S)
+    assert {name, images.verified_marker_name(digest)} <= set(pool_volumes(remote, remote.host.pool_name))
 
     await delete_machines(api_client, tenant, [third])
     left = pool_volumes(remote, remote.host.pool_name)

@@ -76,17 +76,25 @@ def import_image(conn: libvirt.virConnect, pool_name: str, sha256: str,
     """The verified image with this sha256 in the pool, imported from `open_source()` unless it is there already.
 
     The caller makes sure no other import of the same image into the same pool runs (one per host, pool and sha256),
-    so an unmarked volume here is a cut short import of the past: removed first.
+    so an unmarked volume here is an import of the past that never got its marker: cut short (the operator or the
+    host died while streaming), or complete but stopped just before the marker (or the marker removed by hand). It is
+    read back and hashed: only when it is the image, every byte, is it marked and used (no second download); else
+    it is removed and the image imported again. A marker without its image is removed.
     """
     found = find_image(conn, pool_name, sha256)
     if found is not None:
         return found
     name, marker = images.image_volume_name(sha256), images.verified_marker_name(sha256)
     pool = machines.active_pool(conn, pool_name)
-    for leftover in (marker, name):
-        volume = machines.volume_or_none(pool, leftover)
-        if volume is not None:
-            volume.delete(0)
+    stale = machines.volume_or_none(pool, marker)
+    if stale is not None:
+        stale.delete(0)
+    unmarked = machines.volume_or_none(pool, name)
+    if unmarked is not None:
+        if _hashes_to(conn, unmarked, sha256):
+            pool.createXML(volume_xml.raw_volume_xml(marker, 0), 0)
+            return ImageVolume(name, unmarked.path(), volume_xml.backing_format_of(unmarked.XMLDesc(0)))
+        unmarked.delete(0)
     with open_source() as source:
         head = _read_head(source)
         try:
@@ -101,6 +109,21 @@ def import_image(conn: libvirt.virConnect, pool_name: str, sha256: str,
         size = _stream_verified(conn, pool_name, volume, source, head, sha256)
     pool.createXML(volume_xml.raw_volume_xml(marker, 0), 0)
     return ImageVolume(name, volume.path(), shape.format, size)
+
+
+def _hashes_to(conn: libvirt.virConnect, volume: libvirt.virStorageVol, sha256: str) -> bool:
+    """Whether the volume's bytes, read back through a download stream in chunks, hash to `sha256`."""
+    stream = conn.newStream(0)
+    digest = hashlib.sha256()
+    try:
+        volume.download(stream, 0, 0, 0)
+        while chunk := stream.recv(CHUNK):
+            digest.update(chunk)
+        stream.finish()
+    except BaseException:
+        machines.abort_quietly(stream)
+        raise
+    return digest.hexdigest() == sha256
 
 
 def _read_head(source: Source) -> bytes:
@@ -172,8 +195,8 @@ def _full_pool(conn: libvirt.virConnect, pool_name: str, source: Source, sent: i
         available = _available(conn, pool_name)
     except (libvirt.libvirtError, errors.HypervisorError):
         return None
-    remaining = source.length - sent if source.length is not None else CHUNK
-    if available >= remaining:
+    remaining = source.length - sent if source.length is not None else 0
+    if available >= max(remaining, CHUNK):  # room left for what was still to come: another failure
         return None
     needed = source.length if source.length is not None else sent
     return (f"pool {pool_name} filled up while the image was streamed in ({sent} bytes written, "

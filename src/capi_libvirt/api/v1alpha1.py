@@ -58,11 +58,12 @@ IPAddress = Annotated[str, pydantic.Field(pattern=IP, max_length=64,
                       pydantic.AfterValidator(_is_ip)]
 
 
-# An image URL: http or https, a host without user info, a path; no fragment, no whitespace or control characters.
-IMAGE_URL = r"^https?://[^/?#@\s]+/[^#\s\x00-\x1f\x7f]*$"
+# An image URL: http or https, a host without user info, a path; no fragment, space or control characters (written out:
+# `\s` means ASCII whitespace to the API server's RE2 but Unicode whitespace to pydantic's regex).
+IMAGE_URL = r"^https?://[^/?#@ \x00-\x1f\x7f]+/[^# \x00-\x1f\x7f]*$"
 # What LibvirtHost spec.access.imageURLPrefixes lists: scheme, host and the start of a path (at least its first /),
 # so a prefix can never be extended into another host name.
-IMAGE_URL_PREFIX = r"^https?://[^/?#@\s]+/[^?#\s\x00-\x1f\x7f]*$"
+IMAGE_URL_PREFIX = r"^https?://[^/?#@ \x00-\x1f\x7f]+/[^?# \x00-\x1f\x7f]*$"
 SHA256 = r"^[0-9a-f]{64}$"
 IMAGE_SOURCE_ONE = "set exactly one of volume or url"
 IMAGE_URL_NEEDS_SHA256 = "url needs sha256 (and sha256 is only for url)"

@@ -182,14 +182,17 @@ async def test_machines_wanting_one_image_on_one_host_wait_for_one_import():
     host, now = FakeHost(), [0.0]
     imports = reconcile_images.ImageImports(clock=lambda: now[0])
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
+    woken: list[str] = []
     for _machine in range(3):
         with pytest.raises(reconcile_images.NotReady) as waiting:
-            await imports.ensure(host, "default", image, [PREFIX])
+            await imports.ensure(host, "default", image, [PREFIX], woken.append)
         assert waiting.value.reason == "ImageImporting" and not waiting.value.failure
     await asyncio.sleep(0)
     assert host.imports == 1 and imports.started == 1
+    assert woken == []
     host.release.set()
     await asyncio.sleep(0.01)
+    assert woken == ["kvm1"]  # the host's machines are queued at once, not at their next recheck
     found = await imports.ensure(host, "default", image, [PREFIX])
     assert found.name == images.image_volume_name(SHA) and host.imports == 1
 
@@ -200,9 +203,11 @@ async def test_a_failed_import_answers_every_waiting_machine_then_one_retries():
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
     host.outcome = host_images.ChecksumMismatch(SHA, "f" * 64, 10)
     host.release.set()
+    woken: list[str] = []
     with pytest.raises(reconcile_images.NotReady):
-        await imports.ensure(host, "default", image, [PREFIX])
+        await imports.ensure(host, "default", image, [PREFIX], woken.append)
     await asyncio.sleep(0.01)
+    assert woken == []  # a failure wakes nobody: the machines' own backoff paces the retries
     for _machine in range(2):
         with pytest.raises(reconcile_images.NotReady) as failed:
             await imports.ensure(host, "default", image, [PREFIX])

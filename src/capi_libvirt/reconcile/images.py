@@ -3,9 +3,10 @@
 A machine pass whose spec.image names a URL asks `ImageImports.ensure`: the verified image when the pool has it (found
 by its sha256, never fetched twice), else it starts the import as a task of its own (HTTP download streamed into the
 pool in the host's transfer thread, hypervisor.images) and says "not ready": the machine waits with ImageImporting and
-looks again shortly, without holding a creation slot or a worker. Every machine wanting the same image on the same
-host waits for that one task. A failed import is reported to each waiting machine (its own backoff) and kept for
-RETRY_AFTER_S, so machines retrying together start one new import, not one each.
+looks again shortly, without holding a creation slot or a worker; an import that succeeds wakes the host's machines
+at once. Every machine wanting the same image on the same host waits for that one task. A failed import wakes
+nobody: it is reported to each waiting machine at its next pass (its own backoff follows) and kept for RETRY_AFTER_S,
+so machines retrying together start one new import, not one each.
 
 Imported images are never deleted by the provider: machines' overlays are backed by them, and the next machine
 wanting the image finds it.
@@ -30,8 +31,9 @@ from capi_libvirt.hypervisor import images as host_images
 
 log = logging.getLogger(__name__)
 
-RECHECK_IMPORTING_S = 2.0  # a machine waiting for an import looks again this soon (one dictionary look-up)
-RETRY_AFTER_S = 5.0  # a failed import's result answers the machines waiting for it this long; then one retries
+RECHECK_IMPORTING_S = 5.0  # a machine waiting for an import looks again this soon; a finished import wakes them at once
+RETRY_AFTER_S = 10.0  # a failed import answers the machines waiting for it this long (longer than their recheck, so
+# each sees it), then the next pass retries it: as often as the machines' own backoff allows, one import at a time
 
 
 class NotReady(Exception):
@@ -58,8 +60,10 @@ class ImageImports:
         self.started = 0  # imports started since the operator started (a metric's worth, for the tests' numbers)
 
     async def ensure(self, host: connection.HostConnection, pool: str, image: v1alpha1.ImageSource,
-                     prefixes: Sequence[str]) -> host_images.ImageVolume:
-        """The verified image in `pool` on `host`, or NotReady (importing, or why the import failed)."""
+                     prefixes: Sequence[str], on_imported: Callable[[str], None] = lambda host: None,
+                     ) -> host_images.ImageVolume:
+        """The verified image in `pool` on `host`, or NotReady (importing, or why the import failed). `on_imported`
+        is called with the host's name once an import succeeds (the operator queues the host's machines)."""
         assert image.url is not None and image.sha256 is not None
         key = (host.host, pool, image.sha256)
         current = self._running.get(key)
@@ -82,16 +86,16 @@ class ImageImports:
         task = asyncio.create_task(self._import(host, pool, image.url, image.sha256, prefixes),
                                    name=f"image-import-{host.host}-{image.sha256[:12]}")
         entry = _Import(task, image.url)
-        task.add_done_callback(functools.partial(self._finished, entry))
+        task.add_done_callback(functools.partial(self._finished, entry, functools.partial(on_imported, host.host)))
         self._running[key] = entry
         self.started += 1
         raise NotReady(Reason.IMAGE_IMPORTING, _importing(image.url, image.sha256, pool, host.host),
                        RECHECK_IMPORTING_S, failure=False)
 
-    def _finished(self, entry: _Import, task: asyncio.Task[host_images.ImageVolume]) -> None:
+    def _finished(self, entry: _Import, wake: Callable[[], None], task: asyncio.Task[host_images.ImageVolume]) -> None:
         entry.finished_at = self._clock()
-        if not task.cancelled():
-            task.exception()  # retrieved: the waiting machines report it
+        if not task.cancelled() and task.exception() is None:  # (a failure is retrieved here: the machines report it)
+            wake()
 
     async def _import(self, host: connection.HostConnection, pool: str, url: str, sha256: str,
                       prefixes: Sequence[str]) -> host_images.ImageVolume:

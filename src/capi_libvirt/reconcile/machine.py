@@ -578,7 +578,7 @@ async def ensure_image(deps: Dependencies, p: MachinePass) -> None:
     prefixes = known.spec.access.image_url_prefixes if known is not None else []
     try:
         found = await deps.images.ensure(deps.hosts.get(p.host or ""), image.pool or p.spec.storage_pool, image,
-                                         prefixes)
+                                         prefixes, deps.wake_host)
     except images_.NotReady as not_ready:
         raise Wait(not_ready.reason, not_ready.message, not_ready.retry_after, failure=not_ready.failure) from None
     p.image_volume = found.name

@@ -182,16 +182,16 @@ def test_a_pool_refresh_waits_out_a_running_upload_and_nothing_else(monkeypatch)
     monkeypatch.setattr(machines, "REFRESH_RETRY_S", 0.0)
     busy = libvirt_error(libvirt.VIR_ERR_INTERNAL_ERROR, libvirt.VIR_FROM_STORAGE)  # "asynchronous jobs running"
     pool = FakePool([busy, busy])
-    assert machines.refreshed_pool(FakeConnection(pool), "default") is pool and pool.refreshes == 3
+    assert machines._refreshed_pool(FakeConnection(pool), "default") is pool and pool.refreshes == 3
 
     other = libvirt_error(libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_FROM_STORAGE)  # a disk problem: no use waiting
     pool = FakePool([other, busy])
     with pytest.raises(libvirt.libvirtError):
-        machines.refreshed_pool(FakeConnection(pool), "default")
+        machines._refreshed_pool(FakeConnection(pool), "default")
     assert pool.refreshes == 1
 
     monkeypatch.setattr(machines, "REFRESH_WAIT_S", 0.0)  # an upload that never ends: given up on, not waited forever
     pool = FakePool([busy] * 1000)
     with pytest.raises(libvirt.libvirtError):
-        machines.refreshed_pool(FakeConnection(pool), "default")
+        machines._refreshed_pool(FakeConnection(pool), "default")
     assert pool.refreshes == 1

@@ -52,14 +52,14 @@ STATE_NAMES = {
 }
 
 
-def active_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePool:
+def _active_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePool:
     pool = conn.storagePoolLookupByName(name)
     if not pool.isActive():
         raise errors.PoolNotFound(f"storage pool {name} is not active")
     return pool
 
 
-def volume_or_none(pool: libvirt.virStoragePool, name: str) -> libvirt.virStorageVol | None:
+def _volume_or_none(pool: libvirt.virStoragePool, name: str) -> libvirt.virStorageVol | None:
     try:
         return pool.storageVolLookupByName(name)
     except libvirt.libvirtError as error:
@@ -68,14 +68,14 @@ def volume_or_none(pool: libvirt.virStoragePool, name: str) -> libvirt.virStorag
         raise
 
 
-def refreshed_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePool:
+def _refreshed_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePool:
     """The active pool, refreshed so files libvirt did not make (serial logs) are volumes of it.
 
     libvirt refuses a refresh while a volume of the pool is being built or cloned, or an upload or download into it
     is being set up ("has asynchronous jobs running", an internal error of the storage driver): the operator making
     another machine's overlay or NoCloud volume. That ends within moments, so it is waited out instead of failing.
     """
-    pool = active_pool(conn, name)
+    pool = _active_pool(conn, name)
     deadline = time.monotonic() + REFRESH_WAIT_S
     while True:
         try:
@@ -99,7 +99,7 @@ def check_networks(conn: libvirt.virConnect, networks: list[str]) -> None:
 
 def pool_path(conn: libvirt.virConnect, pool_name: str) -> str:
     """The target folder of a `dir` pool (where the serial log goes, so that teardown can delete it as a volume)."""
-    pool = active_pool(conn, pool_name)
+    pool = _active_pool(conn, pool_name)
     path = ET.fromstring(pool.XMLDesc()).findtext("./target/path")
     return path or ""
 
@@ -107,11 +107,11 @@ def pool_path(conn: libvirt.virConnect, pool_name: str) -> str:
 def ensure_overlay(conn: libvirt.virConnect, volumes: MachineVolumes, base_pool: str, base_volume: str,
                    disk_gib: int) -> str:
     """The machine's qcow2 overlay on the base image, grown to the requested size; returns its path."""
-    pool = active_pool(conn, volumes.pool)
-    existing = volume_or_none(pool, volumes.overlay)
+    pool = _active_pool(conn, volumes.pool)
+    existing = _volume_or_none(pool, volumes.overlay)
     if existing is not None:
         return _path(existing)
-    base = active_pool(conn, base_pool).storageVolLookupByName(base_volume)
+    base = _active_pool(conn, base_pool).storageVolLookupByName(base_volume)
     base_capacity = base.info()[1]
     capacity = max(disk_gib * GIB, base_capacity)
     xml = volume_xml.overlay_volume_xml(volumes.overlay, capacity, base.path(),
@@ -124,8 +124,8 @@ def replace_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes, iso: byte
 
     An earlier upload may have been cut short, so an existing volume is replaced rather than trusted.
     """
-    pool = active_pool(conn, volumes.pool)
-    existing = volume_or_none(pool, volumes.nocloud)
+    pool = _active_pool(conn, volumes.pool)
+    existing = _volume_or_none(pool, volumes.nocloud)
     if existing is not None:
         existing.delete(0)
     volume = pool.createXML(volume_xml.raw_volume_xml(volumes.nocloud, len(iso)), 0)
@@ -151,8 +151,8 @@ def ensure_serial_log(conn: libvirt.virConnect, volumes: MachineVolumes) -> str:
     """The (empty) file the domain's serial console is logged to, made as a volume of the pool before the domain
     starts: libvirt then knows it, and teardown deletes it without a pool refresh (which reads every volume's header
     under the pool's lock: slow with many machines, and refused while another volume is being built)."""
-    pool = active_pool(conn, volumes.pool)
-    existing = volume_or_none(pool, volumes.serial_log)
+    pool = _active_pool(conn, volumes.pool)
+    existing = _volume_or_none(pool, volumes.serial_log)
     if existing is not None:
         return _path(existing)
     return _path(pool.createXML(volume_xml.raw_volume_xml(volumes.serial_log, 0), 0))
@@ -195,8 +195,8 @@ def read_serial_log(conn: libvirt.virConnect, pool_name: str, log_name: str, sta
                     tail: int | None = None) -> LogChunk:
     """The machine's serial console log, downloaded through libvirt's stream API (so over qemu+ssh and qemu+tls
     too), from byte `start`, at most its last `tail` bytes; VolumeNotFound when there is no log (yet)."""
-    pool = refreshed_pool(conn, pool_name)
-    volume = volume_or_none(pool, log_name)
+    pool = _refreshed_pool(conn, pool_name)
+    volume = _volume_or_none(pool, log_name)
     if volume is None:
         raise errors.VolumeNotFound(f"no serial log {log_name} in pool {pool_name}: the domain has not started "
                                     "yet, or it was deleted")
@@ -330,10 +330,10 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volume
     if not pool.isActive():
         pool.create(0)  # an inactive pool would hide our volumes: activate it to delete them
     for name in (volumes.overlay, volumes.nocloud, volumes.serial_log):
-        volume = volume_or_none(pool, name)
+        volume = _volume_or_none(pool, name)
         if volume is None and name == volumes.serial_log:
             # Made by QEMU, not as a volume (a machine of an earlier release): the pool sees it after a refresh.
-            volume = volume_or_none(refreshed_pool(conn, volumes.pool), name)
+            volume = _volume_or_none(_refreshed_pool(conn, volumes.pool), name)
         if volume is not None:
             volume.delete(0)
             removed.append(f"volume {name}")
@@ -387,3 +387,7 @@ def probe_host(conn: libvirt.virConnect, pool_name: str) -> HostProbe:
         cpus=cpus, memory_mib=memory_mib, free_memory_mib=conn.getFreeMemory() // (1024 * 1024),
         machines=machines, allocated_cpus=allocated_cpus, allocated_memory_mib=allocated_kib // 1024,
         pool_capacity_bytes=capacity, pool_available_bytes=available)
+
+
+# For the image import (hypervisor.images), which works in the same pools.
+active_pool, volume_or_none, refreshed_pool = _active_pool, _volume_or_none, _refreshed_pool

@@ -58,9 +58,9 @@ def test_a_machine_larger_than_the_hosts_free_memory_is_never_placed_whatever_th
     result = choose_host(Request(cpus=1, memory_mib=4096), [roomy_but_busy])
     assert isinstance(result, NoHost) and result.reason == placement.INSUFFICIENT_CAPACITY
     assert "a: 32 vCPU and 65536 MiB free" in result.message
-    assert "only 3000 MiB of memory free on the host" in result.message
+    assert "but the host has only 3000 MiB of memory free" in result.message
     pinned = choose_host(Request(cpus=1, memory_mib=4096, pinned_host="a"), [roomy_but_busy])
-    assert isinstance(pinned, NoHost) and "only 3000 MiB of memory free" in pinned.message
+    assert isinstance(pinned, NoHost) and "the host has only 3000 MiB of memory free" in pinned.message
 
 
 def test_the_free_memory_floor_is_per_machine_not_a_sum_and_unknown_means_no_check():
@@ -142,3 +142,21 @@ def test_the_inventory_hands_placement_the_foreign_load_and_free_memory():
 ])
 def test_waiting_machines_are_woken_when_foreign_vms_take_less(before, after, gained):
     assert hosts_reconcile._gained_room(before, after) is gained
+
+
+def test_wake_unplaced_queues_only_machines_without_a_host():
+    import types
+
+    from capi_libvirt.operator import handlers
+
+    bodies = [{"metadata": {"name": "waiting", "namespace": "ns"}, "spec": {}},
+              {"metadata": {"name": "placed", "namespace": "ns"}, "spec": {}, "status": {"host": "kvm1"}},
+              {"metadata": {"name": "deleting", "namespace": "ns", "deletionTimestamp": "2026-12-01T00:00:00Z"},
+               "spec": {}}]
+    queued: list = []
+    runtime = types.SimpleNamespace(
+        deps=types.SimpleNamespace(kube=types.SimpleNamespace(cache=types.SimpleNamespace(items=lambda kind: bodies)),
+                                   failures={("ns", "waiting"): 5}),
+        machines=types.SimpleNamespace(add=queued.append))
+    handlers.Runtime.wake_unplaced(runtime)  # type: ignore[arg-type]
+    assert queued == [("ns", "waiting")] and runtime.deps.failures == {}

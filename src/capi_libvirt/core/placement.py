@@ -114,7 +114,7 @@ def _shortfall(host: HostLoad, request: Request) -> str:
                  f"{_plural(host.foreign_cpus, 'vCPU')})")
     text += f" (overcommit cpu {host.cpu_overcommit:g}, memory {host.memory_overcommit:g})"
     if not fits_free_memory(host, request):
-        text += f"; only {host.available_memory_mib} MiB of memory free on the host"
+        text += f", but the host has only {host.available_memory_mib} MiB of memory free"
     return text
 
 

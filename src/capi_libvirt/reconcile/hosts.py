@@ -74,6 +74,8 @@ async def upsert_host(deps: Dependencies, name: str, spec_data: dict[str, Any]) 
     await probe_and_publish(deps, name)
     if current is None or decommissioning_changed:
         deps.wake_host(name)  # its machines decide again: a copied host's adopted, re-placed, held, or released
+    if current is None or current.spec != spec:
+        deps.wake_unplaced()  # a new host, or one whose overcommit or rules changed, may take a waiting machine
 
 
 async def remove_host(deps: Dependencies, name: str) -> None:

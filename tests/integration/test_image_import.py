@@ -172,11 +172,17 @@ async def running(api_client, namespace: str, name: str) -> dict:
 
 async def condition(api_client, namespace: str, name: str, reason: str) -> tuple[dict, dict]:
     """The machine's Provisioned condition once its reason is `reason`, and the machine."""
+    seen: list[dict] = []
+
     async def probe():
         body = await machine(api_client, namespace, name)
         found = {c["type"]: c for c in (body.get("status") or {}).get("conditions", [])}.get("Provisioned")
+        seen[:] = [found] if found else []
         return (found, body) if found and found["reason"] == reason else None
-    return await wait_until(f"{namespace}/{name}: Provisioned {reason}", probe, DEADLINE_S)
+    try:
+        return await wait_until(f"{namespace}/{name}: Provisioned {reason}", probe, DEADLINE_S)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; its Provisioned condition: {seen}") from None
 
 
 async def delete_machines(api_client, namespace: str, names: list[str] | None = None) -> None:

@@ -4,7 +4,8 @@
 chunk, hashes each chunk and sends it into a new volume's upload stream, so the image is never whole in memory and
 works over qemu+ssh and qemu+tls like any other libvirt call. It runs in a worker thread (HostConnection's transfer
 thread), never on the event loop. The volume is named from the sha256 (core.images); it counts as an image only once
-its `.verified` marker exists, made after the last byte was written and the checksum matched. Every failure (a
+its `.verified` marker exists, made after the last byte was written, the streamed bytes' checksum matched and the
+volume, read back, hashed the same. Every failure (a
 mismatch, a download cut short, a full pool, the host going away) aborts the stream and deletes the volume: nothing
 half-written stays in the pool, and a marker-less volume left by a crash is removed before the next import.
 """
@@ -111,12 +112,13 @@ def import_image(conn: libvirt.virConnect, pool_name: str, sha256: str,
     return ImageVolume(name, volume.path(), shape.format, size)
 
 
-def _hashes_to(conn: libvirt.virConnect, volume: libvirt.virStorageVol, sha256: str) -> bool:
-    """Whether the volume's bytes, read back through a download stream in chunks, hash to `sha256`."""
+def _hashes_to(conn: libvirt.virConnect, volume: libvirt.virStorageVol, sha256: str, length: int = 0) -> bool:
+    """Whether the volume's bytes (its first `length`; 0: all), read back through a download stream in chunks, hash to
+    `sha256`."""
     stream = conn.newStream(0)
     digest = hashlib.sha256()
     try:
-        volume.download(stream, 0, 0, 0)
+        volume.download(stream, 0, length, 0)
         while chunk := stream.recv(CHUNK):
             digest.update(chunk)
         stream.finish()
@@ -148,10 +150,16 @@ def _image_volume_xml(name: str, capacity: int, fmt: str) -> str:
     return volume_xml.raw_volume_xml(name, capacity)
 
 
+class _StoredBytesDiffer(Exception):
+    """The volume does not hold the bytes that were sent (libvirt reported the upload done all the same)."""
+
+
 def _stream_verified(conn: libvirt.virConnect, pool_name: str, volume: libvirt.virStorageVol, source: Source,
                      head: bytes, sha256: str) -> int:
-    """Send the image into the volume, hashing as it goes; the stream is finished only when the sha256 matched.
-    On any failure the stream is aborted and the volume deleted (InsufficientStorage when the pool filled up)."""
+    """Send the image into the volume, hashing as it goes; the stream is finished only when the sha256 matched, and
+    then the volume is read back and hashed: the marker certifies what is stored, not what was sent (an upload into a
+    pool that filled up was seen to finish without an error, its tail lost). On any failure the stream is aborted and
+    the volume deleted (InsufficientStorage when the pool filled up)."""
     stream = conn.newStream(0)
     digest = hashlib.sha256()
     sent = 0
@@ -167,14 +175,19 @@ def _stream_verified(conn: libvirt.virConnect, pool_name: str, volume: libvirt.v
         if actual != sha256:
             raise ChecksumMismatch(sha256, actual, sent)
         stream.finish()
+        if not _hashes_to(conn, volume, sha256, sent):
+            raise _StoredBytesDiffer()
     except BaseException as error:
         machines.abort_quietly(stream)
         full = None
-        if isinstance(error, libvirt.libvirtError):
+        if isinstance(error, (libvirt.libvirtError, _StoredBytesDiffer)):
             full = _full_pool(conn, pool_name, source, sent)
         _delete_quietly(volume)
         if full is not None:
             raise InsufficientStorage(full) from None
+        if isinstance(error, _StoredBytesDiffer):
+            raise errors.HypervisorError(f"the image read back from pool {pool_name} does not hash to its sha256 "
+                                         f"({sent} bytes were sent); the volume was removed") from None
         raise
     return sent
 

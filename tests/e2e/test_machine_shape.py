@@ -82,6 +82,9 @@ async def test_uefi_ignition_data_disk_and_cpu_topology_in_one_guest_and_nothing
         {"path": "/etc/capi-marker", "contents": {"source": f"data:,{marker}"}}]}}, separators=(",", ":"))
     spec = {**machine_spec(shape_host, guest_image, base), "cpus": 2, "firmware": "uefi",
             "dataDisks": [{"sizeGiB": DATA_DISK_GIB}], "cpuTopology": TOPOLOGY, "cpuModel": CPU_MODEL}
+    # An Ignition guest runs no cloud-init (there is no NoCloud seed to find): the minimal image's is turned off, which
+    # spares a minute of Python under TCG.
+    spec["kernelBoot"] = {**spec["kernelBoot"], "cmdline": spec["kernelBoot"]["cmdline"] + " cloud-init=disabled"}
     await capi_objects.create_cluster(api_client, namespace, "shape")
     made = await capi_objects.create_machine(api_client, namespace, "shape", f"uefi-{uuid.uuid4().hex[:6]}", ignition,
                                              spec, bootstrap_format="ignition")
@@ -99,8 +102,11 @@ async def test_uefi_ignition_data_disk_and_cpu_topology_in_one_guest_and_nothing
             body = await get(made.libvirt_machine)
             return body if body.get("status", {}).get("initialization", {}).get("provisioned") else None
 
-        body = await wait_until("the UEFI machine provisioned", provisioned, PROVISION_DEADLINE_S)
-        provisioned_s = time.monotonic() - started
+        async def defined():
+            body = await get(made.libvirt_machine)
+            return body if body.get("status", {}).get("state") == "running" else None
+
+        body = await wait_until("the UEFI machine's domain running", defined, PROVISION_DEADLINE_S)
         uid = body["metadata"]["uid"]
         domain_uuid = naming.domain_uuid(uid)
         with shape_host.connect() as conn:
@@ -119,20 +125,23 @@ async def test_uefi_ignition_data_disk_and_cpu_topology_in_one_guest_and_nothing
 
         # Inside the guest, through its agent.
         await wait_until("the guest agent", lambda: agent_ready(shape_host, domain_uuid), PROVISION_DEADLINE_S, 2.0)
+        agent_s = time.monotonic() - started
         efi = await guest_run(shape_host, domain_uuid, "ls /sys/firmware/efi")
         fw_cfg = await guest_run(shape_host, domain_uuid,
                                  f"modprobe qemu_fw_cfg 2>/dev/null; cat {FW_CFG_RAW}")
         sectors = await guest_run(shape_host, domain_uuid, "cat /sys/block/vdb/size")
         cpus = cpu_layout((await guest_run(shape_host, domain_uuid, "cat /proc/cpuinfo")).decode())
-        read_back_s = time.monotonic() - started
+        body = await wait_until("the UEFI machine provisioned", provisioned, PROVISION_DEADLINE_S)
+        provisioned_s = time.monotonic() - started
+        assert [a for a in body["status"]["addresses"] if a["type"] == "InternalIP"], body["status"]
         # Booted by UEFI firmware, not SeaBIOS: the kernel has the EFI system table (ls exits 0 only when it exists).
         assert {b"systab", b"fw_platform_size"} & set(efi.split()), efi
         assert fw_cfg == ignition.encode(), "the fw_cfg file is the bootstrap Secret's value, byte for byte"
         assert int(sectors) * 512 == DATA_DISK_GIB * 1024**3
         assert cpus == {"processors": 2, **TOPOLOGY, "model": cpus["model"]}, cpus
         assert cpus["model"].startswith("QEMU Virtual CPU"), cpus  # qemu64's model name
-        print(f"\n[numbers] UEFI guest (2 vCPUs as {TOPOLOGY}, {CPU_MODEL}, 256 MiB, TCG): provisioned after "
-              f"{provisioned_s:.1f}s, guest read back after {read_back_s:.1f}s; /sys/firmware/efi: "
+        print(f"\n[numbers] UEFI guest (2 vCPUs as {TOPOLOGY}, {CPU_MODEL}, 256 MiB, TCG): guest agent answering "
+              f"after {agent_s:.1f}s, provisioned (address) after {provisioned_s:.1f}s; /sys/firmware/efi: "
               f"{efi.decode().split()}; fw_cfg {len(fw_cfg)} bytes equal to the Secret's value; /dev/vdb "
               f"{int(sectors) * 512} bytes; /proc/cpuinfo {cpus}; NVRAM {nvram.name}")
 

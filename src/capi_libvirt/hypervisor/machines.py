@@ -263,7 +263,7 @@ class CPUModels:
 def cpu_models(conn: libvirt.virConnect, model: str, domain_type: str, machine_type: str) -> CPUModels:
     """Whether the host can run CPU model `model` for such domains (libvirt's domain capabilities: the custom mode's
     models, each usable or not on this host and hypervisor)."""
-    caps = ET.fromstring(conn.getDomainCapabilities(None, "x86_64", machine_type, domain_type, 0))
+    caps = ET.fromstring(conn.getDomainCapabilities(None, None, machine_type, domain_type, 0))  # the host's arch
     listed = {element.text: element.get("usable") for element in caps.findall("cpu/mode[@name='custom']/model")}
     usable = tuple(sorted(name for name, state in listed.items() if name and state == "yes"))
     return CPUModels(known=model in listed, usable=listed.get(model) == "yes", usable_models=usable)

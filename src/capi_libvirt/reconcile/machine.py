@@ -818,8 +818,8 @@ async def _event(deps: Dependencies, body: dict[str, Any], kind: str, reason: st
 
 async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
     """Remove the domain (with its UEFI variable store), overlay, data disks, ISO or Ignition config and serial log from
-    the machine's host, then release the finalizer; returns
-    seconds until the next try while that is impossible (an unreachable host, a paused cluster), else None.
+    the machine's host, then release the finalizer; returns seconds until the next try while that is impossible (an
+    unreachable host, a paused cluster), else None.
 
     While the cluster or the machine is paused (clusterctl move), nothing is touched and the finalizer stays.
     """

@@ -265,3 +265,19 @@ async def test_an_unknown_cpu_model_says_so_and_a_usable_one_passes() -> None:
     usable = FakeHost(machines.CPUModels(known=True, usable=True, usable_models=("qemu64",)))
     deps, p, _ = machine_pass(usable, None, cpuModel="qemu64")
     await machine_reconcile.check_networks(deps, p)
+
+
+def test_the_shape_names_nothing_of_the_host_a_tenant_could_reach_past_its_pool() -> None:
+    """Data disks live in the machine's storagePool (the pool tenancy checks), UEFI names no firmware or NVRAM file,
+    the Ignition file is the provider's own volume: a machine whose pool is not allowed is refused as before."""
+    access = v1alpha1.HostAccess(images=["base.qcow2"])
+    shaped = spec(firmware="uefi", dataDisks=[{"sizeGiB": 1}], cpuModel="qemu64", storagePool="other")
+    refused = tenancy.refusal("kvm1", access, "default", "ns", shaped)
+    assert refused is not None and refused.field == "storagePools"
+    assert tenancy.refusal("kvm1", access, "default", "ns", spec(firmware="uefi", dataDisks=[{"sizeGiB": 1}],
+                                                                   cpuModel="qemu64")) is None
+    xml = domain_xml.domain_xml(config(spec(firmware="uefi", dataDisks=[{"sizeGiB": 1}]), iso_path=None,
+                                       ignition_path="/pool/d.ign"))
+    assert domain_xml.disk_paths(xml) <= {"/pool/d.qcow2", "/pool/d-data-0.qcow2", "/pool/d.ign",
+                                          "/pool/d.serial.log"}
+    assert "/usr/share" not in xml and "nvram" not in xml

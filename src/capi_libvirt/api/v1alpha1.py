@@ -58,13 +58,48 @@ IPAddress = Annotated[str, pydantic.Field(pattern=IP, max_length=64,
                       pydantic.AfterValidator(_is_ip)]
 
 
-class ImageSource(meta.Model):
-    """The base image every machine's disk is a copy-on-write overlay of."""
+# An image URL: http or https, a host without user info, a path; no fragment, space or control characters (written out:
+# `\s` means ASCII whitespace to the API server's RE2 but Unicode whitespace to pydantic's regex).
+IMAGE_URL = r"^https?://[^/?#@ \x00-\x1f\x7f]+/[^# \x00-\x1f\x7f]*$"
+# What LibvirtHost spec.access.imageURLPrefixes lists: scheme, host and the start of a path (at least its first /),
+# so a prefix can never be extended into another host name.
+IMAGE_URL_PREFIX = r"^https?://[^/?#@ \x00-\x1f\x7f]+/[^?# \x00-\x1f\x7f]*$"
+SHA256 = r"^[0-9a-f]{64}$"
+IMAGE_SOURCE_ONE = "set exactly one of volume or url"
+IMAGE_URL_NEEDS_SHA256 = "url needs sha256 (and sha256 is only for url)"
 
-    volume: str = pydantic.Field(min_length=1, max_length=255, pattern=LIBVIRT_NAME)
+
+class ImageSource(meta.Model):
+    """The base image every machine's disk is a copy-on-write overlay of: a volume an admin put into the pool, or an
+    image the provider imports into the pool from a URL once per host, checked against its sha256."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "has(self.volume) != has(self.url)", "message": IMAGE_SOURCE_ONE},
+                {"rule": "has(self.url) == has(self.sha256)", "message": IMAGE_URL_NEEDS_SHA256},
+            ]
+        }
+    )
+
+    volume: str | None = pydantic.Field(default=None, min_length=1, max_length=255, pattern=LIBVIRT_NAME)
     """Name of the base image volume in the storage pool (a qcow2 or raw image with cloud-init)."""
+    url: str | None = pydantic.Field(default=None, min_length=10, max_length=2048, pattern=IMAGE_URL)
+    """http(s) URL of a qcow2 or raw image, imported into the pool once per host (streamed, never whole in memory)
+    and shared by every machine using it. The host must list a prefix of it in spec.access.imageURLPrefixes."""
+    sha256: str | None = pydantic.Field(default=None, min_length=64, max_length=64, pattern=SHA256)
+    """sha256 of the image at `url` (64 lowercase hex digits): the image is used only once its bytes match it, and
+    its volume is named after it, so one checksum is one image on a host, imported once."""
     pool: str | None = pydantic.Field(default=None, min_length=1, max_length=255, pattern=LIBVIRT_NAME)
-    """Storage pool holding the base image; defaults to the machine's storage pool."""
+    """Storage pool holding (or receiving) the base image; defaults to the machine's storage pool."""
+
+    @pydantic.model_validator(mode="after")
+    def _one_source(self) -> ImageSource:
+        if (self.volume is None) == (self.url is None):
+            raise ValueError(IMAGE_SOURCE_ONE)
+        if (self.url is None) != (self.sha256 is None):
+            raise ValueError(IMAGE_URL_NEEDS_SHA256)
+        return self
 
 
 class StaticAddressing(meta.Model):
@@ -140,8 +175,33 @@ def machine_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+class DataDisk(meta.Model):
+    """An extra, empty data disk: a qcow2 volume of its own in the machine's storage pool, deleted with the machine."""
+
+    size_gib: int = pydantic.Field(alias="sizeGiB", ge=1, le=65536)
+    """Size in GiB (thin: the volume grows as the guest writes)."""
+    bus: Literal["virtio", "scsi", "sata"] = "virtio"
+    """Bus the disk is attached to (virtio: /dev/vdb, vdc, ... after the root disk)."""
+
+
+MAX_DATA_DISKS = 8
+
+
+class CPUTopology(meta.Model):
+    """How the vCPUs are laid out for the guest: sockets x cores x threads, which must equal `cpus`."""
+
+    sockets: int = pydantic.Field(ge=1, le=512)
+    """CPU sockets."""
+    cores: int = pydantic.Field(ge=1, le=512)
+    """Cores per socket."""
+    threads: int = pydantic.Field(ge=1, le=512)
+    """Threads per core."""
+
+
 HOST_PASSTHROUGH_NEEDS_KVM = "cpuMode host-passthrough needs domainType kvm (QEMU's emulation cannot pass the host CPU)"
 MACS_UNIQUE = "interfaces must not share a macAddress"
+TOPOLOGY_MATCHES_CPUS = "cpuTopology sockets x cores x threads must equal cpus"
+MODEL_OR_MODE = "set at most one of cpuModel and cpuMode"
 
 
 class LibvirtMachineSpec(meta.Model):
@@ -157,6 +217,10 @@ class LibvirtMachineSpec(meta.Model):
                 {"rule": "self.interfaces.all(i, !has(i.macAddress) || self.interfaces.exists_one(j, "
                          "has(j.macAddress) && j.macAddress.lowerAscii() == i.macAddress.lowerAscii()))",
                  "message": MACS_UNIQUE},
+                {"rule": "!has(self.cpuTopology) || "
+                         "self.cpuTopology.sockets * self.cpuTopology.cores * self.cpuTopology.threads == self.cpus",
+                 "message": TOPOLOGY_MATCHES_CPUS},
+                {"rule": "!has(self.cpuModel) || !has(self.cpuMode)", "message": MODEL_OR_MODE},
             ]
         }
     )
@@ -193,6 +257,18 @@ class LibvirtMachineSpec(meta.Model):
     """Log the serial console to a file on the host (cloud-init output is there)."""
     kernel_boot: KernelBoot | None = None
     """Boot a kernel directly instead of the disk's bootloader."""
+    firmware: Literal["bios", "uefi"] = "bios"
+    """`bios` (SeaBIOS) or `uefi`: the host's OVMF, chosen by libvirt (Secure Boot off), with a variable store of the
+    machine's own that is deleted with it. Direct kernel boot under uefi boots the kernel through the EFI stub."""
+    data_disks: list[DataDisk] = pydantic.Field(default=[], max_length=MAX_DATA_DISKS)
+    """Extra empty disks after the root disk, in order; made in the machine's storage pool, deleted with it."""
+    cpu_topology: CPUTopology | None = None
+    """Sockets, cores and threads of the vCPUs (their product must equal cpus); libvirt's default (one socket per
+    vCPU) when unset."""
+    cpu_model: str | None = pydantic.Field(default=None, min_length=1, max_length=64, pattern=DEVICE_NAME)
+    """A named CPU model (libvirt's `<cpu mode='custom'>`: Skylake-Client, EPYC, qemu64, ...), exactly, with no
+    fallback. A host that cannot run it refuses the machine with CPUModelNotSupported before anything is made.
+    Exclusive with cpuMode."""
     keep_nocloud_iso: bool = pydantic.Field(default=False, alias="keepNoCloudISO", description=(
         "Keep the NoCloud ISO (the bootstrap data: cloud-init's user-data, with the kubeadm join token) attached and "
         "on the host for the machine's whole life, for debugging. By default it is ejected from the VM's CD-ROM drive "
@@ -203,6 +279,11 @@ class LibvirtMachineSpec(meta.Model):
     def _cpu_mode_fits_domain_type(self) -> LibvirtMachineSpec:
         if self.cpu_mode == "host-passthrough" and self.domain_type != "kvm":
             raise ValueError(HOST_PASSTHROUGH_NEEDS_KVM)
+        if self.cpu_topology is not None and \
+                self.cpu_topology.sockets * self.cpu_topology.cores * self.cpu_topology.threads != self.cpus:
+            raise ValueError(TOPOLOGY_MATCHES_CPUS)
+        if self.cpu_model is not None and self.cpu_mode is not None:
+            raise ValueError(MODEL_OR_MODE)
         macs = [nic.mac_address.lower() for nic in self.interfaces if nic.mac_address]
         if len(macs) != len(set(macs)):
             raise ValueError(MACS_UNIQUE)
@@ -352,6 +433,12 @@ class HostAccess(meta.Model):
     host_paths: list[Annotated[str, pydantic.Field(min_length=2, max_length=4096, pattern=HOST_PATH_PREFIX)]] = \
         pydantic.Field(default=[], max_length=16)
     """Folders (absolute, ending in /) whose files may be a kernelBoot kernel or initrd; none by default."""
+    image_url_prefixes: list[Annotated[str, pydantic.Field(min_length=9, max_length=2048, pattern=IMAGE_URL_PREFIX)]] \
+        = pydantic.Field(default=[], max_length=16, alias="imageURLPrefixes")
+    """URL prefixes (`https://images.example.com/capi/`: scheme, host and a path, best ending in /) machines may
+    import base images from (image.url); none by default, so tenants cannot make the operator fetch arbitrary URLs
+    onto the host. A redirect must stay under a listed prefix too. Compared as written: URLs with `.` or `..` path
+    segments (also percent-encoded) or backslashes are never under a prefix."""
 
 
 class LibvirtHostSpec(meta.Model):
@@ -365,7 +452,7 @@ class LibvirtHostSpec(meta.Model):
     """Secret with the transport's credentials: for qemu+ssh `ssh-privatekey` and `known_hosts`; for qemu+tls
     `ca.crt`, `tls.crt` and `tls.key`. Written to private files only while connecting, then removed."""
     access: HostAccess = HostAccess()
-    """Which namespaces may use the host, and which of its pools, networks, bridges, images and files."""
+    """Which namespaces may use the host, and which of its pools, networks, bridges, images, image URLs and files."""
     failure_domain: str | None = pydantic.Field(default=None, min_length=1, max_length=256)
     """Failure domain of the host (a rack, a room); machines of one group are spread over failure domains."""
     control_plane: bool = True
@@ -431,13 +518,25 @@ class LibvirtHostStatus(meta.Model):
     memory_mib: int | None = pydantic.Field(default=None, alias="memoryMiB", ge=0)
     """Memory of the host."""
     free_memory_mib: int | None = pydantic.Field(default=None, alias="freeMemoryMiB", ge=0)
-    """Free memory of the host."""
+    """Free memory of the host (libvirt's free memory: without the page cache)."""
     machines: int | None = pydantic.Field(default=None, ge=0)
     """Domains of this provider on the host."""
     allocated_cpus: int | None = pydantic.Field(default=None, alias="allocatedCPUs", ge=0)
     """vCPUs of this provider's domains on the host."""
     allocated_memory_mib: int | None = pydantic.Field(default=None, alias="allocatedMemoryMiB", ge=0)
     """Memory of this provider's domains on the host."""
+    available_memory_mib: int | None = pydantic.Field(default=None, alias="availableMemoryMiB", ge=0)
+    """Memory the host can give a new guest, as libvirt reports it (free + buffers + cached): placement never puts a
+    machine with more memory than this on the host."""
+    foreign_vms: int | None = pydantic.Field(default=None, alias="foreignVMs", ge=0)
+    """Running domains on the host that are not this provider's (no owner metadata of this provider, or another
+    management cluster's): placement subtracts their vCPUs and memory from the host's capacity."""
+    foreign_cpus: int | None = pydantic.Field(default=None, alias="foreignCPUs", ge=0)
+    """vCPUs of the running foreign domains."""
+    foreign_memory_mib: int | None = pydantic.Field(default=None, alias="foreignMemoryMiB", ge=0)
+    """Memory of the running foreign domains (their current memory, as declared: QEMU allocates lazily)."""
+    foreign_vms_shut_off: int | None = pydantic.Field(default=None, alias="foreignVMsShutOff", ge=0)
+    """Foreign domains defined but shut off: they take nothing now and are not counted."""
     pool: PoolStatus | None = None
     """The storage pool's capacity."""
     orphans: OrphanStatus | None = None

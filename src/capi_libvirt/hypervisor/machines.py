@@ -1,4 +1,5 @@
-"""What the provider does to a host for one machine: overlay, NoCloud ISO, domain, addresses, serial log, teardown.
+"""What the provider does to a host for one machine: overlay, data disks, NoCloud ISO or Ignition config, domain,
+addresses, serial log, teardown; and whether the host can run a named CPU model.
 
 Every function takes an open `virConnect` first and is called through `HostConnection.call`, which runs it in the
 thread pool and translates libvirt's errors. Each operation is idempotent: "create" of something present returns it,
@@ -14,7 +15,7 @@ import xml.etree.ElementTree as ET
 
 import libvirt
 
-from capi_libvirt.core import domain_xml, volume_xml
+from capi_libvirt.core import domain_xml, placement, volume_xml
 from capi_libvirt.hypervisor import errors
 
 GIB = 1024**3
@@ -30,6 +31,13 @@ class MachineVolumes:
     overlay: str
     nocloud: str
     serial_log: str
+    ignition: str | None = None  # the Ignition config handed to the guest through fw_cfg
+    data_disks: tuple[str, ...] = ()
+
+    def all_names(self) -> list[str]:
+        """Every volume the machine may have, in the order teardown deletes them."""
+        return [self.overlay, *self.data_disks, self.nocloud, *([self.ignition] if self.ignition else []),
+                self.serial_log]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,20 +127,45 @@ def ensure_overlay(conn: libvirt.virConnect, volumes: MachineVolumes, base_pool:
     return _path(pool.createXML(xml, 0))
 
 
+def ensure_data_disks(conn: libvirt.virConnect, volumes: MachineVolumes, sizes_gib: list[int]) -> list[str]:
+    """The machine's empty qcow2 data disks, one per size, in its pool; an existing one is kept. Returns their paths."""
+    if len(sizes_gib) != len(volumes.data_disks):
+        raise ValueError(f"{len(sizes_gib)} data disk sizes for {len(volumes.data_disks)} volume names")
+    pool = _active_pool(conn, volumes.pool)
+    paths = []
+    for name, size in zip(volumes.data_disks, sizes_gib, strict=True):
+        existing = _volume_or_none(pool, name)
+        volume = existing if existing is not None else pool.createXML(volume_xml.data_volume_xml(name, size * GIB), 0)
+        paths.append(_path(volume))
+    return paths
+
+
 def replace_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes, iso: bytes) -> str:
-    """Upload the NoCloud ISO through libvirt's stream API (works on a remote host too); returns its path.
+    """Upload the NoCloud ISO through libvirt's stream API (works on a remote host too); returns its path."""
+    return upload_volume(conn, volumes.pool, volumes.nocloud, iso)
+
+
+def replace_ignition(conn: libvirt.virConnect, volumes: MachineVolumes, config: bytes) -> str:
+    """Upload the Ignition config (the bootstrap data as it is) the guest reads through fw_cfg; returns its path."""
+    if not volumes.ignition:
+        raise ValueError("no Ignition volume name")
+    return upload_volume(conn, volumes.pool, volumes.ignition, config)
+
+
+def upload_volume(conn: libvirt.virConnect, pool_name: str, name: str, data: bytes) -> str:
+    """`data` as raw volume `name` of the pool, through libvirt's stream API; returns its path.
 
     An earlier upload may have been cut short, so an existing volume is replaced rather than trusted.
     """
-    pool = _active_pool(conn, volumes.pool)
-    existing = _volume_or_none(pool, volumes.nocloud)
+    pool = _active_pool(conn, pool_name)
+    existing = _volume_or_none(pool, name)
     if existing is not None:
         existing.delete(0)
-    volume = pool.createXML(volume_xml.raw_volume_xml(volumes.nocloud, len(iso)), 0)
+    volume = pool.createXML(volume_xml.raw_volume_xml(name, len(data)), 0)
     stream = conn.newStream(0)
     try:
-        volume.upload(stream, 0, len(iso), 0)
-        view = memoryview(iso)
+        volume.upload(stream, 0, len(data), 0)
+        view = memoryview(data)
         offset = 0
         while offset < len(view):
             sent = stream.send(bytes(view[offset:offset + 256 * 1024]))
@@ -216,6 +249,24 @@ def read_serial_log(conn: libvirt.virConnect, pool_name: str, log_name: str, sta
         raise
     data = b"".join(chunks)
     return LogChunk(data, offset + len(data))
+
+
+@dataclasses.dataclass(frozen=True)
+class CPUModels:
+    """What the host says of a CPU model for a domain type and machine type: usable or not, and the usable ones."""
+
+    known: bool  # listed at all
+    usable: bool
+    usable_models: tuple[str, ...]
+
+
+def cpu_models(conn: libvirt.virConnect, model: str, domain_type: str, machine_type: str) -> CPUModels:
+    """Whether the host can run CPU model `model` for such domains (libvirt's domain capabilities: the custom mode's
+    models, each usable or not on this host and hypervisor)."""
+    caps = ET.fromstring(conn.getDomainCapabilities(None, None, machine_type, domain_type, 0))  # the host's arch
+    listed = {element.text: element.get("usable") for element in caps.findall("cpu/mode[@name='custom']/model")}
+    usable = tuple(sorted(name for name, state in listed.items() if name and state == "yes"))
+    return CPUModels(known=model in listed, usable=listed.get(model) == "yes", usable_models=usable)
 
 
 def domain_info(conn: libvirt.virConnect, uuid: str) -> DomainInfo | None:
@@ -333,7 +384,8 @@ def destroy_and_undefine(domain: libvirt.virDomain) -> None:
 
 def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volumes: MachineVolumes,
                    namespace: str | None = None, name: str | None = None) -> list[str]:
-    """Destroy and undefine the domain, delete the overlay, ISO and serial log; absent parts count as done.
+    """Destroy and undefine the domain (its UEFI variable store with it), delete the overlay, data disks, ISO or
+    Ignition config and serial log; absent parts count as done.
 
     The domain is only touched when its `<metadata>` names this machine as its owner: the identity UID and, when given,
     the namespace and name (an identity annotation copied onto another object never reaches this domain). Returns what
@@ -361,7 +413,7 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volume
         raise
     if not pool.isActive():
         pool.create(0)  # an inactive pool would hide our volumes: activate it to delete them
-    for name in (volumes.overlay, volumes.nocloud, volumes.serial_log):
+    for name in volumes.all_names():
         volume = _volume_or_none(pool, name)
         if volume is None and name == volumes.serial_log:
             # Made by QEMU, not as a volume (a machine of an earlier release): the pool sees it after a refresh.
@@ -386,26 +438,55 @@ class HostProbe:
     allocated_memory_mib: int
     pool_capacity_bytes: int | None
     pool_available_bytes: int | None
+    available_memory_mib: int | None = None  # free + buffers + cached (virNodeGetMemoryStats); None: not reported
+    foreign_vms: int = 0  # running domains that are not this provider's (core.placement.host_usage)
+    foreign_cpus: int = 0
+    foreign_memory_mib: int = 0
+    foreign_shut_off: int = 0  # foreign domains defined but shut off
 
 
 def _version(number: int) -> str:
     return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
 
 
-def probe_host(conn: libvirt.virConnect, pool_name: str) -> HostProbe:
-    """Versions, size, free memory, this provider's domains (by their owner metadata) and the pool's space."""
+def _domain_usage(domain: libvirt.virDomain) -> placement.DomainUsage:
+    """A domain's owner, state, memory and vCPUs. This provider's domains count with their maximum memory (what they
+    were defined with); a foreign one with the memory it has now (its balloon's current size), which is what it holds
+    from the host; the vCPUs it has now."""
+    owner = domain_xml.parse_owner(domain.XMLDesc(0))
+    state, max_kib, kib, vcpus, _time = domain.info()
+    return placement.DomainUsage(owner=owner, active=state != libvirt.VIR_DOMAIN_SHUTOFF,
+                                 memory_mib=(max_kib if owner is not None else kib) // 1024, vcpus=vcpus)
+
+
+def _available_memory_mib(conn: libvirt.virConnect) -> int | None:
+    """What the host can hand to a new guest without swapping, as libvirt reports it: free + buffers + cached
+    (virNodeGetMemoryStats, KiB). Free memory alone undercounts on any host that has run a while: Linux keeps the
+    page cache until memory is needed. None when the driver reports no such numbers."""
+    try:
+        stats = conn.getMemoryStats(libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS, 0)
+    except libvirt.libvirtError as error:
+        if error.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_OPERATION_UNSUPPORTED):
+            return None
+        raise
+    if "free" not in stats:
+        return None
+    return int(sum(stats.get(key, 0) for key in ("free", "buffers", "cached")) // 1024)
+
+
+def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str | None = None) -> HostProbe:
+    """Versions, size, free memory, this provider's domains and the foreign ones (by their owner metadata: see
+    core.placement.is_foreign) and the pool's space."""
     _model, memory_mib, cpus, *_ = conn.getInfo()
-    machines = allocated_cpus = allocated_kib = 0
+    domains = []
     for domain in conn.listAllDomains():
         try:
-            if domain_xml.parse_owner(domain.XMLDesc(0)) is None:
-                continue
-            _state, max_kib, _kib, vcpus, _time = domain.info()
+            domains.append(_domain_usage(domain))
         except libvirt.libvirtError as error:
             if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
                 continue  # undefined between the listing and the look: not there any more
             raise
-        machines, allocated_cpus, allocated_kib = machines + 1, allocated_cpus + vcpus, allocated_kib + max_kib
+    usage = placement.host_usage(domains, management_cluster)
     capacity = available = None
     try:
         pool = conn.storagePoolLookupByName(pool_name)
@@ -417,5 +498,12 @@ def probe_host(conn: libvirt.virConnect, pool_name: str) -> HostProbe:
     return HostProbe(
         libvirt_version=_version(conn.getLibVersion()), hypervisor_version=_version(conn.getVersion()),
         cpus=cpus, memory_mib=memory_mib, free_memory_mib=conn.getFreeMemory() // (1024 * 1024),
-        machines=machines, allocated_cpus=allocated_cpus, allocated_memory_mib=allocated_kib // 1024,
-        pool_capacity_bytes=capacity, pool_available_bytes=available)
+        machines=usage.machines, allocated_cpus=usage.allocated_cpus, allocated_memory_mib=usage.allocated_memory_mib,
+        pool_capacity_bytes=capacity, pool_available_bytes=available,
+        available_memory_mib=_available_memory_mib(conn), foreign_vms=usage.foreign_vms,
+        foreign_cpus=usage.foreign_cpus, foreign_memory_mib=usage.foreign_memory_mib,
+        foreign_shut_off=usage.foreign_shut_off)
+
+
+# For the image import (hypervisor.images), which works in the same pools.
+active_pool, volume_or_none, refreshed_pool = _active_pool, _volume_or_none, _refreshed_pool

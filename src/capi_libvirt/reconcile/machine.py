@@ -773,7 +773,8 @@ async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
           read_bootstrap_data, choose_host, clean_former_hosts, check_networks, record_owner, resolve_addressing,
-          ensure_image, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses, patch_workload_node)
+          ensure_image, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses,
+          patch_workload_node, remove_nocloud_iso)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
 

@@ -212,7 +212,7 @@ class LibvirtMachineStatus(meta.Model):
     initialization: meta.Initialization | None = None
     """v1beta2 contract: initialization.provisioned is true once the VM is provisioned."""
     addresses: list[meta.MachineAddress] | None = None
-    """Addresses of the VM; the last known one is kept while the guest agent or the DHCP lease flaps."""
+    """Addresses: the static (or IP pool) ones at once, then discovered ones; the last discovered kept if none now."""
     failure_domain: str | None = pydantic.Field(default=None, max_length=256)
     """Failure domain the machine was placed in."""
     host: str | None = pydantic.Field(default=None, max_length=63)

@@ -28,6 +28,7 @@ import pydantic
 
 from capi_libvirt.api import meta, v1alpha1
 from capi_libvirt.core import (
+    addresses,
     cloud_init,
     conditions,
     domain_xml,
@@ -64,6 +65,10 @@ IDENTITY_ANNOTATION = naming.IDENTITY_ANNOTATION
 DOMAIN_RECORD_ANNOTATION = f"{meta.GROUP}/libvirt-domain-defined-on"
 # Hosts a machine was moved away from while they were unreachable, whose volumes of it are removed once they answer.
 FORMER_HOSTS_ANNOTATION = f"{meta.GROUP}/libvirt-former-hosts"
+
+# Conditions a machine's Ready does not summarise: Paused (Cluster API reports it on its own) and AddressesDiscovered
+# (informational: a lease or an agent that flaps while the last known address stands never makes a machine unready).
+READY_IGNORES = (conditions.PAUSED, conditions.ADDRESSES_DISCOVERED)
 
 # Seconds until the next pass. Watches on Machines, Clusters and Secrets wake a waiting machine sooner.
 RECHECK_WAITING = 30.0
@@ -626,12 +631,21 @@ async def publish_provider_id(deps: Dependencies, p: MachinePass) -> None:
 
 
 async def observe_addresses(deps: Dependencies, p: MachinePass) -> None:
+    """Publish the machine's addresses (core.addresses): those known up front (p.addressing) as soon as the domain
+    runs, then what discovery finds, the last discovered kept while discovery finds nothing; the machine is
+    provisioned once it has any. The AddressesDiscovered condition says where this look found them, or what it asked."""
     host = deps.hosts.get(p.host or "")
-    found = await host.call(machines.domain_addresses, p.domain_uuid, doing="read addresses")
+    discovery = await host.call(machines.domain_addresses, p.domain_uuid, doing="read addresses")
+    known = addresses.known_addresses(p.addressing)
     previous = [a["address"] for a in p.status.get("addresses") or [] if a.get("type") == "InternalIP"]
-    internal = found or previous  # keep the last known address while the lease or the agent flaps
+    internal = addresses.internal_addresses(known, discovery.addresses, previous)
+    kept = addresses.kept_addresses(known, discovery.addresses, previous)
     p.status["addresses"] = [{"type": "Hostname", "address": naming.hostname(p.name)}] + \
         [{"type": "InternalIP", "address": address} for address in internal]
+    p.status["conditions"] = conditions.set_condition(
+        p.status.get("conditions"), conditions.ADDRESSES_DISCOVERED,
+        *addresses.discovery_condition(discovery.asked, discovery.source, discovery.addresses, known, kept),
+        now=deps.now(), observed_generation=p.body["metadata"].get("generation"))
     if not internal:
         raise Wait(Reason.WAITING_FOR_ADDRESS, "the domain runs; waiting for its address", RECHECK_ADDRESS)
     p.status["ready"] = True  # v1beta1 contract
@@ -759,7 +773,7 @@ async def _write_status(deps: Dependencies, body: dict[str, Any], status: dict[s
                                                         now=now, observed_generation=generation)
     status.setdefault("ready", False)
     status["conditions"] = conditions.summarize_ready(status.get("conditions"), now, generation,
-                                                      order=(conditions.PROVISIONED,))
+                                                      order=(conditions.PROVISIONED,), ignore=READY_IGNORES)
     status["observedGeneration"] = generation
     # Every condition was judged in this pass, against this generation (placement, earlier in the pass, moved it on).
     if generation is not None:
@@ -877,7 +891,7 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
             status.get("conditions"), conditions.DELETING, "True", wait.reason, f"cannot delete yet: {error}",
             now=deps.now(), observed_generation=body["metadata"].get("generation"))
         status["conditions"] = conditions.summarize_ready(status["conditions"], deps.now(),
-                                                          body["metadata"].get("generation"))
+                                                          body["metadata"].get("generation"), ignore=READY_IGNORES)
         await deps.kube.patch_libvirt_machine_status(namespace, name, status)
         raise _with_backoff(deps, key, wait) from None
     deps.failures.pop(key, None)

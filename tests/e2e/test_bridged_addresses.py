@@ -329,7 +329,8 @@ async def test_the_last_known_address_stays_when_the_agent_stops_and_arp_forgets
     # Wake the machine (what `kubectl annotate` does); the pass that follows looks again and finds nothing.
     await bed.objects.patch_namespaced_custom_object(
         meta.GROUP, meta.VERSION, bed.namespace, "libvirtmachines", bed.names["agent"],
-        {"metadata": {"annotations": {"example.com/poke": str(time.time())}}})
+        {"metadata": {"annotations": {"example.com/poke": str(time.time())}}},
+        _content_type="application/merge-patch+json")
 
     async def nothing_found():
         body = await bed.get("agent")

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 
 import libvirt
 
-from capi_libvirt.core import addresses, domain_xml, placement, volume_xml
+from capi_libvirt.core import domain_xml, machine_addresses, placement, volume_xml
 from capi_libvirt.hypervisor import errors
 
 GIB = 1024**3
@@ -246,13 +246,13 @@ def start_domain(conn: libvirt.virConnect, uuid: str) -> None:
         domain.create()
 
 
-SOURCE_CODES = {addresses.LEASE: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
-                addresses.AGENT: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
-                addresses.ARP: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP}
+SOURCE_CODES = {machine_addresses.LEASE: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
+                machine_addresses.AGENT: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
+                machine_addresses.ARP: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP}
 
 
 def address_sources(xml: str) -> list[str]:
-    """The address sources that can answer for this domain (core.addresses' names), in the order they are asked, so no
+    """The address sources that can answer for this domain (core.machine_addresses' names), in the order they are asked, so no
     call is made that can only fail (each failing call is a warning in libvirtd's log): DHCP leases when an interface
     is on a libvirt network (libvirt's dnsmasq gave them), the guest agent while its channel is connected, the host's
     ARP table when an interface is on a bridge (the LAN's DHCP server, or a static address, left libvirt no lease; it
@@ -264,11 +264,11 @@ def address_sources(xml: str) -> list[str]:
         for target in devices.findall("channel/target"))
     sources = []
     if any(nic.get("type") == "network" for nic in interfaces):
-        sources.append(addresses.LEASE)
+        sources.append(machine_addresses.LEASE)
     if agent:
-        sources.append(addresses.AGENT)
+        sources.append(machine_addresses.AGENT)
     if any(nic.get("type") == "bridge" for nic in interfaces):
-        sources.append(addresses.ARP)
+        sources.append(machine_addresses.ARP)
     return sources
 
 

@@ -28,10 +28,10 @@ import pydantic
 
 from capi_libvirt.api import meta, v1alpha1
 from capi_libvirt.core import (
-    addresses,
     cloud_init,
     conditions,
     domain_xml,
+    machine_addresses,
     naming,
     nocloud,
     outage,
@@ -632,20 +632,20 @@ async def publish_provider_id(deps: Dependencies, p: MachinePass) -> None:
 
 
 async def observe_addresses(deps: Dependencies, p: MachinePass) -> None:
-    """Publish the machine's addresses (core.addresses): those known up front (p.addressing) as soon as the domain
+    """Publish the machine's addresses (core.machine_addresses): those known up front (p.addressing) as soon as the domain
     runs, then what discovery finds, the last discovered kept while discovery finds nothing; the machine is
     provisioned once it has any. The AddressesDiscovered condition says where this look found them, or what it asked."""
     host = deps.hosts.get(p.host or "")
     discovery = await host.call(machines.domain_addresses, p.domain_uuid, doing="read addresses")
-    known = addresses.known_addresses(p.addressing)
+    known = machine_addresses.known_addresses(p.addressing)
     previous = [a["address"] for a in p.status.get("addresses") or [] if a.get("type") == "InternalIP"]
-    internal = addresses.internal_addresses(known, discovery.addresses, previous)
-    kept = addresses.kept_addresses(known, discovery.addresses, previous)
+    internal = machine_addresses.internal_addresses(known, discovery.addresses, previous)
+    kept = machine_addresses.kept_addresses(known, discovery.addresses, previous)
     p.status["addresses"] = [{"type": "Hostname", "address": naming.hostname(p.name)}] + \
         [{"type": "InternalIP", "address": address} for address in internal]
     p.status["conditions"] = conditions.set_condition(
         p.status.get("conditions"), conditions.ADDRESSES_DISCOVERED,
-        *addresses.discovery_condition(discovery.asked, discovery.source, discovery.addresses, known, kept),
+        *machine_addresses.discovery_condition(discovery.asked, discovery.source, discovery.addresses, known, kept),
         now=deps.now(), observed_generation=p.body["metadata"].get("generation"))
     if not internal:
         raise Wait(Reason.WAITING_FOR_ADDRESS, "the domain runs; waiting for its address", RECHECK_ADDRESS)

@@ -1,4 +1,4 @@
-"""A machine's addresses: the merge of addresses known up front with what discovery finds (core.addresses), which
+"""A machine's addresses: the merge of addresses known up front with what discovery finds (core.machine_addresses), which
 source domain_addresses takes its answer from, and observe_addresses publishing them in a pass."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import libvirt
 import pytest
 
 from capi_libvirt.api import v1alpha1
-from capi_libvirt.core import addresses, conditions
+from capi_libvirt.core import conditions, machine_addresses
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile import machine as machine_reconcile
 
@@ -24,8 +24,8 @@ def static(*cidrs: str) -> v1alpha1.StaticAddressing:
 
 def test_known_addresses_are_the_interfaces_addresses_in_interface_order_without_prefix() -> None:
     addressing = {2: static("198.51.100.7/24"), 0: static("192.0.2.10/24", "2001:DB8::10/64", "192.0.2.10/25")}
-    assert addresses.known_addresses(addressing) == ["192.0.2.10", "2001:db8::10", "198.51.100.7"]
-    assert addresses.known_addresses({}) == []
+    assert machine_addresses.known_addresses(addressing) == ["192.0.2.10", "2001:db8::10", "198.51.100.7"]
+    assert machine_addresses.known_addresses({}) == []
 
 
 @pytest.mark.parametrize("known, discovered, previous, expected, kept", [
@@ -46,20 +46,20 @@ def test_known_addresses_are_the_interfaces_addresses_in_interface_order_without
 ])
 def test_internal_addresses_merge_known_discovered_and_last_known(known, discovered, previous, expected,
                                                                    kept) -> None:
-    assert addresses.internal_addresses(known, discovered, previous) == expected
-    assert addresses.kept_addresses(known, discovered, previous) == kept
+    assert machine_addresses.internal_addresses(known, discovered, previous) == expected
+    assert machine_addresses.kept_addresses(known, discovered, previous) == kept
 
 
 def test_the_condition_names_the_source_or_what_was_asked_and_what_is_published_instead() -> None:
-    assert addresses.discovery_condition(["lease", "agent"], "lease", ["192.0.2.5"], [], []) == (
+    assert machine_addresses.discovery_condition(["lease", "agent"], "lease", ["192.0.2.5"], [], []) == (
         "True", "DHCPLease", "192.0.2.5 from libvirt's DHCP leases")
-    assert addresses.discovery_condition(["agent", "arp"], "arp", ["192.0.2.5"], [], [])[:2] == ("True", "ARPTable")
-    status, reason, message = addresses.discovery_condition(["agent", "arp"], None, [], ["192.0.2.10"],
+    assert machine_addresses.discovery_condition(["agent", "arp"], "arp", ["192.0.2.5"], [], [])[:2] == ("True", "ARPTable")
+    status, reason, message = machine_addresses.discovery_condition(["agent", "arp"], None, [], ["192.0.2.10"],
                                                             ["198.51.100.20"])
-    assert (status, reason) == ("False", addresses.NOTHING_DISCOVERED)
+    assert (status, reason) == ("False", machine_addresses.NOTHING_DISCOVERED)
     assert message == ("nothing from the guest agent or the host's ARP table; keeping the last discovered "
                        "198.51.100.20; publishing the addresses known up front: 192.0.2.10")
-    assert addresses.discovery_condition([], None, [], [], [])[2].startswith("no source can answer")
+    assert machine_addresses.discovery_condition([], None, [], [], [])[2].startswith("no source can answer")
 
 
 # -- which source answers -----------------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ async def test_without_known_addresses_a_machine_waits_for_discovery_then_keeps_
     assert internal(p.status) == ["192.0.2.50"]
     assert p.status["initialization"] == {"provisioned": True}
     condition = conditions.get_condition(p.status["conditions"], conditions.ADDRESSES_DISCOVERED)
-    assert condition["reason"] == addresses.NOTHING_DISCOVERED and "keeping the last discovered 192.0.2.50" in \
+    assert condition["reason"] == machine_addresses.NOTHING_DISCOVERED and "keeping the last discovered 192.0.2.50" in \
         condition["message"]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import subprocess
+import sys
 import time
 import uuid
 
@@ -21,7 +22,7 @@ from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import naming
-from devenv import base_image, capi_objects, ipam_stand_in, ipxe_image
+from devenv import base_image, capi_objects, icmp_echo, ipam_stand_in, ipxe_image
 from devenv.libvirt_host import LibvirtHost, isolated_network_xml
 from guests import machine_spec
 
@@ -53,8 +54,9 @@ def ipam_host(tmp_path_factory: pytest.TempPathFactory):
 
 
 def ping(host: LibvirtHost, address: str) -> bool:
-    """One ping from the host's network namespace (where the guest's bridge is), never from the machine's own."""
-    return subprocess.run(["ip", "netns", "exec", host.netns, "ping", "-c", "1", "-W", "2", address],
+    """One ICMP echo from the host's network namespace (where the guest's bridge is), never from the machine's own
+    (devenv/icmp_echo.py: the test bed has no `ping` program)."""
+    return subprocess.run(["ip", "netns", "exec", host.netns, sys.executable, str(icmp_echo.__file__), address],
                           capture_output=True, timeout=30).returncode == 0
 
 

@@ -101,10 +101,10 @@ async def inventory(control_plane, api_client, remote_hosts, collected_logs) -> 
     secrets_ns = PROVIDER_NAMESPACE  # where host credentials must live
     await make_secret(api_client, secrets_ns, "kvm-tls", tls_secret(tls))
     await make_secret(api_client, secrets_ns, "kvm-ssh", ssh_secret(ssh))
-    async with operator_running(control_plane, {}):
+    async with operator_running(control_plane, {}) as memo:
         await make_host(api_client, "kvm-tls", f"qemu+tls://{tls.address}/system", secrets_ns, "kvm-tls", "rack-a")
         await make_host(api_client, "kvm-ssh", f"qemu+ssh://root@{ssh.address}/system", secrets_ns, "kvm-ssh", "rack-b")
-        yield {"secrets_ns": secrets_ns, "tls": tls, "ssh": ssh}
+        yield {"secrets_ns": secrets_ns, "tls": tls, "ssh": ssh, "memo": memo}
         objects = client.CustomObjectsApi(api_client)
         for name in ("kvm-tls", "kvm-ssh"):
             await objects.delete_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name)
@@ -197,12 +197,26 @@ async def test_a_burst_of_one_deployment_spreads_over_hosts_and_failure_domains(
 
 
 async def test_a_machine_that_fits_nowhere_says_so_and_is_placed_once_room_appears(api_client, namespace, inventory):
+    """Room is made scarce by the hosts' memory overcommit, not by a machine larger than the host: placement never puts
+    a machine with more memory than the host has free (core.placement.fits_free_memory), whatever the overcommit."""
     await test_hosts_over_tls_and_ssh_report_their_health(api_client, inventory)
     memory = (await host_status(api_client, "kvm-tls"))["memoryMiB"]
+    objects = client.CustomObjectsApi(api_client)
+    hosts = inventory["memo"].runtime.deps.inventory.hosts
+
+    async def set_overcommit(ratios: dict[str, float]) -> None:
+        for name, ratio in ratios.items():
+            await objects.patch_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name,
+                                                      {"spec": {"overcommit": {"memory": ratio}}}, **MERGE)
+
+        async def taken():
+            return all(hosts[name].spec.overcommit.memory == ratio for name, ratio in ratios.items())
+        await wait_until(f"the operator to take the overcommit {ratios}", taken, DEADLINE_S)
+
+    await set_overcommit({"kvm-tls": 0.25, "kvm-ssh": 0.25})
     await capi_objects.create_cluster(api_client, namespace, "demo")
     await capi_objects.create_machine(api_client, namespace, "demo", "big", "#cloud-config\n",
-                                      machine_spec(memoryMiB=int(memory * 1.5)))
-    objects = client.CustomObjectsApi(api_client)
+                                      machine_spec(memoryMiB=int(memory * 0.375)))
 
     async def condition():
         body = await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines", "big")
@@ -211,12 +225,10 @@ async def test_a_machine_that_fits_nowhere_says_so_and_is_placed_once_room_appea
     waiting = await wait_until("InsufficientCapacity", condition, DEADLINE_S)
     assert "kvm-tls:" in waiting["message"] and "kvm-ssh:" in waiting["message"] and "MiB free" in waiting["message"]
 
-    await objects.patch_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", "kvm-tls",
-                                              {"spec": {"overcommit": {"memory": 2.0}}}, **MERGE)
+    await set_overcommit({"kvm-tls": 0.5})
     statuses = await placed(api_client, namespace, ["big"])
     assert statuses["big"]["host"] == "kvm-tls"
-    await objects.patch_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", "kvm-tls",
-                                              {"spec": {"overcommit": {"memory": 1.0}}}, **MERGE)
+    await set_overcommit({"kvm-tls": 1.0, "kvm-ssh": 1.0})
     await delete_machines(api_client, namespace, ["big"])
 
 

@@ -298,11 +298,14 @@ async def test_a_host_entering_the_inventory_is_announced_once_an_update_is_not(
         probed.append(name)
 
     monkeypatch.setattr(hosts_reconcile, "probe_and_publish", probe_and_publish)
-    deps = types.SimpleNamespace(inventory=Inventory(), wake_host=added.append)
+    unplaced_woken = []
+    deps = types.SimpleNamespace(inventory=Inventory(), wake_host=added.append,
+                                 wake_unplaced=lambda: unplaced_woken.append(True))
     spec = {"uri": "qemu+ssh://root@kvm1/system", "storagePool": "default"}
     await hosts_reconcile.upsert_host(deps, "kvm1", spec)
     await hosts_reconcile.upsert_host(deps, "kvm1", spec)  # a spec update or a resume: already known
     assert added == ["kvm1"] and probed == ["kvm1", "kvm1"]
+    assert unplaced_woken == [True]  # a new host may take a machine waiting for one; the same spec again adds nothing
 
 
 async def test_machines_placed_on_an_added_host_are_queued_now_with_their_backoff_cleared() -> None:

@@ -122,6 +122,7 @@ LIBVIRT_HOST = Kind(
         PrinterColumn("Reachable", ".status.reachable", "boolean", "Reached by the last probe"),
         PrinterColumn("Machines", ".status.machines", "integer", "Domains of this provider"),
         PrinterColumn("FreeMemory", ".status.freeMemoryMiB", "integer", "Free memory (MiB)"),
+        PrinterColumn("ForeignVMs", ".status.foreignVMs", "integer", "Running domains not of this provider"),
         AGE,
     ),
     scope="Cluster",

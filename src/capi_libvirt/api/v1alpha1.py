@@ -447,13 +447,25 @@ class LibvirtHostStatus(meta.Model):
     memory_mib: int | None = pydantic.Field(default=None, alias="memoryMiB", ge=0)
     """Memory of the host."""
     free_memory_mib: int | None = pydantic.Field(default=None, alias="freeMemoryMiB", ge=0)
-    """Free memory of the host."""
+    """Free memory of the host (libvirt's free memory: without the page cache)."""
     machines: int | None = pydantic.Field(default=None, ge=0)
     """Domains of this provider on the host."""
     allocated_cpus: int | None = pydantic.Field(default=None, alias="allocatedCPUs", ge=0)
     """vCPUs of this provider's domains on the host."""
     allocated_memory_mib: int | None = pydantic.Field(default=None, alias="allocatedMemoryMiB", ge=0)
     """Memory of this provider's domains on the host."""
+    available_memory_mib: int | None = pydantic.Field(default=None, alias="availableMemoryMiB", ge=0)
+    """Memory the host can give a new guest, as libvirt reports it (free + buffers + cached): placement never puts a
+    machine with more memory than this on the host."""
+    foreign_vms: int | None = pydantic.Field(default=None, alias="foreignVMs", ge=0)
+    """Running domains on the host that are not this provider's (no owner metadata of this provider, or another
+    management cluster's): placement subtracts their vCPUs and memory from the host's capacity."""
+    foreign_cpus: int | None = pydantic.Field(default=None, alias="foreignCPUs", ge=0)
+    """vCPUs of the running foreign domains."""
+    foreign_memory_mib: int | None = pydantic.Field(default=None, alias="foreignMemoryMiB", ge=0)
+    """Memory of the running foreign domains (their current memory, as declared: QEMU allocates lazily)."""
+    foreign_vms_shut_off: int | None = pydantic.Field(default=None, alias="foreignVMsShutOff", ge=0)
+    """Foreign domains defined but shut off: they take nothing now and are not counted."""
     pool: PoolStatus | None = None
     """The storage pool's capacity."""
     orphans: OrphanStatus | None = None

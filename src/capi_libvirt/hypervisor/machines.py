@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 
 import libvirt
 
-from capi_libvirt.core import domain_xml, volume_xml
+from capi_libvirt.core import domain_xml, placement, volume_xml
 from capi_libvirt.hypervisor import errors
 
 GIB = 1024**3
@@ -354,26 +354,55 @@ class HostProbe:
     allocated_memory_mib: int
     pool_capacity_bytes: int | None
     pool_available_bytes: int | None
+    available_memory_mib: int | None = None  # free + buffers + cached (virNodeGetMemoryStats); None: not reported
+    foreign_vms: int = 0  # running domains that are not this provider's (core.placement.host_usage)
+    foreign_cpus: int = 0
+    foreign_memory_mib: int = 0
+    foreign_shut_off: int = 0  # foreign domains defined but shut off
 
 
 def _version(number: int) -> str:
     return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
 
 
-def probe_host(conn: libvirt.virConnect, pool_name: str) -> HostProbe:
-    """Versions, size, free memory, this provider's domains (by their owner metadata) and the pool's space."""
+def _domain_usage(domain: libvirt.virDomain) -> placement.DomainUsage:
+    """A domain's owner, state, memory and vCPUs. This provider's domains count with their maximum memory (what they
+    were defined with); a foreign one with the memory it has now (its balloon's current size), which is what it holds
+    from the host; the vCPUs it has now."""
+    owner = domain_xml.parse_owner(domain.XMLDesc(0))
+    state, max_kib, kib, vcpus, _time = domain.info()
+    return placement.DomainUsage(owner=owner, active=state != libvirt.VIR_DOMAIN_SHUTOFF,
+                                 memory_mib=(max_kib if owner is not None else kib) // 1024, vcpus=vcpus)
+
+
+def _available_memory_mib(conn: libvirt.virConnect) -> int | None:
+    """What the host can hand to a new guest without swapping, as libvirt reports it: free + buffers + cached
+    (virNodeGetMemoryStats, KiB). Free memory alone undercounts on any host that has run a while: Linux keeps the
+    page cache until memory is needed. None when the driver reports no such numbers."""
+    try:
+        stats = conn.getMemoryStats(libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS, 0)
+    except libvirt.libvirtError as error:
+        if error.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_OPERATION_UNSUPPORTED):
+            return None
+        raise
+    if "free" not in stats:
+        return None
+    return int(sum(stats.get(key, 0) for key in ("free", "buffers", "cached")) // 1024)
+
+
+def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str | None = None) -> HostProbe:
+    """Versions, size, free memory, this provider's domains and the foreign ones (by their owner metadata: see
+    core.placement.is_foreign) and the pool's space."""
     _model, memory_mib, cpus, *_ = conn.getInfo()
-    machines = allocated_cpus = allocated_kib = 0
+    domains = []
     for domain in conn.listAllDomains():
         try:
-            if domain_xml.parse_owner(domain.XMLDesc(0)) is None:
-                continue
-            _state, max_kib, _kib, vcpus, _time = domain.info()
+            domains.append(_domain_usage(domain))
         except libvirt.libvirtError as error:
             if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
                 continue  # undefined between the listing and the look: not there any more
             raise
-        machines, allocated_cpus, allocated_kib = machines + 1, allocated_cpus + vcpus, allocated_kib + max_kib
+    usage = placement.host_usage(domains, management_cluster)
     capacity = available = None
     try:
         pool = conn.storagePoolLookupByName(pool_name)
@@ -385,5 +414,8 @@ def probe_host(conn: libvirt.virConnect, pool_name: str) -> HostProbe:
     return HostProbe(
         libvirt_version=_version(conn.getLibVersion()), hypervisor_version=_version(conn.getVersion()),
         cpus=cpus, memory_mib=memory_mib, free_memory_mib=conn.getFreeMemory() // (1024 * 1024),
-        machines=machines, allocated_cpus=allocated_cpus, allocated_memory_mib=allocated_kib // 1024,
-        pool_capacity_bytes=capacity, pool_available_bytes=available)
+        machines=usage.machines, allocated_cpus=usage.allocated_cpus, allocated_memory_mib=usage.allocated_memory_mib,
+        pool_capacity_bytes=capacity, pool_available_bytes=available,
+        available_memory_mib=_available_memory_mib(conn), foreign_vms=usage.foreign_vms,
+        foreign_cpus=usage.foreign_cpus, foreign_memory_mib=usage.foreign_memory_mib,
+        foreign_shut_off=usage.foreign_shut_off)

@@ -65,6 +65,7 @@ class Runtime:
         self.election: asyncio.Task | None = None
         self.metrics: metrics.Source | None = None
         deps.wake_host = self.wake_host
+        deps.wake_unplaced = self.wake_unplaced
         self.relists: dict[str, asyncio.Task] = {}  # a cached kind -> its pending relist (relisted)
         self.closing = False  # the operator stops: no new background work
 
@@ -119,6 +120,16 @@ class Runtime:
         for body in self.deps.kube.cache.items(api.LIBVIRT_MACHINES):
             namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
             if placed_on(body) == host or host in machine_reconcile.former_hosts(body):
+                self.deps.failures.pop((namespace, name), None)
+                self.machines.add((namespace, name))
+
+    def wake_unplaced(self) -> None:
+        """Every cached machine not placed yet (no host in its providerID or status), queued now with its backoff
+        cleared: a host just gained room that placement can see (a foreign VM stopped), so a machine waiting for a
+        host decides again without waiting out its recheck."""
+        for body in self.deps.kube.cache.items(api.LIBVIRT_MACHINES):
+            if placed_on(body) is None and not body["metadata"].get("deletionTimestamp"):
+                namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
                 self.deps.failures.pop((namespace, name), None)
                 self.machines.add((namespace, name))
 
@@ -193,12 +204,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     hosts = connection.HostRegistry(cfg.hosts)
     kube = api.KubeAPI(await api.new_api_client())
     observer = metrics.Observer()
-    deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(hosts), post_event=EventPoster(kube),
-                                          observe=observer,
+    management_cluster = cfg.management_cluster_id or await _management_cluster_identity(kube)
+    deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(
+                                              hosts, management_cluster=management_cluster),
+                                          post_event=EventPoster(kube), observe=observer,
                                           creates_per_host=cfg.creates_per_host,
                                           probe_interval_s=cfg.probe_interval_s, replace_after_s=cfg.replace_after_s,
-                                          management_cluster=cfg.management_cluster_id or
-                                          await _management_cluster_identity(kube),
+                                          management_cluster=management_cluster,
                                           orphan_grace_s=cfg.orphan_grace_s,
                                           provider_namespace=cfg.provider_namespace)
     memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers, cfg.orphan_interval_s),

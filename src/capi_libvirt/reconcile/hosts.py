@@ -1,7 +1,7 @@
 """The LibvirtHost reconcile: keep the inventory in step with the objects, and probe every host periodically.
 
 The probe results feed placement and are published as LibvirtHost status (reachable, versions, CPUs, memory,
-this provider's domains, pool space) with a Ready condition that names the problem when a host cannot be reached.
+free memory, this provider's domains, the foreign VMs, pool space) with a Ready condition that names the problem when a host cannot be reached.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pydantic
 
 from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import conditions
-from capi_libvirt.hypervisor import connection, credentials
+from capi_libvirt.hypervisor import connection, credentials, machines
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory as inventory_
 from capi_libvirt.reconcile.machine import (
@@ -74,6 +74,8 @@ async def upsert_host(deps: Dependencies, name: str, spec_data: dict[str, Any]) 
     await probe_and_publish(deps, name)
     if current is None or decommissioning_changed:
         deps.wake_host(name)  # its machines decide again: a copied host's adopted, re-placed, held, or released
+    if current is None or current.spec != spec:
+        deps.wake_unplaced()  # a new host, or one whose overcommit or rules changed, may take a waiting machine
 
 
 async def remove_host(deps: Dependencies, name: str) -> None:
@@ -94,10 +96,16 @@ async def probe_and_publish(deps: Dependencies, name: str) -> None:
     next periodic pass)."""
     before = deps.inventory.hosts.get(name)
     was_up, was_down = (before.reachable, before.unreachable_since is not None) if before else (False, False)
+    foreign_before = _foreign_load(before.probe) if before and before.probe else None
     host = await deps.inventory.probe(name)
     if host is not None and ((was_up and not host.reachable) or (was_down and host.reachable)):
         log.info("host %s is %s", name, "reachable again" if host.reachable else "unreachable")
         deps.wake_host(name)
+    if host is not None and host.reachable and host.probe is not None and foreign_before is not None and \
+            _gained_room(foreign_before, _foreign_load(host.probe)):
+        log.info("host %s: foreign VMs take less than at the last probe; machines waiting for a host decide again",
+                 name)
+        deps.wake_unplaced()
     if host is None or name in deps.inventory.static:
         return  # gone meanwhile, or a static (--host) host with no object to publish on
     if host.spec.decommissioned:
@@ -108,6 +116,15 @@ async def probe_and_publish(deps: Dependencies, name: str) -> None:
     else:
         await _publish(deps, name, inventory_.host_status(host, deps.now()), "False", UNREACHABLE,
                        host.problem or "unreachable")
+
+
+def _foreign_load(probe: machines.HostProbe) -> tuple[int, int]:
+    return probe.foreign_cpus, probe.foreign_memory_mib
+
+
+def _gained_room(before: tuple[int, int], after: tuple[int, int]) -> bool:
+    """Foreign VMs take fewer vCPUs or less memory than before (stopped, removed, shrunk)."""
+    return after[0] < before[0] or after[1] < before[1]
 
 
 async def _publish(deps: Dependencies, name: str, status: dict[str, Any], ready: conditions.Status, reason: str,

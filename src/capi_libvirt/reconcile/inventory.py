@@ -1,9 +1,9 @@
 """The host inventory: every host the operator may place machines on, how it is reached, and what its last probe saw.
 
 Hosts come from LibvirtHost objects (and, for development, from `--host name=uri`). A probe reads each host's size,
-free memory and this provider's domains; placement (core.placement) decides from those numbers plus what the
-LibvirtMachines recorded in the API say is allocated, which counts machines placed a moment ago that have no domain
-yet.
+free memory, this provider's domains and the foreign ones (not this management cluster's: core.placement.is_foreign);
+placement (core.placement) decides from those numbers plus what the LibvirtMachines recorded in the API say is
+allocated, which counts machines placed a moment ago that have no domain yet.
 """
 
 from __future__ import annotations
@@ -48,9 +48,11 @@ class OrphanRecord:
 
 
 class Inventory:
-    def __init__(self, registry: connection.HostRegistry, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, registry: connection.HostRegistry, clock: Callable[[], float] = time.monotonic,
+                 management_cluster: str | None = None) -> None:
         self.registry = registry
         self.clock = clock
+        self.management_cluster = management_cluster  # tells this provider's domains from foreign ones in a probe
         self.hosts: dict[str, InventoryHost] = {}
         self.orphans: dict[str, OrphanRecord] = {}
         self.static = set(registry.names())  # from --host: no LibvirtHost object to publish on
@@ -86,7 +88,8 @@ class Inventory:
             return host
         try:
             host.probe = await asyncio.wait_for(
-                self.registry.get(name).call(machines.probe_host, host.spec.storage_pool, doing="probe host"), timeout)
+                self.registry.get(name).call(machines.probe_host, host.spec.storage_pool, self.management_cluster,
+                                         doing="probe host"), timeout)
             host.reachable, host.problem, host.unreachable_since = True, None, None
         except errors.HostUnreachable as error:
             self._down(host, error.message)
@@ -126,6 +129,7 @@ class Inventory:
         for host in self.hosts.values():
             refused = self.refusal(host.name, namespace, spec) if namespace is not None and spec is not None else None
             cpus, memory = allocated.get(host.name, (0, 0))
+            probe = host.probe
             loads.append(placement.HostLoad(
                 name=host.name,
                 healthy=host.reachable and host.probe is not None and not host.spec.unschedulable,
@@ -135,7 +139,10 @@ class Inventory:
                 cpu_overcommit=host.spec.overcommit.cpu, memory_overcommit=host.spec.overcommit.memory,
                 failure_domain=host.spec.failure_domain, control_plane=host.spec.control_plane,
                 decommissioned=host.spec.decommissioned,
-                refusal=str(refused) if refused is not None else None))
+                refusal=str(refused) if refused is not None else None,
+                foreign_vms=probe.foreign_vms if probe else 0, foreign_cpus=probe.foreign_cpus if probe else 0,
+                foreign_memory_mib=probe.foreign_memory_mib if probe else 0,
+                available_memory_mib=probe.available_memory_mib if probe else None))
         return loads
 
     def failure_domains(self) -> list[dict[str, Any]]:
@@ -148,16 +155,21 @@ class Inventory:
 
 
 def host_status(host: InventoryHost, now: str) -> dict[str, Any]:
-    """LibvirtHost.status from the last probe."""
+    """LibvirtHost.status from the last probe: with the numbers placement uses besides the LibvirtMachines (free
+    memory, what foreign VMs take)."""
     # Unreachable: the numbers are cleared (null in a merge patch), not left stale.
     status: dict[str, Any] = {"reachable": host.reachable, "lastProbeTime": now, "libvirtVersion": None,
                     "hypervisorVersion": None, "cpus": None, "memoryMiB": None, "freeMemoryMiB": None,
-                    "machines": None, "allocatedCPUs": None, "allocatedMemoryMiB": None, "pool": None}
+                    "machines": None, "allocatedCPUs": None, "allocatedMemoryMiB": None, "pool": None,
+                    "availableMemoryMiB": None, "foreignVMs": None, "foreignCPUs": None, "foreignMemoryMiB": None,
+                    "foreignVMsShutOff": None}
     if host.probe is not None and host.reachable:
         p = host.probe
         status.update(libvirtVersion=p.libvirt_version, hypervisorVersion=p.hypervisor_version, cpus=p.cpus,
                       memoryMiB=p.memory_mib, freeMemoryMiB=p.free_memory_mib, machines=p.machines,
                       allocatedCPUs=p.allocated_cpus, allocatedMemoryMiB=p.allocated_memory_mib,
+                      availableMemoryMiB=p.available_memory_mib, foreignVMs=p.foreign_vms, foreignCPUs=p.foreign_cpus,
+                      foreignMemoryMiB=p.foreign_memory_mib, foreignVMsShutOff=p.foreign_shut_off,
                       pool={k: v for k, v in {"name": host.spec.storage_pool, "capacityBytes": p.pool_capacity_bytes,
                                               "availableBytes": p.pool_available_bytes}.items() if v is not None})
     return status

@@ -124,6 +124,7 @@ class Dependencies:
     # Queue the machines on a host, their backoff cleared: it entered the inventory (a copy clusterctl move made), went
     # down, came back, or was decommissioned.
     wake_host: Callable[[str], None] = lambda host: None
+    wake_unplaced: Callable[[], None] = lambda: None  # a host gained room: machines waiting for one decide again
     provider_namespace: str = meta.PROVIDER_NAMESPACE  # where host credentials live, and the ServiceAccount
     # This management cluster's identity, written into every domain's owner metadata (None: unknown, so no domain is
     # ever provably ours to collect), and the orphan collector's grace period (None: report only, never remove).

@@ -172,10 +172,6 @@ async def test_a_guest_takes_its_address_from_a_pool_and_an_exhausted_pool_waits
 
         await wait_until("the second machine past WaitingForIPAddress", second_defined, DEADLINE_S)
         handed_over_at = time.monotonic()
-        print(f"\n[numbers] IPAM: claim answered {claimed_at - started:.1f}s after the operator started; first "
-              f"guest provisioned at {POOL_ADDRESS} after {provisioned_at - started:.1f}s; delete -> address "
-              f"with the second machine {handed_over_at - deleted_at:.1f}s; stand-in allocations "
-              f"{stand_in.allocations}, releases {stand_in.releases}")
 
         await objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
                                                       second.libvirt_machine)
@@ -186,6 +182,10 @@ async def test_a_guest_takes_its_address_from_a_pool_and_an_exhausted_pool_waits
                                            await ipam_object("ipaddresses", second_claim)])
 
         await wait_until("the second machine, its claim and its IPAddress gone", second_released, DEADLINE_S)
+        print(f"\n[numbers] IPAM: claim answered {claimed_at - started:.1f}s after the operator started; first "
+              f"guest provisioned at {POOL_ADDRESS} after {provisioned_at - started:.1f}s; delete -> address "
+              f"with the second machine {handed_over_at - deleted_at:.1f}s; stand-in allocations "
+              f"{stand_in.allocations}, releases {stand_in.releases}")
     assert leftovers(ipam_host, base_volumes) == []
     assert stand_in.allocations == 2 and stand_in.releases == 2
 

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   libvirt-daemon-system libvirt-clients libvirt-dev pkg-config   # libvirtd, virsh, and headers for libvirt-python
   qemu-system-x86 qemu-utils                                     # the hypervisor (software emulation here) and qemu-img
+  ovmf                                                           # UEFI firmware (firmware: uefi), found by libvirt's autoselection
   dnsmasq-base iptables iproute2                                 # the NAT network inside the test network namespaces
   debootstrap e2fsprogs                                          # the guest images
   extlinux syslinux-common fdisk                                 # the node image's bootloader, MBR and partition

@@ -8,7 +8,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from capi_libvirt.api import kinds, meta
+from capi_libvirt.api import kinds, meta, v1alpha1
 
 pytestmark = pytest.mark.integration
 
@@ -58,9 +58,16 @@ async def test_every_generated_crd_is_established_with_cluster_api_crds_beside_i
         ({"interfaces": [{"network": "default", "bridge": "br0"}]}, "set exactly one of network or bridge"),
         ({"interfaces": []}, "spec.interfaces"),
         ({"host": "Not_A_DNS_Label"}, "spec.host"),
+        ({"cpus": 4, "cpuTopology": {"sockets": 1, "cores": 2, "threads": 1}}, v1alpha1.TOPOLOGY_MATCHES_CPUS),
+        ({"cpuTopology": {"sockets": 1, "cores": 1, "threads": 1}}, v1alpha1.TOPOLOGY_MATCHES_CPUS),  # cpus: 2
+        ({"cpuModel": "qemu64", "cpuMode": "host-model"}, v1alpha1.MODEL_OR_MODE),
+        ({"firmware": "efi"}, "spec.firmware"),
+        ({"dataDisks": [{"sizeGiB": 1}] * 9}, "spec.dataDisks"),
+        ({"dataDisks": [{"sizeGiB": 0}]}, "spec.dataDisks[0].sizeGiB"),
     ],
     ids=["negative-memory", "unknown-domain-type", "zero-cpus", "unknown-disk-bus", "network-and-bridge",
-         "no-interface", "bad-host-name"],
+         "no-interface", "bad-host-name", "topology-not-cpus", "topology-not-default-cpus", "model-and-mode",
+         "unknown-firmware", "too-many-data-disks", "empty-data-disk"],
 )
 async def test_invalid_machine_is_refused_naming_the_field(api_client, namespace, spec, field):
     message = await refused(api_client, namespace, machine("bad", **spec))

@@ -23,14 +23,27 @@ SPECS = {
                               "interfaces": [{"bridge": "br0", "model": "rtl8139"}]},
     "pc-sata-two-nics": {"machineType": "pc", "diskBus": "sata", "cpuMode": "host-model",
                          "interfaces": [{"network": "default"}, {"bridge": "br0", "static": {"addresses": ["192.0.2.5/24"]}}]},
+    # The machine's shape: UEFI, data disks on every bus, a CPU model and topology, Ignition through fw_cfg.
+    "uefi-ignition-data-disks-model": {"domainType": "qemu", "firmware": "uefi", "cpus": 4, "cpuModel": "qemu64",
+                                       "cpuTopology": {"sockets": 1, "cores": 2, "threads": 2},
+                                       "kernelBoot": {"kernel": "/k/vmlinuz"},
+                                       "dataDisks": [{"sizeGiB": 1}, {"sizeGiB": 2, "bus": "scsi"},
+                                                     {"sizeGiB": 3, "bus": "sata"}]},
+    "pc-uefi-topology-mode": {"machineType": "pc", "firmware": "uefi", "cpus": 2, "cpuMode": "host-passthrough",
+                              "cpuTopology": {"sockets": 2, "cores": 1, "threads": 1},
+                              "dataDisks": [{"sizeGiB": 1, "bus": "scsi"}]},
 }
+IGNITION = {"uefi-ignition-data-disks-model"}  # bootstrap data of format ignition: fw_cfg, no NoCloud CD-ROM
 
 
 def config_for(name: str, owner: Owner):
     spec = v1alpha1.LibvirtMachineSpec.model_validate({"image": {"volume": "base.qcow2"}, **SPECS[name]})
+    ignition = name in IGNITION
     return from_spec(spec, name="capi-ns-m-1a2b3c4d", uuid="5d64ece4-dc73-59e8-9624-de2ce4c5a35e",
-                     disk_path="/pool/d.qcow2", iso_path="/pool/d-cidata.iso",
-                     serial_log_path="/logs/d.serial.log" if spec.serial_log else None, owner=owner)
+                     disk_path="/pool/d.qcow2", iso_path=None if ignition else "/pool/d-cidata.iso",
+                     serial_log_path="/logs/d.serial.log" if spec.serial_log else None, owner=owner,
+                     data_disk_paths=tuple(f"/pool/d-data-{i}.qcow2" for i in range(len(spec.data_disks))),
+                     ignition_path="/pool/d.ign" if ignition else None)
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

@@ -118,7 +118,9 @@ def domain_of(stored: dict[str, Any], namespace: str) -> str:
         spec, name=naming.domain_name(namespace, name, uid), uuid=naming.domain_uuid(uid),
         disk_path=f"/pool/{naming.overlay_volume_name(namespace, name, uid)}",
         iso_path=f"/pool/{naming.nocloud_volume_name(namespace, name, uid)}",
-        serial_log_path=f"/pool/{naming.serial_log_file_name(namespace, name, uid)}", owner=owner))
+        serial_log_path=f"/pool/{naming.serial_log_file_name(namespace, name, uid)}", owner=owner,
+        data_disk_paths=tuple(f"/pool/{naming.data_disk_volume_name(namespace, name, uid, index)}"
+                              for index in range(len(spec.data_disks)))))
 
 
 @pytest.fixture

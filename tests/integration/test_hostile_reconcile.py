@@ -265,6 +265,8 @@ class Case:
             pool = conn.storagePoolLookupByName(self.host.pool_name)
             pool.refresh(0)
             assert pool.listVolumes() == [BASE]
+        nvram = self.host.state_dir / "lib" / "qemu" / "nvram"  # UEFI variable stores, removed with their domains
+        assert not nvram.is_dir() or list(nvram.iterdir()) == []
 
 
 @pytest.fixture
@@ -316,6 +318,13 @@ def reconcile_spec(draw: st.DrawFn, network: str, pool: str) -> dict[str, Any]:
         spec["interfaces"].append(draw(broken_interface))
     if draw(st.integers(0, 3)) == 0:
         spec["cpuMode"] = draw(st.sampled_from(["maximum", "host-model"]))  # host-passthrough: refused at admission
+    if draw(st.integers(0, 3)) == 0:
+        spec["firmware"] = "uefi"  # OVMF and a variable store of the domain's own, which teardown must remove
+    if draw(st.integers(0, 2)) == 0:
+        spec["dataDisks"] = draw(st.lists(st.fixed_dictionaries({"sizeGiB": st.sampled_from([1, 65536])}, optional={
+            "bus": st.sampled_from(["virtio", "scsi", "sata"])}), min_size=1, max_size=3))
+    if draw(st.integers(0, 3)) == 0:
+        spec["cpuTopology"] = {"sockets": 1, "cores": spec["cpus"], "threads": 1}
     if draw(st.integers(0, 3)) == 0:
         spec["kernelBoot"] = {"kernel": draw(hostile_path()), "initrd": draw(hostile_path()),
                               "cmdline": draw(st.lists(st.sampled_from(KERNEL_TEXT), max_size=30).map("".join))}
@@ -379,7 +388,7 @@ SECRET_EXPECTATIONS = {  # what the condition says, by the data's shape
 def expectation(secret: dict[str, bytes] | None) -> set[str]:
     if secret is None:
         return SECRET_EXPECTATIONS["no-secret"]
-    if secret.get("format", b"cloud-config") != b"cloud-config":
+    if secret.get("format", b"cloud-config") not in (b"cloud-config", b"ignition"):  # ignition: through fw_cfg
         return SECRET_EXPECTATIONS["format"]
     return SECRET_EXPECTATIONS["missing" if not secret.get("value") else "ok"]
 
@@ -396,6 +405,7 @@ def test_hostile_bootstrap_secrets_end_in_a_clear_condition_and_leave_nothing(ca
     @example({"value": SECRET_MARK})  # no format: cloud-config, as Cluster API's contract has it
     @example({"value": cloud_config("binary", SECRET_LIMIT - len(SECRET_MARK) - 16), "format": b"cloud-config"})
     @example({"value": cloud_config("gzip", 64 * 1024), "format": b"cloud-config"})
+    @example({"value": SECRET_MARK + blob(4096, 3, "binary"), "format": b"ignition"})  # any bytes, through fw_cfg
     @example(None)  # no Secret at all
     def one(secret: dict[str, bytes] | None) -> None:
         case(unique("boot"), {}, spec, secret, expect=expectation(secret))

@@ -47,7 +47,8 @@ OWNER = domain_xml.Owner("ns", "m", "3e1f0c43-2b5e-4f0c-9a38-2a7c9b1c0a11", "dem
 def build(spec: v1alpha1.LibvirtMachineSpec, owner: domain_xml.Owner = OWNER) -> str:
     config = domain_xml.from_spec(spec, name=naming.domain_name(owner.namespace, owner.name, owner.uid),
                                   uuid=naming.domain_uuid(owner.uid), disk_path="/pool/d.qcow2",
-                                  iso_path="/pool/d-cidata.iso", serial_log_path="/pool/d.serial.log", owner=owner)
+                                  iso_path="/pool/d-cidata.iso", serial_log_path="/pool/d.serial.log", owner=owner,
+                                  data_disk_paths=tuple(f"/pool/d-data-{i}.qcow2" for i in range(len(spec.data_disks))))
     return domain_xml.domain_xml(config)
 
 

@@ -164,8 +164,33 @@ def machine_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+class DataDisk(meta.Model):
+    """An extra, empty data disk: a qcow2 volume of its own in the machine's storage pool, deleted with the machine."""
+
+    size_gib: int = pydantic.Field(alias="sizeGiB", ge=1, le=65536)
+    """Size in GiB (thin: the volume grows as the guest writes)."""
+    bus: Literal["virtio", "scsi", "sata"] = "virtio"
+    """Bus the disk is attached to (virtio: /dev/vdb, vdc, ... after the root disk)."""
+
+
+MAX_DATA_DISKS = 8
+
+
+class CPUTopology(meta.Model):
+    """How the vCPUs are laid out for the guest: sockets x cores x threads, which must equal `cpus`."""
+
+    sockets: int = pydantic.Field(ge=1, le=512)
+    """CPU sockets."""
+    cores: int = pydantic.Field(ge=1, le=512)
+    """Cores per socket."""
+    threads: int = pydantic.Field(ge=1, le=512)
+    """Threads per core."""
+
+
 HOST_PASSTHROUGH_NEEDS_KVM = "cpuMode host-passthrough needs domainType kvm (QEMU's emulation cannot pass the host CPU)"
 MACS_UNIQUE = "interfaces must not share a macAddress"
+TOPOLOGY_MATCHES_CPUS = "cpuTopology sockets x cores x threads must equal cpus"
+MODEL_OR_MODE = "set at most one of cpuModel and cpuMode"
 
 
 class LibvirtMachineSpec(meta.Model):
@@ -181,6 +206,10 @@ class LibvirtMachineSpec(meta.Model):
                 {"rule": "self.interfaces.all(i, !has(i.macAddress) || self.interfaces.exists_one(j, "
                          "has(j.macAddress) && j.macAddress.lowerAscii() == i.macAddress.lowerAscii()))",
                  "message": MACS_UNIQUE},
+                {"rule": "!has(self.cpuTopology) || "
+                         "self.cpuTopology.sockets * self.cpuTopology.cores * self.cpuTopology.threads == self.cpus",
+                 "message": TOPOLOGY_MATCHES_CPUS},
+                {"rule": "!has(self.cpuModel) || !has(self.cpuMode)", "message": MODEL_OR_MODE},
             ]
         }
     )
@@ -217,11 +246,28 @@ class LibvirtMachineSpec(meta.Model):
     """Log the serial console to a file on the host (cloud-init output is there)."""
     kernel_boot: KernelBoot | None = None
     """Boot a kernel directly instead of the disk's bootloader."""
+    firmware: Literal["bios", "uefi"] = "bios"
+    """`bios` (SeaBIOS) or `uefi`: the host's OVMF, chosen by libvirt (Secure Boot off), with a variable store of the
+    machine's own that is deleted with it. Direct kernel boot under uefi boots the kernel through the EFI stub."""
+    data_disks: list[DataDisk] = pydantic.Field(default=[], max_length=MAX_DATA_DISKS)
+    """Extra empty disks after the root disk, in order; made in the machine's storage pool, deleted with it."""
+    cpu_topology: CPUTopology | None = None
+    """Sockets, cores and threads of the vCPUs (their product must equal cpus); libvirt's default (one socket per
+    vCPU) when unset."""
+    cpu_model: str | None = pydantic.Field(default=None, min_length=1, max_length=64, pattern=DEVICE_NAME)
+    """A named CPU model (libvirt's `<cpu mode='custom'>`: Skylake-Client, EPYC, qemu64, ...), exactly, with no
+    fallback. A host that cannot run it refuses the machine with CPUModelNotSupported before anything is made.
+    Exclusive with cpuMode."""
 
     @pydantic.model_validator(mode="after")
     def _cpu_mode_fits_domain_type(self) -> LibvirtMachineSpec:
         if self.cpu_mode == "host-passthrough" and self.domain_type != "kvm":
             raise ValueError(HOST_PASSTHROUGH_NEEDS_KVM)
+        if self.cpu_topology is not None and \
+                self.cpu_topology.sockets * self.cpu_topology.cores * self.cpu_topology.threads != self.cpus:
+            raise ValueError(TOPOLOGY_MATCHES_CPUS)
+        if self.cpu_model is not None and self.cpu_mode is not None:
+            raise ValueError(MODEL_OR_MODE)
         macs = [nic.mac_address.lower() for nic in self.interfaces if nic.mac_address]
         if len(macs) != len(set(macs)):
             raise ValueError(MACS_UNIQUE)

@@ -7,6 +7,11 @@ a hostile name cannot break out of its element. The owner (namespace, name, UID,
 whose operator made or adopted it) is stored in the domain's `<metadata>` under our own XML namespace, and
 `parse_owner` reads it back to tell our domains from everyone else's. `owner_metadata_xml` is the same element on its
 own, for virDomainSetMetadata (adoption rewrites the owner without redefining the domain).
+
+The machine's shape: BIOS or UEFI (libvirt's firmware autoselection, `<os firmware='efi'>` with Secure Boot off: the
+host's own OVMF and a variable store of the domain's own, so no host file is ever named here), extra data disks after
+the root disk, a CPU topology and a named CPU model, and fw_cfg entries (`<sysinfo type='fwcfg'>`: the Ignition config
+a guest reads at `opt/com.coreos/config`, from a file the provider uploaded into the machine's pool).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ OWNER_ELEMENTS = {"namespace": "namespace", "name": "name", "uid": "uid", "clust
                   "management_cluster": "managementCluster"}
 
 GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0"
+# Where Ignition (Fedora CoreOS, Flatcar) reads its config on QEMU: a fw_cfg file of this name.
+IGNITION_FW_CFG = "opt/com.coreos/config"
 # QEMU >= 5.0 gives every TCG guest a 1 GiB translation cache by default; a few emulated guests on a small host then
 # run it out of memory. 64 MiB costs little speed.
 DEFAULT_TCG_TB_CACHE_MIB = 64
@@ -35,6 +42,7 @@ DEFAULT_TCG_TB_CACHE_MIB = 64
 DomainType = Literal["kvm", "qemu"]
 DiskBus = Literal["virtio", "scsi", "sata"]
 CdromBus = Literal["scsi", "ide"]
+Firmware = Literal["bios", "uefi"]
 
 # Characters XML 1.0 cannot carry at all, even escaped: ElementTree would write them and nothing could read them back.
 # Plus the carriage return: ElementTree writes it unescaped in element text, and every XML parser (libvirt's too)
@@ -92,6 +100,48 @@ class KernelBoot:
 
 
 @dataclass(frozen=True)
+class DataDisk:
+    """An extra file-backed disk after the root disk."""
+
+    path: str
+    bus: DiskBus = "virtio"
+    format: str = "qcow2"
+
+    def __post_init__(self) -> None:
+        if self.bus not in ("virtio", "scsi", "sata"):
+            raise ValueError(f"data disk bus must be virtio, scsi or sata, not {self.bus!r}")
+        for name in ("path", "format"):
+            _check_xml_text(f"data disk {name}", getattr(self, name))
+
+
+@dataclass(frozen=True)
+class CPUTopology:
+    """sockets x cores x threads vCPUs."""
+
+    sockets: int
+    cores: int
+    threads: int
+
+    @property
+    def vcpus(self) -> int:
+        return self.sockets * self.cores * self.threads
+
+
+@dataclass(frozen=True)
+class FwCfgEntry:
+    """A fw_cfg file the guest sees under `name` (QEMU wants user entries under opt/), read from a host file."""
+
+    name: str
+    file: str
+
+    def __post_init__(self) -> None:
+        if not self.name.startswith("opt/") or len(self.name) > 55:  # FW_CFG_MAX_FILE_PATH is 56 with its NUL
+            raise ValueError(f"fw_cfg entry name must start with opt/ and fit 55 characters, not {self.name!r}")
+        for name in ("name", "file"):
+            _check_xml_text(f"fw_cfg entry {name}", getattr(self, name))
+
+
+@dataclass(frozen=True)
 class DomainConfig:
     """Everything the domain XML says, already decided: the builders only write it down."""
 
@@ -115,6 +165,11 @@ class DomainConfig:
     tcg_tb_cache_mib: int | None = None
     title: str | None = None
     description: str | None = None
+    firmware: Firmware = "bios"
+    data_disks: tuple[DataDisk, ...] = ()
+    cpu_model: str | None = None
+    cpu_topology: CPUTopology | None = None
+    fw_cfg: tuple[FwCfgEntry, ...] = ()
 
     def __post_init__(self) -> None:
         # Only what libvirt would refuse later anyway (with a worse message) or what would make the XML unreadable.
@@ -135,9 +190,21 @@ class DomainConfig:
                 raise ValueError("tcg_tb_cache_mib applies to domain_type 'qemu' only (libvirt refuses it for kvm)")
             if self.tcg_tb_cache_mib < 1:
                 raise ValueError(f"tcg_tb_cache_mib must be >= 1, not {self.tcg_tb_cache_mib}")
+        if self.firmware not in ("bios", "uefi"):
+            raise ValueError(f"firmware must be bios or uefi, not {self.firmware!r}")
+        if self.cpu_model is not None and self.cpu_mode is not None:
+            raise ValueError("set at most one of cpu_model and cpu_mode")
+        if self.cpu_topology is not None and self.cpu_topology.vcpus != self.vcpus:
+            raise ValueError(f"cpu topology {self.cpu_topology.sockets}x{self.cpu_topology.cores}x"
+                             f"{self.cpu_topology.threads} does not make {self.vcpus} vcpus")
+        if self.cpu_topology is not None and min(self.cpu_topology.sockets, self.cpu_topology.cores,
+                                                 self.cpu_topology.threads) < 1:
+            raise ValueError("cpu topology sockets, cores and threads must be >= 1")
+        if len({entry.name for entry in self.fw_cfg}) != len(self.fw_cfg):
+            raise ValueError("fw_cfg entry names must be unique")
         if self.title is not None and "\n" in self.title:
             raise ValueError("title must be a single line (libvirt refuses newlines in it)")
-        for name in ("name", "uuid", "machine_type", "cpu_mode", "disk_path", "disk_format", "cdrom_path",
+        for name in ("name", "uuid", "machine_type", "cpu_mode", "cpu_model", "disk_path", "disk_format", "cdrom_path",
                      "serial_log_path", "title", "description"):
             _check_xml_text(name, getattr(self, name))
 
@@ -151,13 +218,18 @@ def from_spec(
     iso_path: str | None,
     serial_log_path: str | None,
     owner: Owner,
+    data_disk_paths: tuple[str, ...] = (),
+    ignition_path: str | None = None,
 ) -> DomainConfig:
     """The domain config of a machine: the spec's hardware plus the names and paths the caller created or chose.
 
     Policy lives here: MACs not fixed in the spec come from `naming.mac_address` (stable across retries), emulated
     (qemu) domains get a 64 MiB TCG cache, the NoCloud CD-ROM sits on virtio-scsi (no SATA driver needed in the guest,
-    valid on q35 and pc), and the serial log is only kept when the spec asks for it.
+    valid on q35 and pc), and the serial log is only kept when the spec asks for it. `data_disk_paths` are the spec's
+    data disks' volumes, in order; `ignition_path` (Ignition bootstrap data) becomes the fw_cfg file Ignition reads.
     """
+    if len(data_disk_paths) != len(spec.data_disks):
+        raise ValueError(f"{len(spec.data_disks)} data disks in the spec, {len(data_disk_paths)} volumes given")
     interfaces = tuple(
         Interface(
             mac=(nic.mac_address or naming.mac_address(owner.uid, index)).lower(),
@@ -194,6 +266,12 @@ def from_spec(
         kernel_boot=kernel_boot,
         tcg_tb_cache_mib=DEFAULT_TCG_TB_CACHE_MIB if spec.domain_type == "qemu" else None,
         owner=owner,
+        firmware=spec.firmware,
+        data_disks=tuple(DataDisk(path=path, bus=disk.bus) for path, disk in zip(data_disk_paths, spec.data_disks, strict=True)),
+        cpu_model=spec.cpu_model,
+        cpu_topology=CPUTopology(spec.cpu_topology.sockets, spec.cpu_topology.cores, spec.cpu_topology.threads)
+        if spec.cpu_topology is not None else None,
+        fw_cfg=(FwCfgEntry(IGNITION_FW_CFG, ignition_path),) if ignition_path is not None else (),
     )
 
 
@@ -234,9 +312,10 @@ def owner_metadata_xml(owner: Owner) -> str:
 
 
 def disk_paths(xml_text: str) -> frozenset[str]:
-    """Every host file the domain uses: disk and CD-ROM sources, and serial/console log files."""
+    """Every host file the domain uses: disk and CD-ROM sources, serial/console log files, and fw_cfg files."""
     root = ET.fromstring(xml_text)
     paths = {source.get("file") for source in root.findall("devices/disk/source")}
+    paths |= {entry.get("file") for entry in root.findall("sysinfo[@type='fwcfg']/entry")}
     paths |= {source.get("path") for kind in ("serial", "console") for source in root.findall(f"devices/{kind}/source")}
     paths |= {log.get("file") for kind in ("serial", "console") for log in root.findall(f"devices/{kind}/log")}
     return frozenset(path for path in paths if path)
@@ -259,8 +338,11 @@ def domain_element(config: DomainConfig) -> ET.Element:
     _text(domain, "vcpu", str(config.vcpus))
     domain.append(os_element(config))
     domain.append(features_element(config.tcg_tb_cache_mib))
-    if config.cpu_mode is not None:
-        ET.SubElement(domain, "cpu", mode=config.cpu_mode)
+    cpu = cpu_element(config.cpu_mode, config.cpu_model, config.cpu_topology)
+    if cpu is not None:
+        domain.append(cpu)
+    if config.fw_cfg:
+        domain.append(fw_cfg_element(config.fw_cfg))
     ET.SubElement(domain, "clock", offset="utc")
     # A guest that powers off or crashes stays off (the reconciler sees it); a reboot is just a reboot.
     _text(domain, "on_poweroff", "destroy")
@@ -290,9 +372,17 @@ def _owner_children(machine: ET.Element, owner: Owner, prefix: str) -> None:
 
 
 def os_element(config: DomainConfig) -> ET.Element:
-    """<os>: hvm on the machine type; the kernel, initrd and cmdline for direct boot, else boot from the disk."""
-    element = ET.Element("os")
+    """<os>: hvm on the machine type; for UEFI libvirt's firmware autoselection without Secure Boot (it picks the host's
+    OVMF and gives the domain its own variable store, which undefine removes with VIR_DOMAIN_UNDEFINE_NVRAM); the
+    kernel, initrd and cmdline for direct boot, else boot from the disk."""
+    element = ET.Element("os", firmware="efi") if config.firmware == "uefi" else ET.Element("os")
     _text(element, "type", "hvm", machine=config.machine_type)
+    if config.firmware == "uefi":
+        # Without these, libvirt may pick a Secure Boot build with enrolled keys (it needs SMM, and refuses unsigned
+        # kernels): plain OVMF boots on pc and q35 alike.
+        firmware = ET.SubElement(element, "firmware")
+        ET.SubElement(firmware, "feature", enabled="no", name="secure-boot")
+        ET.SubElement(firmware, "feature", enabled="no", name="enrolled-keys")
     if config.kernel_boot is not None:
         _text(element, "kernel", config.kernel_boot.kernel)
         if config.kernel_boot.initrd is not None:
@@ -314,17 +404,48 @@ def features_element(tcg_tb_cache_mib: int | None) -> ET.Element:
     return features
 
 
+def cpu_element(mode: str | None, model: str | None, topology: CPUTopology | None) -> ET.Element | None:
+    """<cpu>: a mode (host-passthrough, ...), or a named model exactly (mode custom, no fallback to another model),
+    with the topology when given; None when there is nothing to say."""
+    if mode is None and model is None and topology is None:
+        return None
+    if model is not None:
+        cpu = ET.Element("cpu", mode="custom", match="exact")
+        _text(cpu, "model", model, fallback="forbid")
+    else:
+        cpu = ET.Element("cpu", mode=mode) if mode is not None else ET.Element("cpu")
+    if topology is not None:
+        ET.SubElement(cpu, "topology", sockets=str(topology.sockets), cores=str(topology.cores),
+                      threads=str(topology.threads))
+    return cpu
+
+
+def fw_cfg_element(entries: tuple[FwCfgEntry, ...]) -> ET.Element:
+    """<sysinfo type='fwcfg'>: each entry a host file QEMU reads at start and the guest sees under its name."""
+    sysinfo = ET.Element("sysinfo", type="fwcfg")
+    for entry in entries:
+        ET.SubElement(sysinfo, "entry", name=entry.name, file=entry.file)
+    return sysinfo
+
+
 def devices_element(config: DomainConfig) -> ET.Element:
-    """<devices>: root disk, optional CD-ROM, the SCSI controller they need, NICs, serial log and agent channel."""
+    """<devices>: root disk, data disks, optional CD-ROM, the SCSI controller they need, NICs, serial log and agent
+    channel. Guest device names are handed out in that order, per name prefix (vd*, sd*, hd*)."""
     devices = ET.Element("devices")
-    root_dev = disk_target_dev(config.disk_bus, 0)
-    devices.append(disk_element(config.disk_path, config.disk_format, config.disk_bus, root_dev))
+    used: dict[str, int] = {}
+
+    def next_dev(bus: str) -> str:
+        index = used.get(_dev_prefix(bus), 0)
+        used[_dev_prefix(bus)] = index + 1
+        return disk_target_dev(bus, index)
+
+    devices.append(disk_element(config.disk_path, config.disk_format, config.disk_bus, next_dev(config.disk_bus)))
+    for disk in config.data_disks:
+        devices.append(disk_element(disk.path, disk.format, disk.bus, next_dev(disk.bus)))
     if config.cdrom_path is not None:
-        # The CD-ROM takes the next sdX/hdX name not used by the root disk.
-        cdrom_index = 1 if root_dev.startswith(_dev_prefix(config.cdrom_bus)) else 0
-        cdrom_dev = disk_target_dev(config.cdrom_bus, cdrom_index)
-        devices.append(cdrom_element(config.cdrom_path, config.cdrom_bus, cdrom_dev))
-    if config.disk_bus == "scsi" or (config.cdrom_path is not None and config.cdrom_bus == "scsi"):
+        devices.append(cdrom_element(config.cdrom_path, config.cdrom_bus, next_dev(config.cdrom_bus)))
+    if "scsi" in (config.disk_bus, *(disk.bus for disk in config.data_disks)) or \
+            (config.cdrom_path is not None and config.cdrom_bus == "scsi"):
         devices.append(scsi_controller_element())
     for interface in config.interfaces:
         devices.append(interface_element(interface))

@@ -30,6 +30,8 @@ QEMU_OUI = (0x52, 0x54, 0x00)  # QEMU's prefix; 0x52 has the locally-administere
 OVERLAY_SUFFIX = ".qcow2"
 NOCLOUD_SUFFIX = "-cidata.iso"
 SERIAL_LOG_SUFFIX = ".serial.log"
+IGNITION_SUFFIX = ".ign"
+DATA_DISK_INFIX = "-data-"  # <domain>-data-<index>.qcow2
 
 _NOT_LABEL_CHAR = re.compile(r"[^a-z0-9]+")
 
@@ -83,6 +85,18 @@ def nocloud_volume_name(namespace: str, name: str, machine_uid: str) -> str:
 def serial_log_file_name(namespace: str, name: str, machine_uid: str) -> str:
     """File name (no directory) of the machine's serial console log: `<domain>.serial.log`."""
     return domain_name(namespace, name, machine_uid) + SERIAL_LOG_SUFFIX
+
+
+def ignition_volume_name(namespace: str, name: str, machine_uid: str) -> str:
+    """Name of the machine's Ignition config volume, which QEMU hands the guest through fw_cfg: `<domain>.ign`."""
+    return domain_name(namespace, name, machine_uid) + IGNITION_SUFFIX
+
+
+def data_disk_volume_name(namespace: str, name: str, machine_uid: str, index: int) -> str:
+    """Name of the machine's `index`-th (0-based) data disk volume: `<domain>-data-<index>.qcow2`."""
+    if index < 0:
+        raise ValueError(f"data disk index must be >= 0, not {index}")
+    return f"{domain_name(namespace, name, machine_uid)}{DATA_DISK_INFIX}{index}{OVERLAY_SUFFIX}"
 
 
 def mac_address(machine_uid: str, index: int) -> str:

@@ -19,8 +19,8 @@ cluster and its identity in, a verdict per domain out. The safety rule, in the o
 8. Otherwise (this management cluster made it, and no machine here claims it): ORPHAN.
 
 Volumes are removed only with their orphan domain, and only those that are provably its own: the exact names naming
-derives from the owner (overlay, NoCloud ISO, serial log), at a path the orphan domain itself uses, that no other
-domain on the host uses. A volume that merely looks like ours (our naming scheme without a domain to prove it, a
+derives from the owner (overlay, data disks, NoCloud ISO, Ignition config, serial log), at a path the orphan domain
+itself uses (a disk, the serial log, a fw_cfg file), that no other domain on the host uses. A volume that merely looks like ours (our naming scheme without a domain to prove it, a
 suffix added, another domain's disk) has no such proof and stays; `stray_volumes` reports scheme-shaped volumes no
 domain accounts for, never for removal.
 """
@@ -34,12 +34,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from capi_libvirt.api import meta
+from capi_libvirt.api import meta, v1alpha1
 from capi_libvirt.core import naming, provider_id
 from capi_libvirt.core.domain_xml import Owner
 
 LIST_MAX = 10  # names in LibvirtHost status and in an event message
-_SCHEME = re.compile(r"^capi-[a-z0-9-]+-[0-9a-f]{8}(\.qcow2|-cidata\.iso|\.serial\.log)$")
+_SCHEME = re.compile(r"^capi-[a-z0-9-]+-[0-9a-f]{8}(\.qcow2|-data-[0-9]+\.qcow2|-cidata\.iso|\.ign|\.serial\.log)$")
 
 
 class Verdict(enum.Enum):
@@ -152,10 +152,13 @@ def classify(domain: HostDomain, management_cluster: str, claims: Claims) -> Ver
 
 
 def owned_volume_names(owner: Owner) -> frozenset[str]:
-    """The names naming gives the owner's volumes: overlay, NoCloud ISO, serial log."""
-    return frozenset({naming.overlay_volume_name(owner.namespace, owner.name, owner.uid),
-                      naming.nocloud_volume_name(owner.namespace, owner.name, owner.uid),
-                      naming.serial_log_file_name(owner.namespace, owner.name, owner.uid)})
+    """The names naming gives the owner's volumes: overlay, data disks (as many as a spec may have), NoCloud ISO,
+    Ignition config, serial log."""
+    ns, name, uid = owner.namespace, owner.name, owner.uid
+    return frozenset({naming.overlay_volume_name(ns, name, uid), naming.nocloud_volume_name(ns, name, uid),
+                      naming.ignition_volume_name(ns, name, uid), naming.serial_log_file_name(ns, name, uid),
+                      *(naming.data_disk_volume_name(ns, name, uid, index)
+                        for index in range(v1alpha1.MAX_DATA_DISKS))})
 
 
 def removable_paths(orphan: HostDomain, others: Iterable[HostDomain]) -> frozenset[str]:

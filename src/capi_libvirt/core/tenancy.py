@@ -45,9 +45,10 @@ def allowed_pools(access: v1alpha1.HostAccess, host_pool: str) -> list[str]:
 
 
 def is_machine_volume(volume: str) -> bool:
-    """A volume this provider makes for a machine (overlay, NoCloud ISO, serial log): never a base image."""
+    """A volume this provider makes for a machine (overlay, data disk, NoCloud ISO, Ignition config, serial log): never
+    a base image."""
     return volume.startswith(naming.PREFIX + "-") and volume.endswith(
-        (naming.OVERLAY_SUFFIX, naming.NOCLOUD_SUFFIX, naming.SERIAL_LOG_SUFFIX))
+        (naming.OVERLAY_SUFFIX, naming.NOCLOUD_SUFFIX, naming.SERIAL_LOG_SUFFIX, naming.IGNITION_SUFFIX))
 
 
 def path_under(path: str, folders: Sequence[str]) -> bool:

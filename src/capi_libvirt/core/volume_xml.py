@@ -1,4 +1,5 @@
-"""Storage volume XML for a machine's qcow2 overlay on its base image, built with an element tree."""
+"""Storage volume XML for a machine's volumes (the qcow2 overlay on its base image, data disks, uploaded files),
+built with an element tree."""
 
 from __future__ import annotations
 
@@ -15,6 +16,17 @@ def overlay_volume_xml(name: str, capacity_bytes: int, backing_path: str, backin
     backing = ET.SubElement(volume, "backingStore")
     ET.SubElement(backing, "path").text = backing_path
     ET.SubElement(backing, "format", type=backing_format)
+    return ET.tostring(volume, encoding="unicode")
+
+
+def data_volume_xml(name: str, capacity_bytes: int) -> str:
+    """An empty, thin qcow2 volume of `capacity_bytes`: a machine's data disk."""
+    volume = ET.Element("volume", type="file")
+    ET.SubElement(volume, "name").text = name
+    ET.SubElement(volume, "capacity", unit="bytes").text = str(capacity_bytes)
+    ET.SubElement(volume, "allocation", unit="bytes").text = "0"
+    target = ET.SubElement(volume, "target")
+    ET.SubElement(target, "format", type="qcow2")
     return ET.tostring(volume, encoding="unicode")
 
 

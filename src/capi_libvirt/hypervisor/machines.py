@@ -1,4 +1,5 @@
-"""What the provider does to a host for one machine: overlay, NoCloud ISO, domain, addresses, serial log, teardown.
+"""What the provider does to a host for one machine: overlay, data disks, NoCloud ISO or Ignition config, domain,
+addresses, serial log, teardown; and whether the host can run a named CPU model.
 
 Every function takes an open `virConnect` first and is called through `HostConnection.call`, which runs it in the
 thread pool and translates libvirt's errors. Each operation is idempotent: "create" of something present returns it,
@@ -30,6 +31,13 @@ class MachineVolumes:
     overlay: str
     nocloud: str
     serial_log: str
+    ignition: str | None = None  # the Ignition config handed to the guest through fw_cfg
+    data_disks: tuple[str, ...] = ()
+
+    def all_names(self) -> list[str]:
+        """Every volume the machine may have, in the order teardown deletes them."""
+        return [self.overlay, *self.data_disks, self.nocloud, *([self.ignition] if self.ignition else []),
+                self.serial_log]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,20 +127,45 @@ def ensure_overlay(conn: libvirt.virConnect, volumes: MachineVolumes, base_pool:
     return _path(pool.createXML(xml, 0))
 
 
+def ensure_data_disks(conn: libvirt.virConnect, volumes: MachineVolumes, sizes_gib: list[int]) -> list[str]:
+    """The machine's empty qcow2 data disks, one per size, in its pool; an existing one is kept. Returns their paths."""
+    if len(sizes_gib) != len(volumes.data_disks):
+        raise ValueError(f"{len(sizes_gib)} data disk sizes for {len(volumes.data_disks)} volume names")
+    pool = _active_pool(conn, volumes.pool)
+    paths = []
+    for name, size in zip(volumes.data_disks, sizes_gib, strict=True):
+        existing = _volume_or_none(pool, name)
+        volume = existing if existing is not None else pool.createXML(volume_xml.data_volume_xml(name, size * GIB), 0)
+        paths.append(_path(volume))
+    return paths
+
+
 def replace_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes, iso: bytes) -> str:
-    """Upload the NoCloud ISO through libvirt's stream API (works on a remote host too); returns its path.
+    """Upload the NoCloud ISO through libvirt's stream API (works on a remote host too); returns its path."""
+    return upload_volume(conn, volumes.pool, volumes.nocloud, iso)
+
+
+def replace_ignition(conn: libvirt.virConnect, volumes: MachineVolumes, config: bytes) -> str:
+    """Upload the Ignition config (the bootstrap data as it is) the guest reads through fw_cfg; returns its path."""
+    if not volumes.ignition:
+        raise ValueError("no Ignition volume name")
+    return upload_volume(conn, volumes.pool, volumes.ignition, config)
+
+
+def upload_volume(conn: libvirt.virConnect, pool_name: str, name: str, data: bytes) -> str:
+    """`data` as raw volume `name` of the pool, through libvirt's stream API; returns its path.
 
     An earlier upload may have been cut short, so an existing volume is replaced rather than trusted.
     """
-    pool = _active_pool(conn, volumes.pool)
-    existing = _volume_or_none(pool, volumes.nocloud)
+    pool = _active_pool(conn, pool_name)
+    existing = _volume_or_none(pool, name)
     if existing is not None:
         existing.delete(0)
-    volume = pool.createXML(volume_xml.raw_volume_xml(volumes.nocloud, len(iso)), 0)
+    volume = pool.createXML(volume_xml.raw_volume_xml(name, len(data)), 0)
     stream = conn.newStream(0)
     try:
-        volume.upload(stream, 0, len(iso), 0)
-        view = memoryview(iso)
+        volume.upload(stream, 0, len(data), 0)
+        view = memoryview(data)
         offset = 0
         while offset < len(view):
             sent = stream.send(bytes(view[offset:offset + 256 * 1024]))
@@ -218,6 +251,24 @@ def read_serial_log(conn: libvirt.virConnect, pool_name: str, log_name: str, sta
     return LogChunk(data, offset + len(data))
 
 
+@dataclasses.dataclass(frozen=True)
+class CPUModels:
+    """What the host says of a CPU model for a domain type and machine type: usable or not, and the usable ones."""
+
+    known: bool  # listed at all
+    usable: bool
+    usable_models: tuple[str, ...]
+
+
+def cpu_models(conn: libvirt.virConnect, model: str, domain_type: str, machine_type: str) -> CPUModels:
+    """Whether the host can run CPU model `model` for such domains (libvirt's domain capabilities: the custom mode's
+    models, each usable or not on this host and hypervisor)."""
+    caps = ET.fromstring(conn.getDomainCapabilities(None, None, machine_type, domain_type, 0))  # the host's arch
+    listed = {element.text: element.get("usable") for element in caps.findall("cpu/mode[@name='custom']/model")}
+    usable = tuple(sorted(name for name, state in listed.items() if name and state == "yes"))
+    return CPUModels(known=model in listed, usable=listed.get(model) == "yes", usable_models=usable)
+
+
 def domain_info(conn: libvirt.virConnect, uuid: str) -> DomainInfo | None:
     try:
         domain = conn.lookupByUUIDString(uuid)
@@ -301,7 +352,8 @@ def destroy_and_undefine(domain: libvirt.virDomain) -> None:
 
 def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volumes: MachineVolumes,
                    namespace: str | None = None, name: str | None = None) -> list[str]:
-    """Destroy and undefine the domain, delete the overlay, ISO and serial log; absent parts count as done.
+    """Destroy and undefine the domain (its UEFI variable store with it), delete the overlay, data disks, ISO or
+    Ignition config and serial log; absent parts count as done.
 
     The domain is only touched when its `<metadata>` names this machine as its owner: the identity UID and, when given,
     the namespace and name (an identity annotation copied onto another object never reaches this domain). Returns what
@@ -329,7 +381,7 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volume
         raise
     if not pool.isActive():
         pool.create(0)  # an inactive pool would hide our volumes: activate it to delete them
-    for name in (volumes.overlay, volumes.nocloud, volumes.serial_log):
+    for name in volumes.all_names():
         volume = _volume_or_none(pool, name)
         if volume is None and name == volumes.serial_log:
             # Made by QEMU, not as a volume (a machine of an earlier release): the pool sees it after a refresh.

@@ -57,6 +57,8 @@ DELETED_FOR_MOVE = "DeletedForMove"
 REPLACED = "Replaced"
 DOMAIN_HOST_MISMATCH = "DomainHostMismatch"
 IPAM_FORBIDDEN = "IPAddressClaimsForbidden"
+CPU_MODEL_NOT_SUPPORTED = "CPUModelNotSupported"
+BOOTSTRAP_FORMATS = ("cloud-config", "ignition")  # cloud-config on a NoCloud ISO; ignition through fw_cfg
 
 # clusterctl move puts this on every source object just before deleting it: the object goes, its machine does not.
 DELETE_FOR_MOVE_ANNOTATION = "clusterctl.cluster.x-k8s.io/delete-for-move"
@@ -193,15 +195,19 @@ class MachinePass:
         return naming.domain_name(self.namespace, self.name, self.uid)
 
     def volumes(self) -> machines.MachineVolumes:
-        return machine_volumes(self.namespace, self.name, self.uid, self.spec.storage_pool)
+        return machine_volumes(self.namespace, self.name, self.uid, self.spec.storage_pool, len(self.spec.data_disks))
 
 
-def machine_volumes(namespace: str, name: str, uid: str, pool: str) -> machines.MachineVolumes:
+def machine_volumes(namespace: str, name: str, uid: str, pool: str, data_disks: int = 0) -> machines.MachineVolumes:
+    """The names of the machine's volumes: the Ignition config's always (the bootstrap format is the Secret's, not the
+    spec's: teardown looks for both kinds of seed), and `data_disks` data disks."""
     return machines.MachineVolumes(
         pool=pool,
         overlay=naming.overlay_volume_name(namespace, name, uid),
         nocloud=naming.nocloud_volume_name(namespace, name, uid),
         serial_log=naming.serial_log_file_name(namespace, name, uid),
+        ignition=naming.ignition_volume_name(namespace, name, uid),
+        data_disks=tuple(naming.data_disk_volume_name(namespace, name, uid, index) for index in range(data_disks)),
     )
 
 
@@ -268,9 +274,9 @@ async def _fetch_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
         raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, f"bootstrap Secret {secret_name} not found", RECHECK_BOOTSTRAP)
     # Both refusals back off (a bootstrap provider may still rewrite the Secret, which is not watched); the format is
     # quoted cut short (it is not secret, but it is anyone's text), the data never.
-    if p.bootstrap.format != "cloud-config":
+    if p.bootstrap.format not in BOOTSTRAP_FORMATS:
         raise Wait(Reason.BOOTSTRAP_FORMAT_UNSUPPORTED,
-                   f"bootstrap data format {p.bootstrap.format[:64]!r} is not supported; use cloud-config",
+                   f"bootstrap data format {p.bootstrap.format[:64]!r} is not supported; use cloud-config or ignition",
                    RECHECK_PROVISIONED, failure=True)
     if not p.bootstrap.value:
         raise Wait(Reason.BOOTSTRAP_DATA_MISSING, f"bootstrap Secret {secret_name} has no data under 'value'",
@@ -539,6 +545,23 @@ async def check_networks(deps: Dependencies, p: MachinePass) -> None:
         await host.call(machines.check_networks, networks, doing="look up networks")
     except errors.NetworkNotFound as error:
         raise Wait(NETWORK_NOT_FOUND, str(error), failure=True) from None
+    if p.spec.cpu_model is not None:
+        await _check_cpu_model(host, p)
+
+
+async def _check_cpu_model(host: connection.HostConnection, p: MachinePass) -> None:
+    """A named CPU model the host cannot run (unknown to its QEMU, or lacking features here) would fail every start:
+    refused once, naming the model, the host and what it can run, and not retried (the spec is immutable; deleting
+    the machine is what is left to do)."""
+    model = p.spec.cpu_model or ""
+    found = await host.call(machines.cpu_models, model, p.spec.domain_type, p.spec.machine_type,
+                            doing="read domain capabilities")
+    if found.usable:
+        return
+    why = "cannot run it" if found.known else "does not know it"
+    usable = ", ".join(found.usable_models[:12]) + (", ..." if len(found.usable_models) > 12 else "")
+    raise Wait(CPU_MODEL_NOT_SUPPORTED, f"cpuModel {model!r}: host {p.host} {why} for domainType "
+               f"{p.spec.domain_type} (usable there: {usable or 'none'})", None, failure=True)
 
 
 async def record_owner(deps: Dependencies, p: MachinePass) -> None:
@@ -607,8 +630,9 @@ async def resolve_addressing(deps: Dependencies, p: MachinePass) -> None:
 
 
 async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
+    """The root disk (an overlay on the base image) and the data disks, in the machine's pool."""
     if p.domain is not None:
-        return  # the domain exists, so its disk was made before it
+        return  # the domain exists, so its disks were made before it
     host = deps.hosts.get(p.host or "")
     base_pool = p.spec.image.pool or p.spec.storage_pool
     try:
@@ -617,6 +641,9 @@ async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
     except errors.VolumeNotFound:
         raise Wait(Reason.IMAGE_NOT_FOUND, f"base image volume {p.spec.image.volume!r} not found in pool "
                    f"{base_pool!r} on host {p.host}", failure=True) from None
+    if p.spec.data_disks:
+        await host.call(machines.ensure_data_disks, p.volumes(), [disk.size_gib for disk in p.spec.data_disks],
+                        doing="create data disk volumes")
 
 
 async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
@@ -632,19 +659,26 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
                              cluster=(p.cluster or {}).get("metadata", {}).get("name"),
                              management_cluster=deps.management_cluster)
     overlay_path = f"{pool_dir}/{volumes.overlay}"
+    ignition = p.bootstrap is not None and p.bootstrap.format == "ignition"
     try:
         config = domain_xml.from_spec(p.spec, name=p.domain_name, uuid=p.domain_uuid, disk_path=overlay_path,
-                                      iso_path=f"{pool_dir}/{volumes.nocloud}",
-                                      serial_log_path=f"{pool_dir}/{volumes.serial_log}", owner=owner)
+                                      iso_path=None if ignition else f"{pool_dir}/{volumes.nocloud}",
+                                      serial_log_path=f"{pool_dir}/{volumes.serial_log}", owner=owner,
+                                      data_disk_paths=tuple(f"{pool_dir}/{disk}" for disk in volumes.data_disks),
+                                      ignition_path=f"{pool_dir}/{volumes.ignition}" if ignition else None)
     except ValueError as error:  # a spec admission let through that no domain XML can carry: the spec is immutable
         raise Wait(INVALID_SPEC, f"invalid spec: {error}", None, failure=True) from None
-    iso = nocloud.build_nocloud_iso(
-        user_data=(p.bootstrap.value if p.bootstrap else None) or b"",  # (always set and non-empty: fetched above)
-        meta_data=cloud_init.meta_data(p.domain_uuid, naming.hostname(p.name), provider),
-        network_config=cloud_init.network_config(p.spec.interfaces, [nic.mac for nic in config.interfaces],
-                                                 p.addressing),
-    )
-    await host.call(machines.replace_nocloud, volumes, iso, doing="upload NoCloud ISO")
+    user_data = (p.bootstrap.value if p.bootstrap else None) or b""  # (always set and non-empty: fetched above)
+    if ignition:  # the config as it is, for Ignition to read from fw_cfg; no NoCloud seed
+        await host.call(machines.replace_ignition, volumes, user_data, doing="upload Ignition config")
+    else:
+        iso = nocloud.build_nocloud_iso(
+            user_data=user_data,
+            meta_data=cloud_init.meta_data(p.domain_uuid, naming.hostname(p.name), provider),
+            network_config=cloud_init.network_config(p.spec.interfaces, [nic.mac for nic in config.interfaces],
+                                                     p.addressing),
+        )
+        await host.call(machines.replace_nocloud, volumes, iso, doing="upload NoCloud ISO")
     if p.spec.serial_log:
         await host.call(machines.ensure_serial_log, volumes, doing="create serial log")
     if domain_record(p.body) != p.host:  # written ahead: from here on a domain may exist there (core.outage)
@@ -828,8 +862,9 @@ async def _event(deps: Dependencies, body: dict[str, Any], kind: str, reason: st
 # -- deletion -----------------------------------------------------------------------------------------------------
 
 async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
-    """Remove the domain, overlay, ISO and serial log from the machine's host, then release the finalizer; returns
-    seconds until the next try while that is impossible (an unreachable host, a paused cluster), else None.
+    """Remove the domain (with its UEFI variable store), overlay, data disks, ISO or Ignition config and serial log from
+    the machine's host, then release the finalizer; returns seconds until the next try while that is impossible (an
+    unreachable host, a paused cluster), else None.
 
     While the cluster or the machine is paused (clusterctl move), nothing is touched and the finalizer stays.
     """
@@ -909,14 +944,14 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
         return  # the host is recorded before anything is created: no host, nothing was made
     try:
         spec = v1alpha1.LibvirtMachineSpec.model_validate(body.get("spec") or {})
-        pool = spec.storage_pool
-    except pydantic.ValidationError:
-        pool = (body.get("spec") or {}).get("storagePool", "default")
+        pool, data_disks = spec.storage_pool, len(spec.data_disks)
+    except pydantic.ValidationError:  # look for as many data disks as any spec may have
+        pool, data_disks = (body.get("spec") or {}).get("storagePool", "default"), v1alpha1.MAX_DATA_DISKS
     removed: list[str] = []
     try:
         # Hosts the machine moved away from first (a re-placement: volumes, never a domain), then its own.
         for former in [host for host in former_hosts(body) if host != host_name]:
-            volumes = machine_volumes(namespace, name, uid, pool)
+            volumes = machine_volumes(namespace, name, uid, pool, data_disks)
             if former not in deps.inventory.hosts:  # its LibvirtHost is gone: nobody to ask
                 await _event(deps, body, "Warning", placement.HOST_DECOMMISSIONED,
                              outage.what_may_remain(former, None, volume_names(volumes)))
@@ -925,7 +960,8 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
                                                   namespace, name, doing="delete machine")
         current = host_name or provider_id.parse_provider_id(recorded).host
         domain = naming.domain_name(namespace, name, uid) if outage.may_have_domain(domain_record(body)) else None
-        if await _released_from_decommissioned(deps, body, current, domain, machine_volumes(namespace, name, uid, pool)):
+        volumes = machine_volumes(namespace, name, uid, pool, data_disks)
+        if await _released_from_decommissioned(deps, body, current, domain, volumes):
             return
         if host_name is None:
             # A providerID that names no domain of this identity (a copy moved without the identity annotation):
@@ -935,7 +971,7 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
                 log.info("%s/%s: no domain of this machine at %s; nothing to delete", namespace, name, recorded)
                 return
             host_name, uid = provider_id.parse_provider_id(recorded).host, identity
-        volumes = machine_volumes(namespace, name, uid, pool)
+        volumes = machine_volumes(namespace, name, uid, pool, data_disks)
         host = deps.hosts.get(host_name)
         removed = await host.call(machines.delete_machine, naming.domain_uuid(uid), uid, volumes, namespace, name,
                                   doing="delete machine")
@@ -956,7 +992,7 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
 
 
 def volume_names(volumes: machines.MachineVolumes) -> list[str]:
-    return [volumes.overlay, volumes.nocloud, volumes.serial_log]
+    return volumes.all_names()
 
 
 async def _released_from_decommissioned(deps: Dependencies, body: dict[str, Any], host: str, domain: str | None,

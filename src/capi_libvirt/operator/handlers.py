@@ -274,6 +274,7 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
             task.cancel()
         # Let a probe in flight end before its connection closes under it.
         await asyncio.gather(*tasks, return_exceptions=True)
+        await runtime.deps.images.close()  # image imports: their waits end; an unfinished import is never marked
         if runtime.metrics is not None:
             metrics.detach(runtime.metrics)
         await asyncio.get_running_loop().run_in_executor(None, runtime.deps.hosts.close)  # libvirt close blocks

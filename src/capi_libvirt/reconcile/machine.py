@@ -42,6 +42,7 @@ from capi_libvirt.core import (
 from capi_libvirt.core.conditions import Reason
 from capi_libvirt.hypervisor import connection, errors, host_domains, machines
 from capi_libvirt.kube import api
+from capi_libvirt.reconcile import images as images_
 from capi_libvirt.reconcile import inventory as inventory_
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,7 @@ class Dependencies:
     management_cluster: str | None = None
     orphan_grace_s: float | None = ORPHAN_GRACE_S
     moved_away: set[str] = dataclasses.field(default_factory=set)  # identities deleted here by clusterctl move
+    images: images_.ImageImports = dataclasses.field(default_factory=images_.ImageImports)  # imports from a URL
 
     def creation_slot(self, host: str) -> asyncio.Semaphore:
         """Held while a machine's overlay, ISO and domain are made on `host`."""
@@ -170,6 +172,8 @@ class MachinePass:
     domain: machines.DomainInfo | None = None
     # Interface index -> its addresses, known before the guest boots (its `static`, or an IP pool's allocation).
     addressing: dict[int, v1alpha1.StaticAddressing] = dataclasses.field(default_factory=dict)
+    # The base image volume in the image pool: spec.image.volume, or the imported image of spec.image.url.
+    image_volume: str | None = None
 
     @property
     def namespace(self) -> str:
@@ -629,17 +633,37 @@ async def resolve_addressing(deps: Dependencies, p: MachinePass) -> None:
     p.addressing = addressing
 
 
+async def ensure_image(deps: Dependencies, p: MachinePass) -> None:
+    """The base image in the host's pool: a volume the admin put there, or the image of spec.image.url, imported once
+    per host, pool and sha256 (reconcile.images) while the machine waits with ImageImporting."""
+    if p.domain is not None:
+        return  # the domain exists, so its disk (and the image under it) was made before it
+    image = p.spec.image
+    if image.url is None:
+        p.image_volume = image.volume
+        return
+    known = deps.inventory.hosts.get(p.host or "")
+    prefixes = known.spec.access.image_url_prefixes if known is not None else []
+    try:
+        found = await deps.images.ensure(deps.hosts.get(p.host or ""), image.pool or p.spec.storage_pool, image,
+                                         prefixes, deps.wake_host)
+    except images_.NotReady as not_ready:
+        raise Wait(not_ready.reason, not_ready.message, not_ready.retry_after, failure=not_ready.failure) from None
+    p.image_volume = found.name
+
+
 async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
     """The root disk (an overlay on the base image) and the data disks, in the machine's pool."""
     if p.domain is not None:
         return  # the domain exists, so its disks were made before it
     host = deps.hosts.get(p.host or "")
     base_pool = p.spec.image.pool or p.spec.storage_pool
+    base_volume = p.image_volume or p.spec.image.volume or ""
     try:
-        await host.call(machines.ensure_overlay, p.volumes(), base_pool, p.spec.image.volume, p.spec.disk_gib,
+        await host.call(machines.ensure_overlay, p.volumes(), base_pool, base_volume, p.spec.disk_gib,
                         doing="create overlay volume")
     except errors.VolumeNotFound:
-        raise Wait(Reason.IMAGE_NOT_FOUND, f"base image volume {p.spec.image.volume!r} not found in pool "
+        raise Wait(Reason.IMAGE_NOT_FOUND, f"base image volume {base_volume!r} not found in pool "
                    f"{base_pool!r} on host {p.host}", failure=True) from None
     if p.spec.data_disks:
         await host.call(machines.ensure_data_disks, p.volumes(), [disk.size_gib for disk in p.spec.data_disks],
@@ -753,7 +777,7 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
           read_bootstrap_data, choose_host, clean_former_hosts, check_networks, record_owner, resolve_addressing,
-          ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses, patch_workload_node)
+          ensure_image, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses, patch_workload_node)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
 

@@ -425,6 +425,16 @@ def nat_network_xml(name: str, subnet: ipaddress.IPv4Network, bridge: str = "vir
     return ET.tostring(network, encoding="unicode")
 
 
+def isolated_network_xml(name: str, subnet: ipaddress.IPv4Network, bridge: str) -> str:
+    """An isolated network WITHOUT DHCP: the bridge takes the subnet's first address, guests only have the addresses
+    they are given (static addressing, an IP pool's). No forwarding, no NAT."""
+    network = ET.Element("network")
+    ET.SubElement(network, "name").text = name
+    ET.SubElement(network, "bridge", name=bridge, stp="on", delay="0")
+    ET.SubElement(network, "ip", address=str(next(subnet.hosts())), netmask=str(subnet.netmask))
+    return ET.tostring(network, encoding="unicode")
+
+
 def define_dir_pool(conn: libvirt.virConnect, name: str, path: pathlib.Path) -> libvirt.virStoragePool:
     pool = conn.storagePoolDefineXML(dir_pool_xml(name, path), 0)
     pool.build(0)

@@ -165,6 +165,27 @@ def kernel_boot(valid: bool) -> st.SearchStrategy[dict[str, object]]:
                                  optional={"initrd": kernel_path(valid), "cmdline": cmdline})
 
 
+def image_url(valid: bool) -> st.SearchStrategy[object]:
+    """An image URL: http(s), a host, a path; hostile: other schemes, user info, fragments, spaces, control and
+    non-ASCII characters, no path, too long."""
+    host = st.sampled_from(["images.example.com", "127.0.0.1:8080", "[2001:db8::1]"])
+    path = st.lists(st.sampled_from(["a", "b.qcow2", "..", "%2e", "x?y=1", "\u00e9", "~"]), max_size=4).map("/".join)
+    good = st.builds(lambda scheme, h, p: f"{scheme}://{h}/{p}", st.sampled_from(["http", "https"]), host, path)
+    if valid:
+        return good
+    bad = st.one_of(good.map(lambda u: u + "#f"), good.map(lambda u: u.replace("://", "://u@", 1)),
+                    st.builds(lambda u, t: u + t, good, hostile_text(20)), st.just("ftp://h/x"), st.just("https://h"),
+                    st.just("https://h/" + "p" * 2048), hostile_text(40), WRONG_TYPES)
+    return st.one_of(good, bad)
+
+
+def sha256(valid: bool) -> st.SearchStrategy[object]:
+    good = st.text("0123456789abcdef", min_size=64, max_size=64)
+    if valid:
+        return good
+    return st.one_of(good, st.text("0123456789abcdefABCDEF", min_size=63, max_size=65), hostile_text(70), WRONG_TYPES)
+
+
 # Each field of a LibvirtMachine spec: (a valid value, a hostile one).
 MACHINE_FIELDS: dict[str, tuple[st.SearchStrategy[object], st.SearchStrategy[object]]] = {
     "providerID": (st.just("libvirt://kvm1/5d64ece4-dc73-59e8-9624-de2ce4c5a35e") | st.just("p" * 512),
@@ -186,8 +207,12 @@ MACHINE_FIELDS: dict[str, tuple[st.SearchStrategy[object], st.SearchStrategy[obj
     "guestAgent": (st.booleans(), WRONG_TYPES),
     "serialLog": (st.booleans(), WRONG_TYPES),
     "kernelBoot": (kernel_boot(True), st.one_of(kernel_boot(False), WRONG_TYPES)),
-    "image": (st.fixed_dictionaries({"volume": libvirt_name(254)}, optional={"pool": libvirt_name(254)}),
+    "image": (st.one_of(st.fixed_dictionaries({"volume": libvirt_name(254)}, optional={"pool": libvirt_name(254)}),
+                        st.fixed_dictionaries({"url": image_url(True), "sha256": sha256(True)},
+                                              optional={"pool": libvirt_name(254)})),
               st.one_of(st.fixed_dictionaries({"volume": field(libvirt_name())}, optional={"pool": field(libvirt_name())}),
+                        st.fixed_dictionaries({}, optional={"volume": field(libvirt_name()), "url": image_url(False),
+                                                            "sha256": sha256(False)}),
                         WRONG_TYPES)),
     "firmware": (st.sampled_from(["bios", "uefi"]), st.one_of(st.sampled_from(["efi", "UEFI", "seabios"]),
                                                                 hostile_text(), WRONG_TYPES)),
@@ -246,6 +271,9 @@ def host_spec() -> st.SearchStrategy[dict[str, object]]:
             **{key: st.one_of(st.lists(field(st.sampled_from(["team-*", "*", "default", "a" * 253, "[!x]?"])),
                                        max_size=4), WRONG_TYPES)
                for key in ("namespaces", "storagePools", "networks", "bridges", "images")},
+            "imageURLPrefixes": st.one_of(st.lists(field(st.sampled_from([
+                "https://images.example.com/capi/", "http://127.0.0.1:8080/", "https://h", "https://u@h/", "ftp://h/",
+                "https://h/x?y", "https://h/ a", "https://h/\u00e9/"])), max_size=17), WRONG_TYPES),
             "hostPaths": st.one_of(st.lists(field(st.sampled_from(["/var/lib/kernels/", "/", "/boot", "//x/",
                                                                    "/" + "k" * 4094 + "/"])), max_size=17),
                                    WRONG_TYPES)}),

@@ -58,13 +58,48 @@ IPAddress = Annotated[str, pydantic.Field(pattern=IP, max_length=64,
                       pydantic.AfterValidator(_is_ip)]
 
 
-class ImageSource(meta.Model):
-    """The base image every machine's disk is a copy-on-write overlay of."""
+# An image URL: http or https, a host without user info, a path; no fragment, space or control characters (written out:
+# `\s` means ASCII whitespace to the API server's RE2 but Unicode whitespace to pydantic's regex).
+IMAGE_URL = r"^https?://[^/?#@ \x00-\x1f\x7f]+/[^# \x00-\x1f\x7f]*$"
+# What LibvirtHost spec.access.imageURLPrefixes lists: scheme, host and the start of a path (at least its first /),
+# so a prefix can never be extended into another host name.
+IMAGE_URL_PREFIX = r"^https?://[^/?#@ \x00-\x1f\x7f]+/[^?# \x00-\x1f\x7f]*$"
+SHA256 = r"^[0-9a-f]{64}$"
+IMAGE_SOURCE_ONE = "set exactly one of volume or url"
+IMAGE_URL_NEEDS_SHA256 = "url needs sha256 (and sha256 is only for url)"
 
-    volume: str = pydantic.Field(min_length=1, max_length=255, pattern=LIBVIRT_NAME)
+
+class ImageSource(meta.Model):
+    """The base image every machine's disk is a copy-on-write overlay of: a volume an admin put into the pool, or an
+    image the provider imports into the pool from a URL once per host, checked against its sha256."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "has(self.volume) != has(self.url)", "message": IMAGE_SOURCE_ONE},
+                {"rule": "has(self.url) == has(self.sha256)", "message": IMAGE_URL_NEEDS_SHA256},
+            ]
+        }
+    )
+
+    volume: str | None = pydantic.Field(default=None, min_length=1, max_length=255, pattern=LIBVIRT_NAME)
     """Name of the base image volume in the storage pool (a qcow2 or raw image with cloud-init)."""
+    url: str | None = pydantic.Field(default=None, min_length=10, max_length=2048, pattern=IMAGE_URL)
+    """http(s) URL of a qcow2 or raw image, imported into the pool once per host (streamed, never whole in memory)
+    and shared by every machine using it. The host must list a prefix of it in spec.access.imageURLPrefixes."""
+    sha256: str | None = pydantic.Field(default=None, min_length=64, max_length=64, pattern=SHA256)
+    """sha256 of the image at `url` (64 lowercase hex digits): the image is used only once its bytes match it, and
+    its volume is named after it, so one checksum is one image on a host, imported once."""
     pool: str | None = pydantic.Field(default=None, min_length=1, max_length=255, pattern=LIBVIRT_NAME)
-    """Storage pool holding the base image; defaults to the machine's storage pool."""
+    """Storage pool holding (or receiving) the base image; defaults to the machine's storage pool."""
+
+    @pydantic.model_validator(mode="after")
+    def _one_source(self) -> ImageSource:
+        if (self.volume is None) == (self.url is None):
+            raise ValueError(IMAGE_SOURCE_ONE)
+        if (self.url is None) != (self.sha256 is None):
+            raise ValueError(IMAGE_URL_NEEDS_SHA256)
+        return self
 
 
 class StaticAddressing(meta.Model):
@@ -78,13 +113,31 @@ class StaticAddressing(meta.Model):
     """DNS servers."""
 
 
+# Cluster API's IPPoolReference (ipam.cluster.x-k8s.io/v1beta2 IPAddressClaim spec.poolRef): its bounds and patterns.
+POOL_API_GROUP = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+POOL_KIND = r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$"
+STATIC_OR_POOLS = "set at most one of static or addressesFromPools"
+
+
+class IPPoolReference(meta.Model):
+    """An IP address pool of a Cluster API IPAM provider, in the machine's namespace (an IPAddressClaim's poolRef)."""
+
+    api_group: str = pydantic.Field(min_length=1, max_length=253, pattern=POOL_API_GROUP)
+    """API group of the pool (ipam.cluster.x-k8s.io for the in-cluster provider's InClusterIPPool)."""
+    kind: str = pydantic.Field(min_length=1, max_length=63, pattern=POOL_KIND)
+    """Kind of the pool (InClusterIPPool, ...)."""
+    name: str = pydantic.Field(min_length=1, max_length=253, pattern=meta.DNS_SUBDOMAIN)
+    """Name of the pool."""
+
+
 class NetworkInterface(meta.Model):
     """One network interface of the machine: on a libvirt network or on a host bridge, never both."""
 
     model_config = pydantic.ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "has(self.network) != has(self.bridge)", "message": "set exactly one of network or bridge"}
+                {"rule": "has(self.network) != has(self.bridge)", "message": "set exactly one of network or bridge"},
+                {"rule": "!has(self.static) || !has(self.addressesFromPools)", "message": STATIC_OR_POOLS},
             ]
         }
     )
@@ -98,12 +151,18 @@ class NetworkInterface(meta.Model):
     mac_address: str | None = pydantic.Field(default=None, max_length=17, pattern=MAC)  # bounded: CEL's cost estimate
     """Fixed MAC address; derived from the machine's identity when unset."""
     static: StaticAddressing | None = None
-    """Static addressing; DHCP when unset."""
+    """Static addressing; DHCP when unset (and no addressesFromPools)."""
+    addresses_from_pools: list[IPPoolReference] | None = pydantic.Field(default=None, min_length=1, max_length=2)
+    """IP pools of a Cluster API IPAM provider (for example one IPv4 and one IPv6 pool): the provider claims an
+    address from each (an IPAddressClaim) and writes it, with the pool's prefix and gateway, into the network-config
+    before the guest boots. Not together with static."""
 
     @pydantic.model_validator(mode="after")
     def _exactly_one_attachment(self) -> NetworkInterface:
         if (self.network is None) == (self.bridge is None):
             raise ValueError("set exactly one of network or bridge")
+        if self.static is not None and self.addresses_from_pools is not None:
+            raise ValueError(STATIC_OR_POOLS)
         return self
 
 
@@ -390,6 +449,12 @@ class HostAccess(meta.Model):
     host_paths: list[Annotated[str, pydantic.Field(min_length=2, max_length=4096, pattern=HOST_PATH_PREFIX)]] = \
         pydantic.Field(default=[], max_length=16)
     """Folders (absolute, ending in /) whose files may be a kernelBoot kernel or initrd; none by default."""
+    image_url_prefixes: list[Annotated[str, pydantic.Field(min_length=9, max_length=2048, pattern=IMAGE_URL_PREFIX)]] \
+        = pydantic.Field(default=[], max_length=16, alias="imageURLPrefixes")
+    """URL prefixes (`https://images.example.com/capi/`: scheme, host and a path, best ending in /) machines may
+    import base images from (image.url); none by default, so tenants cannot make the operator fetch arbitrary URLs
+    onto the host. A redirect must stay under a listed prefix too. Compared as written: URLs with `.` or `..` path
+    segments (also percent-encoded) or backslashes are never under a prefix."""
 
 
 class LibvirtHostSpec(meta.Model):
@@ -403,7 +468,7 @@ class LibvirtHostSpec(meta.Model):
     """Secret with the transport's credentials: for qemu+ssh `ssh-privatekey` and `known_hosts`; for qemu+tls
     `ca.crt`, `tls.crt` and `tls.key`. Written to private files only while connecting, then removed."""
     access: HostAccess = HostAccess()
-    """Which namespaces may use the host, and which of its pools, networks, bridges, images and files."""
+    """Which namespaces may use the host, and which of its pools, networks, bridges, images, image URLs and files."""
     failure_domain: str | None = pydantic.Field(default=None, min_length=1, max_length=256)
     """Failure domain of the host (a rack, a room); machines of one group are spread over failure domains."""
     control_plane: bool = True

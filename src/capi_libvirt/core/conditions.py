@@ -36,6 +36,11 @@ class Reason:
     PAUSED = "Paused"
     HOST_UNREACHABLE = "HostUnreachable"
     IMAGE_NOT_FOUND = "ImageNotFound"
+    IMAGE_IMPORTING = "ImageImporting"  # spec.image.url: the host's pool gets the image (once per host and sha256)
+    IMAGE_DOWNLOAD_FAILED = "ImageDownloadFailed"
+    IMAGE_CHECKSUM_MISMATCH = "ImageChecksumMismatch"
+    IMAGE_REFUSED = "ImageRefused"  # a qcow2 naming a backing or external data file: a host path behind the image
+    INSUFFICIENT_STORAGE = "InsufficientStorage"
     POOL_NOT_FOUND = "PoolNotFound"
     BOOTSTRAP_FORMAT_UNSUPPORTED = "BootstrapFormatUnsupported"
     BOOTSTRAP_DATA_MISSING = "BootstrapDataMissing"  # the Secret exists, but without data under `value`

@@ -22,7 +22,8 @@ Volumes are removed only with their orphan domain, and only those that are prova
 derives from the owner (overlay, data disks, NoCloud ISO, Ignition config, serial log), at a path the orphan domain
 itself uses (a disk, the serial log, a fw_cfg file), that no other domain on the host uses. A volume that merely looks like ours (our naming scheme without a domain to prove it, a
 suffix added, another domain's disk) has no such proof and stays; `stray_volumes` reports scheme-shaped volumes no
-domain accounts for, never for removal.
+domain accounts for, never for removal. Imported base images (core.images: `capi-image-sha256-<hex>` and its
+`.verified` marker) are shared by machines and are never a stray, nor an orphan's volume.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from capi_libvirt.api import meta, v1alpha1
-from capi_libvirt.core import naming, provider_id
+from capi_libvirt.core import images, naming, provider_id
 from capi_libvirt.core.domain_xml import Owner
 
 LIST_MAX = 10  # names in LibvirtHost status and in an event message
@@ -175,7 +176,8 @@ def removable_paths(orphan: HostDomain, others: Iterable[HostDomain]) -> frozens
 def stray_volumes(volume_names: Iterable[str], domains: Iterable[HostDomain]) -> list[str]:
     """Volumes named in our scheme that no domain on the host uses: reported, never removed (no proof whose)."""
     used = {posixpath.basename(path) for domain in domains for path in domain.paths}
-    return sorted(name for name in volume_names if _SCHEME.match(name) and name not in used)
+    return sorted(name for name in volume_names
+                  if _SCHEME.match(name) and not images.is_image_volume(name) and name not in used)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ Whoever may create a LibvirtMachine in a namespace is a tenant, not the hypervis
 LibvirtHost (spec.access) what tenants may use; anything else is refused before the host is touched. The defaults
 keep a single-tenant first day working (every namespace; the host's storage pool; the `default` NAT network) while
 nothing that reaches beyond the host's provider-managed resources is allowed unless listed: no bridge, no base image,
-no host file as kernel or initrd. The provider's own machine volumes (another machine's disk, its NoCloud ISO with its
+no image URL, no host file as kernel or initrd. The provider's own machine volumes (another machine's disk, its NoCloud ISO with its
 bootstrap data, its serial log) are never a base image, whatever the lists say.
 """
 
@@ -17,7 +17,7 @@ import posixpath
 from collections.abc import Sequence
 
 from capi_libvirt.api import v1alpha1
-from capi_libvirt.core import naming
+from capi_libvirt.core import images, naming
 
 TENANT_NOT_ALLOWED = "TenantNotAllowed"
 
@@ -78,12 +78,9 @@ def refusal(host: str, access: v1alpha1.HostAccess, host_pool: str, namespace: s
         if not matches(pool, pools):
             return Refusal(host, "storagePools", f"{what} {pool!r} is not allowed on host {host} "
                                                  f"(allowed: {_listed(pools)}; LibvirtHost spec.access.storagePools)")
-    if is_machine_volume(spec.image.volume):
-        return Refusal(host, "images", f"image.volume {spec.image.volume!r} is a machine's own volume, never a base "
-                                       "image")
-    if not matches(spec.image.volume, access.images):
-        return Refusal(host, "images", f"image.volume {spec.image.volume!r} is not allowed on host {host} "
-                                       f"(allowed: {_listed(access.images)}; LibvirtHost spec.access.images)")
+    denied = image_refusal(host, access, spec.image)
+    if denied is not None:
+        return denied
     for index, nic in enumerate(spec.interfaces):
         if nic.network is not None and not matches(nic.network, access.networks):
             return Refusal(host, "networks", f"interfaces[{index}].network {nic.network!r} is not allowed on host "
@@ -102,10 +99,32 @@ def refusal(host: str, access: v1alpha1.HostAccess, host_pool: str, namespace: s
     return None
 
 
+def image_refusal(host: str, access: v1alpha1.HostAccess, image: v1alpha1.ImageSource) -> Refusal | None:
+    """A volume must be on the host's image list (and never a machine's own volume, nor an imported image, which is
+    named by its URL and sha256 instead); a URL must start with one of the host's image URL prefixes."""
+    if image.url is not None:
+        if not images.url_allowed(image.url, access.image_url_prefixes):
+            return Refusal(host, "imageURLPrefixes", f"image.url {image.url!r} is not under a prefix host {host} "
+                                                     f"allows (allowed: {_listed(access.image_url_prefixes)}; "
+                                                     "LibvirtHost spec.access.imageURLPrefixes)")
+        return None
+    volume = image.volume or ""
+    if is_machine_volume(volume):
+        return Refusal(host, "images", f"image.volume {volume!r} is a machine's own volume, never a base image")
+    if images.is_image_volume(volume):
+        return Refusal(host, "images", f"image.volume {volume!r} is an imported image: name it by image.url and "
+                                       "image.sha256")
+    if not matches(volume, access.images):
+        return Refusal(host, "images", f"image.volume {volume!r} is not allowed on host {host} "
+                                       f"(allowed: {_listed(access.images)}; LibvirtHost spec.access.images)")
+    return None
+
+
 def _listed(items: Sequence[str]) -> str:
     return ", ".join(items) if items else "none"
 
 
 # For hosts given on the operator's command line (--host, development only): the operator's own admin named them.
 UNRESTRICTED = v1alpha1.HostAccess.model_construct(
-    namespaces=None, storage_pools=["*"], networks=["*"], bridges=["*"], images=["*"], host_paths=["/"])
+    namespaces=None, storage_pools=["*"], networks=["*"], bridges=["*"], images=["*"], host_paths=["/"],
+    image_url_prefixes=["http://", "https://"])

@@ -1,5 +1,5 @@
-"""Storage volume XML for a machine's volumes (the qcow2 overlay on its base image, data disks, uploaded files),
-built with an element tree."""
+"""Storage volume XML for a machine's volumes (the qcow2 overlay on its base image, data disks, uploaded files) and an
+imported image's container, built with an element tree."""
 
 from __future__ import annotations
 
@@ -38,6 +38,17 @@ def raw_volume_xml(name: str, capacity_bytes: int) -> str:
     ET.SubElement(volume, "allocation", unit="bytes").text = "0"
     target = ET.SubElement(volume, "target")
     ET.SubElement(target, "format", type="raw")
+    return ET.tostring(volume, encoding="unicode")
+
+
+def qcow2_volume_xml(name: str, capacity_bytes: int) -> str:
+    """An empty qcow2 volume of `capacity_bytes` (virtual size), the container an imported qcow2 image is streamed
+    into (the upload replaces its contents from the first byte)."""
+    volume = ET.Element("volume", type="file")
+    ET.SubElement(volume, "name").text = name
+    ET.SubElement(volume, "capacity", unit="bytes").text = str(capacity_bytes)
+    target = ET.SubElement(volume, "target")
+    ET.SubElement(target, "format", type="qcow2")
     return ET.tostring(volume, encoding="unicode")
 
 

@@ -64,16 +64,21 @@ class HostConnection:
         self.uri = uri
         self.credentials = credentials
         self._executor = concurrent.futures.ThreadPoolExecutor(THREADS_PER_HOST, thread_name_prefix=f"libvirt-{host}")
+        # Long transfers (image imports: minutes of streaming) get a thread and a connection of their own, so they never
+        # hold the pool's threads that machine operations need; imports on one host run one after the other.
+        self._transfers = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"libvirt-{host}-transfer")
         self._local = threading.local()  # .conn: the calling pool thread's connection
         self._lock = threading.Lock()  # guards _open and the counters
         self._open: set[libvirt.virConnect] = set()
         self.opened = 0  # connections opened: at most THREADS_PER_HOST in a healthy life
         self.calls = 0  # operations run on the host (each one or a few libvirt API calls), for the README's numbers
 
-    async def call(self, fn: Callable[..., T], *args: object, doing: str = "") -> T:
+    async def call(self, fn: Callable[..., T], *args: object, doing: str = "", transfer: bool = False) -> T:
+        """`fn(conn, *args)` in the host's pool (`transfer`: in its transfer thread, for long streams)."""
         self.calls += 1
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(self._call_sync, fn, args, doing))
+        executor = self._transfers if transfer else self._executor
+        return await loop.run_in_executor(executor, functools.partial(self._call_sync, fn, args, doing))
 
     def _call_sync(self, fn: Callable[..., T], args: tuple[object, ...], doing: str) -> T:
         conn = self._live_connection()
@@ -135,6 +140,7 @@ class HostConnection:
     def close(self) -> None:
         """Blocking: call it from a thread (the operator's cleanup does), once no call runs any more."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._transfers.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             connections, self._open = list(self._open), set()
         for conn in connections:

@@ -490,3 +490,7 @@ def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str
         available_memory_mib=_available_memory_mib(conn), foreign_vms=usage.foreign_vms,
         foreign_cpus=usage.foreign_cpus, foreign_memory_mib=usage.foreign_memory_mib,
         foreign_shut_off=usage.foreign_shut_off)
+
+
+# For the image import (hypervisor.images), which works in the same pools.
+active_pool, volume_or_none, refreshed_pool = _active_pool, _volume_or_none, _refreshed_pool

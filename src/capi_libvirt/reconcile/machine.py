@@ -31,6 +31,7 @@ from capi_libvirt.core import (
     cloud_init,
     conditions,
     domain_xml,
+    ipam,
     machine_addresses,
     naming,
     nocloud,
@@ -42,6 +43,7 @@ from capi_libvirt.core import (
 from capi_libvirt.core.conditions import Reason
 from capi_libvirt.hypervisor import connection, errors, host_domains, machines
 from capi_libvirt.kube import api
+from capi_libvirt.reconcile import images as images_
 from capi_libvirt.reconcile import inventory as inventory_
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,7 @@ SECRETS_FORBIDDEN = "SecretsForbidden"
 DELETED_FOR_MOVE = "DeletedForMove"
 REPLACED = "Replaced"
 DOMAIN_HOST_MISMATCH = "DomainHostMismatch"
+IPAM_FORBIDDEN = "IPAddressClaimsForbidden"
 CPU_MODEL_NOT_SUPPORTED = "CPUModelNotSupported"
 BOOTSTRAP_FORMATS = ("cloud-config", "ignition")  # cloud-config on a NoCloud ISO; ignition through fw_cfg
 
@@ -77,6 +80,7 @@ RECHECK_WAITING = 30.0
 RECHECK_BOOTSTRAP = 10.0  # a missing bootstrap Secret: the Machine watch usually wakes us first
 RECHECK_ADDRESS = 2.0  # no libvirt event says a lease was given: look again soon (one cheap call)
 RECHECK_PROVISIONED = 60.0
+RECHECK_IPAM = 3.0  # an IPAM provider answers a claim in about a second; claim events wake the machine sooner
 BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
 ORPHAN_GRACE_S = 3600.0  # default: an orphan is removed an hour after it was first seen (operator config)
 
@@ -135,6 +139,7 @@ class Dependencies:
     management_cluster: str | None = None
     orphan_grace_s: float | None = ORPHAN_GRACE_S
     moved_away: set[str] = dataclasses.field(default_factory=set)  # identities deleted here by clusterctl move
+    images: images_.ImageImports = dataclasses.field(default_factory=images_.ImageImports)  # imports from a URL
 
     def creation_slot(self, host: str) -> asyncio.Semaphore:
         """Held while a machine's overlay, ISO and domain are made on `host`."""
@@ -172,6 +177,8 @@ class MachinePass:
     domain: machines.DomainInfo | None = None
     # Interface index -> its addresses, known before the guest boots (its `static`, or an IP pool's allocation).
     addressing: dict[int, v1alpha1.StaticAddressing] = dataclasses.field(default_factory=dict)
+    # The base image volume in the image pool: spec.image.volume, or the imported image of spec.image.url.
+    image_volume: str | None = None
 
     @property
     def namespace(self) -> str:
@@ -586,8 +593,68 @@ async def record_owner(deps: Dependencies, p: MachinePass) -> None:
 
 
 async def resolve_addressing(deps: Dependencies, p: MachinePass) -> None:
-    """The addresses each interface has before the guest boots: its `static` addressing."""
-    p.addressing = {index: nic.static for index, nic in enumerate(p.spec.interfaces) if nic.static is not None}
+    """The addresses each interface has before the guest boots: its `static` addressing, or what its IP pools
+    allocated. For each pool of `addressesFromPools` the machine owns an IPAddressClaim (core.ipam), made here when
+    missing; the pass waits (WaitingForIPAddress, naming the claim and the pool, and the claim's Ready=False reason,
+    such as PoolExhausted) until every claim names an IPAddress. Runs every pass, also once the domain exists: its
+    result is what status.addresses publishes up front."""
+    addressing = {index: nic.static for index, nic in enumerate(p.spec.interfaces) if nic.static is not None}
+    allocated: dict[int, list[dict[str, Any]]] = {}
+    waiting: str | None = None
+    cluster = (p.cluster or {}).get("metadata", {}).get("name") or \
+        p.body["metadata"].get("labels", {}).get(meta.CLUSTER_NAME_LABEL, "")
+    for ref in ipam.claims(p.name, p.spec.interfaces):
+        claim = await deps.kube.get_ip_address_claim(p.namespace, ref.name)
+        if claim is None:
+            try:
+                claim = await deps.kube.create_ip_address_claim(ipam.claim_body(p.body, ref, cluster))
+            except api.Forbidden as error:
+                raise Wait(IPAM_FORBIDDEN, f"{error}: the provider's ClusterRole must allow ipaddressclaims",
+                           failure=True) from None
+            await _event(deps, p.body, "Normal", "IPAddressClaimCreated", f"created IPAddressClaim {ref.name} for "
+                         f"interface {ref.interface} from {ref.pool_ref.kind} {ref.pool_ref.name}")
+        if not any(owner.get("uid") == p.body["metadata"]["uid"]
+                   for owner in claim["metadata"].get("ownerReferences") or []):
+            # A claim of that name another object owns (a deleted machine of the same name, its claim not gone yet).
+            waiting = waiting or f"IPAddressClaim {ref.name} exists but is not this machine's; waiting for it to go"
+            continue
+        name = ipam.address_name(claim)
+        address = await deps.kube.get_ip_address(p.namespace, name) if name else None
+        if address is None:
+            waiting = waiting or ipam.waiting_message(ref, claim)
+            continue
+        if ((address.get("spec") or {}).get("claimRef") or {}).get("name") != ref.name:
+            raise Wait(ipam.INVALID_IP_ADDRESS, f"IPAddress {name} named by IPAddressClaim {ref.name} was not made "
+                       "for that claim (spec.claimRef)", failure=True)
+        allocated.setdefault(ref.interface, []).append(address)
+    if waiting is not None:
+        raise Wait(ipam.WAITING_FOR_IP_ADDRESS, waiting, RECHECK_IPAM)
+    for index, addresses in allocated.items():
+        try:
+            addressing[index] = ipam.addressing(addresses)
+        except ValueError as error:
+            raise Wait(ipam.INVALID_IP_ADDRESS, f"the IPAddresses of interface {index} are not usable: {error}"[:512],
+                       failure=True) from None
+    p.addressing = addressing
+
+
+async def ensure_image(deps: Dependencies, p: MachinePass) -> None:
+    """The base image in the host's pool: a volume the admin put there, or the image of spec.image.url, imported once
+    per host, pool and sha256 (reconcile.images) while the machine waits with ImageImporting."""
+    if p.domain is not None:
+        return  # the domain exists, so its disk (and the image under it) was made before it
+    image = p.spec.image
+    if image.url is None:
+        p.image_volume = image.volume
+        return
+    known = deps.inventory.hosts.get(p.host or "")
+    prefixes = known.spec.access.image_url_prefixes if known is not None else []
+    try:
+        found = await deps.images.ensure(deps.hosts.get(p.host or ""), image.pool or p.spec.storage_pool, image,
+                                         prefixes, deps.wake_host)
+    except images_.NotReady as not_ready:
+        raise Wait(not_ready.reason, not_ready.message, not_ready.retry_after, failure=not_ready.failure) from None
+    p.image_volume = found.name
 
 
 async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
@@ -596,11 +663,12 @@ async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
         return  # the domain exists, so its disks were made before it
     host = deps.hosts.get(p.host or "")
     base_pool = p.spec.image.pool or p.spec.storage_pool
+    base_volume = p.image_volume or p.spec.image.volume or ""
     try:
-        await host.call(machines.ensure_overlay, p.volumes(), base_pool, p.spec.image.volume, p.spec.disk_gib,
+        await host.call(machines.ensure_overlay, p.volumes(), base_pool, base_volume, p.spec.disk_gib,
                         doing="create overlay volume")
     except errors.VolumeNotFound:
-        raise Wait(Reason.IMAGE_NOT_FOUND, f"base image volume {p.spec.image.volume!r} not found in pool "
+        raise Wait(Reason.IMAGE_NOT_FOUND, f"base image volume {base_volume!r} not found in pool "
                    f"{base_pool!r} on host {p.host}", failure=True) from None
     if p.spec.data_disks:
         await host.call(machines.ensure_data_disks, p.volumes(), [disk.size_gib for disk in p.spec.data_disks],
@@ -723,7 +791,7 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
           read_bootstrap_data, choose_host, clean_former_hosts, check_networks, record_owner, resolve_addressing,
-          ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses, patch_workload_node)
+          ensure_image, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses, patch_workload_node)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
 
@@ -857,9 +925,34 @@ async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
     deps.observe.machine_deleting(namespace, name, recorded_host(body))
     try:
         await _delete_from_host(deps, body)
+        await _release_ip_address_claims(deps, body)
     except Wait as wait:
         return wait.retry_after
     return await _release_finalizer(deps, body)
+
+
+async def _release_ip_address_claims(deps: Dependencies, body: dict[str, Any]) -> None:
+    """After the host's teardown, the machine's IPAddressClaims are deleted, so its addresses go back to their pools
+    now (not whenever a garbage collector gets to the owner references). Their deletion is asked for, never waited
+    for: the IPAM provider's finalizer releases the address. A refusal (403) is a Warning event, not a stuck machine;
+    another API error is retried with backoff."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    try:
+        spec = v1alpha1.LibvirtMachineSpec.model_validate(body.get("spec") or {})
+    except pydantic.ValidationError:
+        return  # never valid, so never claimed anything
+    key = ("release", namespace, name)
+    for ref in ipam.claims(name, spec.interfaces):
+        try:
+            if await deps.kube.delete_ip_address_claim(namespace, ref.name):
+                await _event(deps, body, "Normal", "IPAddressReleased", f"deleted IPAddressClaim {ref.name}")
+        except api.Forbidden:
+            await _event(deps, body, "Warning", IPAM_FORBIDDEN, f"may not delete IPAddressClaim {ref.name}; "
+                         "its owner reference lets the garbage collector remove it")
+        except Exception as error:  # noqa: BLE001  the API hiccuped: again, with backoff
+            log.info("deleting IPAddressClaim %s/%s failed: %s", namespace, ref.name, type(error).__name__)
+            raise _with_backoff(deps, key, Wait(RECONCILE_ERROR, "deleting IPAddressClaims failed")) from None
+    deps.failures.pop(key, None)
 
 
 async def _release_finalizer(deps: Dependencies, body: dict[str, Any]) -> float | None:

@@ -1,0 +1,149 @@
+"""Base images imported from a URL: one import per host, pool and sha256 at a time, shared by the machines waiting.
+
+A machine pass whose spec.image names a URL asks `ImageImports.ensure`: the verified image when the pool has it (found
+by its sha256, never fetched twice), else it starts the import as a task of its own (HTTP download streamed into the
+pool in the host's transfer thread, hypervisor.images) and says "not ready": the machine waits with ImageImporting and
+looks again shortly, without holding a creation slot or a worker; an import that succeeds wakes the host's machines
+at once. Every machine wanting the same image on the same host waits for that one task. A failed import wakes
+nobody: it is reported to each waiting machine at its next pass (its own backoff follows) and kept for RETRY_AFTER_S,
+so machines retrying together start one new import, not one each.
+
+Imported images are never deleted by the provider: machines' overlays are backed by them, and the next machine
+wanting the image finds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from capi_libvirt import download
+from capi_libvirt.api import v1alpha1
+from capi_libvirt.core import images, tenancy
+from capi_libvirt.core.conditions import Reason
+from capi_libvirt.hypervisor import connection, errors
+from capi_libvirt.hypervisor import images as host_images
+
+log = logging.getLogger(__name__)
+
+RECHECK_IMPORTING_S = 5.0  # a machine waiting for an import looks again this soon; a finished import wakes them at once
+RETRY_AFTER_S = 10.0  # a failed import answers the machines waiting for it this long (longer than their recheck, so
+# each sees it), then the next pass retries it: as often as the machines' own backoff allows, one import at a time
+
+
+class NotReady(Exception):
+    """The image is not usable (yet): `reason` and `message` become the machine's condition. `failure`: backoff."""
+
+    def __init__(self, reason: str, message: str, retry_after: float, failure: bool) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.retry_after, self.failure = reason, message, retry_after, failure
+
+
+@dataclasses.dataclass
+class _Import:
+    task: asyncio.Task[host_images.ImageVolume]
+    url: str
+    finished_at: float | None = None
+
+
+class ImageImports:
+    """The imports this operator runs, by (host, pool, sha256)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._running: dict[tuple[str, str, str], _Import] = {}
+        self._clock = clock
+        self.started = 0  # imports started since the operator started (a metric's worth, for the tests' numbers)
+
+    async def ensure(self, host: connection.HostConnection, pool: str, image: v1alpha1.ImageSource,
+                     prefixes: Sequence[str], on_imported: Callable[[str], None] = lambda host: None,
+                     ) -> host_images.ImageVolume:
+        """The verified image in `pool` on `host`, or NotReady (importing, or why the import failed). `on_imported`
+        is called with the host's name once an import succeeds (the operator queues the host's machines)."""
+        assert image.url is not None and image.sha256 is not None
+        key = (host.host, pool, image.sha256)
+        current = self._running.get(key)
+        if current is not None:
+            if not current.task.done():
+                raise NotReady(Reason.IMAGE_IMPORTING, _importing(current.url, image.sha256, pool, host.host),
+                               RECHECK_IMPORTING_S, failure=False)
+            error = None if current.task.cancelled() else current.task.exception()
+            if current.task.cancelled() or error is None:
+                del self._running[key]
+                if error is None and not current.task.cancelled():
+                    return current.task.result()
+            elif self._clock() - (current.finished_at or 0.0) < RETRY_AFTER_S:
+                raise _failed(error, current.url, pool, host.host)
+            else:
+                del self._running[key]  # old enough: this pass starts the retry
+        found = await host.call(host_images.find_image, pool, image.sha256, doing="look up image")
+        if found is not None:
+            return found
+        task = asyncio.create_task(self._import(host, pool, image.url, image.sha256, prefixes),
+                                   name=f"image-import-{host.host}-{image.sha256[:12]}")
+        entry = _Import(task, image.url)
+        task.add_done_callback(functools.partial(self._finished, entry, functools.partial(on_imported, host.host)))
+        self._running[key] = entry
+        self.started += 1
+        raise NotReady(Reason.IMAGE_IMPORTING, _importing(image.url, image.sha256, pool, host.host),
+                       RECHECK_IMPORTING_S, failure=False)
+
+    def _finished(self, entry: _Import, wake: Callable[[], None], task: asyncio.Task[host_images.ImageVolume]) -> None:
+        entry.finished_at = self._clock()
+        if not task.cancelled() and task.exception() is None:  # (a failure is retrieved here: the machines report it)
+            wake()
+
+    async def _import(self, host: connection.HostConnection, pool: str, url: str, sha256: str,
+                      prefixes: Sequence[str]) -> host_images.ImageVolume:
+        started = time.monotonic()
+        log.info("host %s: importing image %s (sha256 %s) into pool %s", host.host, download.shown(url), sha256, pool)
+        allowed = functools.partial(images.url_allowed, prefixes=list(prefixes))
+        opener = functools.partial(download.open_image, url, allowed)
+        try:
+            volume = await host.call(host_images.import_image, pool, sha256, opener, doing="import image",
+                                     transfer=True)
+        except Exception as error:
+            log.warning("host %s: import of image %s into pool %s failed: %s", host.host, download.shown(url), pool,
+                        error)
+            raise
+        log.info("host %s: image %s imported as %s in pool %s (%d bytes, %.1f s)", host.host, download.shown(url),
+                 volume.name, pool, volume.size, time.monotonic() - started)
+        return volume
+
+    async def close(self) -> None:
+        """Cancel the waits on running imports (a transfer already streaming ends on its own: its volume is never
+        marked, so the next import removes it)."""
+        for entry in self._running.values():
+            entry.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.gather(*(entry.task for entry in self._running.values()), return_exceptions=True)
+        self._running.clear()
+
+
+def _importing(url: str, sha256: str, pool: str, host: str) -> str:
+    return f"importing image {download.shown(url)} (sha256 {sha256}) into pool {pool} on host {host}"
+
+
+def _failed(error: BaseException, url: str, pool: str, host: str) -> BaseException:
+    """What a failed import means for a machine waiting for it: a NotReady with its reason, or the hypervisor error
+    itself (an unreachable host, a missing pool), which the machine reconcile reports as for any other call."""
+    shown = download.shown(url)
+    if isinstance(error, download.RedirectRefused):
+        return NotReady(tenancy.TENANT_NOT_ALLOWED, str(error), RETRY_AFTER_S, failure=True)
+    if isinstance(error, download.DownloadFailed):
+        return NotReady(Reason.IMAGE_DOWNLOAD_FAILED, str(error), RETRY_AFTER_S, failure=True)
+    if isinstance(error, host_images.ChecksumMismatch):
+        return NotReady(Reason.IMAGE_CHECKSUM_MISMATCH, f"image {shown}: {error.message}", RETRY_AFTER_S, failure=True)
+    if isinstance(error, host_images.InsufficientStorage):
+        return NotReady(Reason.INSUFFICIENT_STORAGE, f"image {shown} into pool {pool} on host {host}: {error.message}",
+                        RETRY_AFTER_S, failure=True)
+    if isinstance(error, host_images.ImageRefused):
+        return NotReady(Reason.IMAGE_REFUSED, f"image {shown}: {error.message}", RETRY_AFTER_S, failure=True)
+    if isinstance(error, errors.HypervisorError):
+        return error
+    return NotReady(Reason.IMAGE_DOWNLOAD_FAILED, f"importing image {shown} failed: unexpected {type(error).__name__}; "
+                    "see the operator log", RETRY_AFTER_S, failure=True)

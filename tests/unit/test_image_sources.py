@@ -1,0 +1,224 @@
+"""Base images by URL and sha256, the pure parts: the API's one-source rule, image volume names, which URLs a host's
+prefixes allow (and which never), the tenancy refusal, what a qcow2 header may not ask for, that image volumes are
+never strays or orphans' volumes, and that machines wanting one image on one host wait for one import."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+
+import pydantic
+import pytest
+
+from capi_libvirt import download
+from capi_libvirt.api import crd, v1alpha1
+from capi_libvirt.core import images, naming, orphans, tenancy
+from capi_libvirt.core.domain_xml import Owner
+from capi_libvirt.core.orphans import HostDomain
+from capi_libvirt.hypervisor import images as host_images
+from capi_libvirt.reconcile import images as reconcile_images
+
+pytestmark = pytest.mark.unit
+
+SHA = hashlib.sha256(b"image").hexdigest()
+URL = "https://images.example.com/capi/ubuntu-24.04.qcow2"
+PREFIX = "https://images.example.com/capi/"
+
+
+def spec(**image) -> v1alpha1.LibvirtMachineSpec:
+    return v1alpha1.LibvirtMachineSpec.model_validate({"image": image})
+
+
+@pytest.mark.parametrize("image", [
+    {"url": URL, "sha256": SHA},
+    {"url": URL, "sha256": SHA, "pool": "images"},
+    {"volume": "ubuntu.qcow2"},
+])
+def test_an_image_is_a_volume_or_a_url_with_its_sha256(image):
+    assert spec(**image).image.model_dump(exclude_none=True) == image
+
+
+@pytest.mark.parametrize("image", [
+    {},
+    {"volume": "ubuntu.qcow2", "url": URL, "sha256": SHA},  # both
+    {"url": URL},  # no checksum
+    {"volume": "ubuntu.qcow2", "sha256": SHA},  # a checksum for a volume
+    {"url": URL, "sha256": SHA.upper()},  # lowercase hex only
+    {"url": URL, "sha256": SHA[:63]},
+    {"url": "ftp://images.example.com/x.qcow2", "sha256": SHA},
+    {"url": "https://user:pw@images.example.com/x.qcow2", "sha256": SHA},
+    {"url": "https://images.example.com", "sha256": SHA},  # no path
+    {"url": "https://images.example.com/x.qcow2#frag", "sha256": SHA},
+])
+def test_anything_else_is_refused(image):
+    with pytest.raises(pydantic.ValidationError):
+        spec(**image)
+
+
+def test_the_crd_has_the_same_rules_in_cel():
+    image = crd.structural(v1alpha1.LibvirtMachineSpec)["properties"]["image"]
+    rules = {rule["rule"] for rule in image["x-kubernetes-validations"]}
+    assert rules == {"has(self.volume) != has(self.url)", "has(self.url) == has(self.sha256)"}
+    assert image["properties"]["sha256"]["pattern"] == v1alpha1.SHA256
+
+
+def test_an_image_volume_is_named_by_its_checksum_and_marked_apart():
+    assert images.image_volume_name(SHA) == f"capi-image-sha256-{SHA}"
+    assert images.verified_marker_name(SHA) == f"capi-image-sha256-{SHA}.verified"
+    assert images.is_image_volume(images.image_volume_name(SHA)) and images.is_image_volume(
+        images.verified_marker_name(SHA))
+    for other in ("capi-image-sha256-abc", f"capi-image-sha256-{SHA}.qcow2", "capi-ns-m-0123abcd.qcow2", "base.qcow2"):
+        assert not images.is_image_volume(other)
+    with pytest.raises(ValueError):
+        images.image_volume_name("../etc")
+
+
+@pytest.mark.parametrize("url", [URL, PREFIX + "sub/dir/image.raw", PREFIX + "image.qcow2?token=abc"])
+def test_a_url_under_a_prefix_is_allowed(url):
+    assert images.url_allowed(url, [PREFIX])
+
+
+@pytest.mark.parametrize("url", [
+    "https://images.example.com/other/x.qcow2",  # another path
+    "https://images.example.com.evil.org/capi/x.qcow2",  # another host (prefixes always end their host with /)
+    "http://images.example.com/capi/x.qcow2",  # another scheme
+    PREFIX + "../secret/x.qcow2", PREFIX + "a/../../x", PREFIX + "./x.qcow2",  # dot segments escape when resolved
+    PREFIX + "%2e%2e/secret", PREFIX + "%2E%2E/secret",  # also percent-encoded
+    PREFIX + "a\\..\\..\\x", PREFIX + "a//x", PREFIX + "x#frag",
+    "https://user@images.example.com/capi/x.qcow2",
+])
+def test_a_url_outside_or_escaping_the_prefix_is_not(url):
+    assert not images.url_allowed(url, [PREFIX])
+
+
+def test_no_url_is_allowed_by_default_and_the_refusal_says_where_to_allow_it():
+    machine = spec(url=URL, sha256=SHA)
+    refused = tenancy.refusal("kvm1", v1alpha1.HostAccess(), "default", "team-a", machine)
+    assert refused is not None and refused.field == "imageURLPrefixes"
+    assert URL in refused.message and "spec.access.imageURLPrefixes" in refused.message and "none" in refused.message
+    allowed = v1alpha1.HostAccess.model_validate({"imageURLPrefixes": [PREFIX]})
+    assert tenancy.refusal("kvm1", allowed, "default", "team-a", machine) is None
+    assert tenancy.refusal("kvm1", tenancy.UNRESTRICTED, "default", "team-a", machine) is None  # --host hosts
+
+
+def test_an_imported_image_is_never_named_as_a_volume():
+    """It may be an import in progress: a machine names it by URL and sha256, which waits for the marker."""
+    anything = v1alpha1.HostAccess.model_validate({"images": ["*"]})
+    refused = tenancy.refusal("kvm1", anything, "default", "t", spec(volume=images.image_volume_name(SHA)))
+    assert refused is not None and "image.url" in refused.message
+
+
+@pytest.mark.parametrize("prefix", ["https://images.example.com", "images.example.com/", "https://a@b/", "file:///x/"])
+def test_a_prefix_must_fix_the_host(prefix):
+    with pytest.raises(pydantic.ValidationError):
+        v1alpha1.HostAccess.model_validate({"imageURLPrefixes": [prefix]})
+
+
+def qcow2_header(version: int = 3, backing_offset: int = 0, incompatible: int = 0, size: int = 2**30) -> bytes:
+    header = bytearray(images.HEADER_BYTES)
+    header[0:4] = images.QCOW2_MAGIC
+    header[4:8] = version.to_bytes(4, "big")
+    header[8:16] = backing_offset.to_bytes(8, "big")
+    header[24:32] = size.to_bytes(8, "big")
+    header[72:80] = incompatible.to_bytes(8, "big")
+    return bytes(header)
+
+
+def test_a_qcow2_header_gives_the_format_and_disk_size():
+    assert images.inspect_header(qcow2_header(size=5 * 2**30)) == images.ImageFormat("qcow2", 5 * 2**30)
+    assert images.inspect_header(qcow2_header(version=2)[:72]).format == "qcow2"
+    assert images.inspect_header(b"\x00" * 512).format == "raw"  # anything else is a raw disk, never probed further
+    assert images.inspect_header(b"").format == "raw"
+
+
+@pytest.mark.parametrize(("header", "words"), [
+    (qcow2_header(backing_offset=0x200), "backing file"),
+    (qcow2_header(incompatible=images.QCOW2_EXTERNAL_DATA_FILE), "external file"),
+    (qcow2_header(version=4), "version 4"),
+    (qcow2_header()[:40], "truncated"),
+])
+def test_a_qcow2_with_a_host_file_behind_it_is_refused(header, words):
+    with pytest.raises(images.ImageRefused, match=words):
+        images.inspect_header(header)
+
+
+def test_image_volumes_are_never_strays_nor_an_orphans_volumes():
+    uid = "0b0e0000-0000-4000-8000-000000000001"
+    name = images.image_volume_name(SHA)
+    domain = HostDomain(uuid=naming.domain_uuid(uid), name=naming.domain_name("ns", "m", uid), owner=None,
+                        paths=frozenset({f"/pool/{naming.overlay_volume_name('ns', 'm', uid)}"}))
+    assert orphans.stray_volumes([name, images.verified_marker_name(SHA)], [domain]) == []
+    assert name not in orphans.owned_volume_names(Owner("ns", "m", uid, "c", None))
+
+
+def test_messages_never_show_a_urls_query():
+    assert download.shown(URL + "?X-Signature=secret") == URL + "?..."
+    assert download.shown(URL) == URL
+
+
+class FakeHost:
+    """A host whose pool has nothing, and whose import waits for the test to let it finish."""
+
+    host = "kvm1"
+
+    def __init__(self) -> None:
+        self.imports = 0
+        self.release = asyncio.Event()
+        self.outcome: Exception | None = None
+
+    async def call(self, fn, *args, doing="", transfer=False):
+        if fn is host_images.find_image:
+            return None
+        assert fn is host_images.import_image and transfer  # a long stream: the transfer thread, never the pool's
+        self.imports += 1
+        await self.release.wait()
+        if self.outcome is not None:
+            raise self.outcome
+        return host_images.ImageVolume(images.image_volume_name(SHA), "/pool/x", "qcow2", 10)
+
+
+async def test_machines_wanting_one_image_on_one_host_wait_for_one_import():
+    host, now = FakeHost(), [0.0]
+    imports = reconcile_images.ImageImports(clock=lambda: now[0])
+    image = v1alpha1.ImageSource(url=URL, sha256=SHA)
+    woken: list[str] = []
+    for _machine in range(3):
+        with pytest.raises(reconcile_images.NotReady) as waiting:
+            await imports.ensure(host, "default", image, [PREFIX], woken.append)
+        assert waiting.value.reason == "ImageImporting" and not waiting.value.failure
+    await asyncio.sleep(0)
+    assert host.imports == 1 and imports.started == 1
+    assert woken == []
+    host.release.set()
+    await asyncio.sleep(0.01)
+    assert woken == ["kvm1"]  # the host's machines are queued at once, not at their next recheck
+    found = await imports.ensure(host, "default", image, [PREFIX])
+    assert found.name == images.image_volume_name(SHA) and host.imports == 1
+
+
+async def test_a_failed_import_answers_every_waiting_machine_then_one_retries():
+    host, now = FakeHost(), [0.0]
+    imports = reconcile_images.ImageImports(clock=lambda: now[0])
+    image = v1alpha1.ImageSource(url=URL, sha256=SHA)
+    host.outcome = host_images.ChecksumMismatch(SHA, "f" * 64, 10)
+    host.release.set()
+    woken: list[str] = []
+    with pytest.raises(reconcile_images.NotReady):
+        await imports.ensure(host, "default", image, [PREFIX], woken.append)
+    await asyncio.sleep(0.01)
+    assert woken == []  # a failure wakes nobody: the machines' own backoff paces the retries
+    for _machine in range(2):
+        with pytest.raises(reconcile_images.NotReady) as failed:
+            await imports.ensure(host, "default", image, [PREFIX])
+        assert failed.value.reason == "ImageChecksumMismatch" and failed.value.failure
+        assert SHA in failed.value.message and "f" * 64 in failed.value.message
+    assert host.imports == 1
+    now[0] += reconcile_images.RETRY_AFTER_S
+    with pytest.raises(reconcile_images.NotReady) as retrying:
+        await imports.ensure(host, "default", image, [PREFIX])
+    assert retrying.value.reason == "ImageImporting"
+    await asyncio.sleep(0.01)
+    assert host.imports == 2
+    with contextlib.suppress(Exception):
+        await imports.close()

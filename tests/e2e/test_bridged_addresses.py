@@ -26,6 +26,7 @@ import base64
 import contextlib
 import json
 import pathlib
+import shutil
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -45,6 +46,7 @@ from guests import host_access, machine_spec, provider_objects
 
 from fixtures_control_plane import PROVIDER_NAMESPACE, allow_secrets, operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
+from prereq import require
 from waiting import Clock, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -106,6 +108,7 @@ def spec_for(kind: str, host: LibvirtHost, guest_image, volume: str) -> dict:
 @pytest.fixture(scope="module")
 async def bed(control_plane, api_client, guest_image):
     require_libvirt_host_prerequisites()
+    require(shutil.which("ping") is not None, "ping on PATH (iputils-ping, hack/install-system-deps.sh)")
     core = client.CoreV1Api(api_client)
     namespace = f"bridge-{uuid.uuid4().hex[:6]}"
     with ra.RemoteAccess(LibvirtHost(HOST, LAN, network_name=None), link_index=LINK) as access, \

@@ -7,7 +7,8 @@ mounts of the host's own state folder under paths.run_dir()/<name>. That is what
 their sockets, pid files, domain/network/pool definitions and state never meet. The sockets stay reachable from the
 machine's own namespaces through the state folder, so `uri` works from anywhere on the machine.
 
-The host gets one `dir` storage pool and one NAT network with DHCP. stop() destroys what runs there, stops the
+The host gets one `dir` storage pool and one NAT network with DHCP (none with `network_name=None`: a host whose guests
+sit on a plain bridge, see devenv.bridged_lan). stop() destroys what runs there, stops the
 daemons by PID, ends anything left in the namespace, deletes the namespace and removes the state folder (logs survive
 only when given a log folder of their own). The one trace left on the machine is the empty mount point /run/libvirt,
 made when it is missing.
@@ -63,7 +64,7 @@ class LibvirtHost:
         subnet: str = "192.168.122.0/24",
         *,
         pool_name: str = "capi-libvirt",
-        network_name: str = "capi-libvirt",
+        network_name: str | None = "capi-libvirt",
         state_dir: pathlib.Path | None = None,
         log_dir: pathlib.Path | None = None,
         log_level: int = 3,
@@ -71,7 +72,8 @@ class LibvirtHost:
         before_daemons: Callable[[LibvirtHost], None] | None = None,
         dnsmasq_options: Sequence[str] = (),
     ) -> None:
-        """`subnet` is the NAT network's (the bridge takes its first address). Logs (libvirtd, virtlogd, each guest's
+        """`subnet` is the NAT network's (the bridge takes its first address); `network_name` None: no libvirt network
+        at all (and no libvirt DHCP), as on a host whose guests sit on a bridge of the LAN. Logs (libvirtd, virtlogd, each guest's
         QEMU log) go to `log_dir`, which stop() keeps, else into the state folder, which stop() removes.
         `log_level` is libvirt's: 1 debug, 2 info, 3 warning, 4 error.
         `libvirtd_settings` are added to libvirtd.conf; when they turn listen_tls or listen_tcp on, libvirtd starts
@@ -158,7 +160,8 @@ class LibvirtHost:
             self._wait_until_answering()
             with self.connect() as conn:
                 define_dir_pool(conn, self.pool_name, self.pool_dir)
-                define_nat_network(conn, self.network_name, self.subnet, self.dnsmasq_options)
+                if self.network_name is not None:
+                    define_nat_network(conn, self.network_name, self.subnet, self.dnsmasq_options)
         except BaseException:
             log.error("libvirt host %s failed to start; libvirtd log: %s", self.name, self.libvirtd_log)
             self._log_tail(self.libvirtd_log)
@@ -419,6 +422,16 @@ def nat_network_xml(name: str, subnet: ipaddress.IPv4Network, bridge: str = "vir
         options = ET.SubElement(network, f"{{{DNSMASQ_NS}}}options")
         for option in dnsmasq_options:
             ET.SubElement(options, f"{{{DNSMASQ_NS}}}option", value=option)
+    return ET.tostring(network, encoding="unicode")
+
+
+def isolated_network_xml(name: str, subnet: ipaddress.IPv4Network, bridge: str) -> str:
+    """An isolated network WITHOUT DHCP: the bridge takes the subnet's first address, guests only have the addresses
+    they are given (static addressing, an IP pool's). No forwarding, no NAT."""
+    network = ET.Element("network")
+    ET.SubElement(network, "name").text = name
+    ET.SubElement(network, "bridge", name=bridge, stp="on", delay="0")
+    ET.SubElement(network, "ip", address=str(next(subnet.hosts())), netmask=str(subnet.netmask))
     return ET.tostring(network, encoding="unicode")
 
 

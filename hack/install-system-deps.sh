@@ -8,6 +8,7 @@ packages=(
   qemu-system-x86 qemu-utils                                     # the hypervisor (software emulation here) and qemu-img
   ovmf                                                           # UEFI firmware (firmware: uefi), found by libvirt's autoselection
   dnsmasq-base iptables iproute2                                 # the NAT network inside the test network namespaces
+  iputils-ping                                                   # a bridged host pings its guests on the LAN (e2e)
   debootstrap e2fsprogs                                          # the guest images
   extlinux syslinux-common fdisk                                 # the node image's bootloader, MBR and partition
   gcc libc6-dev                                                  # the node image's sandbox (pause) program, static

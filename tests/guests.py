@@ -37,10 +37,12 @@ def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
 
 
 def host_access(spec: dict) -> dict:
-    """A LibvirtHost's spec.access that allows exactly what `spec` (a machine_spec) uses: its base image, network and
-    the folders of its kernel and initrd (tenants may use nothing of a host that is not listed)."""
+    """A LibvirtHost's spec.access that allows exactly what `spec` (a machine_spec) uses: its base image, networks,
+    bridges and the folders of its kernel and initrd (tenants may use nothing of a host that is not listed)."""
     folders = {str(pathlib.PurePosixPath(spec["kernelBoot"][key]).parent) + "/" for key in ("kernel", "initrd")}
-    return {"images": [spec["image"]["volume"]], "networks": [nic["network"] for nic in spec["interfaces"]],
+    return {"images": [spec["image"]["volume"]],
+            "networks": [nic["network"] for nic in spec["interfaces"] if nic.get("network")],
+            "bridges": [nic["bridge"] for nic in spec["interfaces"] if nic.get("bridge")],
             "hostPaths": sorted(folders)}
 
 

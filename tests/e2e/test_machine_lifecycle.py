@@ -10,12 +10,13 @@ import base64
 import pathlib
 import time
 import uuid
+import xml.etree.ElementTree as ET
 
 import pytest
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
-from capi_libvirt.core import naming
+from capi_libvirt.core import conditions, naming
 from capi_libvirt.hypervisor.connection import THREADS_PER_HOST
 from devenv import capi_objects
 from guests import host_objects, machine_spec
@@ -43,9 +44,12 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
         metadata=client.V1ObjectMeta(name="demo-kubeconfig"),
         data={"value": base64.b64encode(control_plane.kubeconfig_path.read_bytes()).decode()}))
     await core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=naming.hostname(machine_name))))
+    # No guest agent: libvirt's DHCP lease is then the only source that can give the address (the lease path; the
+    # agent and the ARP table are proven by test_bridged_addresses.py).
     made = await capi_objects.create_machine(api_client, namespace, "demo", machine_name,
                                              capi_objects.marker_user_data(marker),
-                                             machine_spec(libvirt_host, guest_image, base_image_volume))
+                                             machine_spec(libvirt_host, guest_image, base_image_volume)
+                                             | {"guestAgent": False})
 
     async def get():
         return await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
@@ -77,6 +81,13 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
         assert body["status"]["state"] == "running"
         internal = [a["address"] for a in body["status"]["addresses"] if a["type"] == "InternalIP"]
         assert internal and all(a.startswith("192.168.122.") for a in internal), body["status"]["addresses"]
+        discovery = conditions.get_condition(body["status"]["conditions"], conditions.ADDRESSES_DISCOVERED)
+        assert (discovery["status"], discovery["reason"]) == ("True", "DHCPLease"), discovery
+        with libvirt_host.connect() as conn:  # the address is the lease libvirt's network gave the domain's MAC
+            mac = ET.fromstring(conn.lookupByUUIDString(naming.domain_uuid(body["metadata"]["uid"])).XMLDesc(0)) \
+                .find("devices/interface/mac").get("address")
+            leases = conn.networkLookupByName(libvirt_host.network_name).DHCPLeases(mac)
+        assert internal == [lease["ipaddr"] for lease in leases], (internal, leases)
         ready = {c["type"]: c for c in body["status"]["conditions"]}
         assert ready["Ready"]["status"] == "True" and ready["Provisioned"]["reason"] == "Provisioned"
 

@@ -24,7 +24,7 @@ import yaml
 from capi_libvirt.api import meta, release, templates
 from clusterctl_cli import REPO, VERSION, clusterctl, generate_cluster
 from devenv import control_plane as cp
-from devenv import paths
+from devenv import ipam_stand_in, paths
 
 from prereq import require
 
@@ -40,6 +40,10 @@ TEMPLATE_VARIABLES = {
     "WORKER_MACHINE_COUNT": "2",
     "CONTROL_PLANE_ENDPOINT_HOST": "192.0.2.10",
     "LIBVIRT_BASE_IMAGE": "ubuntu-24.04.qcow2",
+    # The static-ip flavor's pool (the other flavors have no such variables; clusterctl ignores them there).
+    "LIBVIRT_IP_POOL_START": "192.0.2.100",
+    "LIBVIRT_IP_POOL_END": "192.0.2.150",
+    "LIBVIRT_IP_POOL_GATEWAY": "192.0.2.1",
 }
 PROVIDER_LABEL = {"cluster.x-k8s.io/provider": "infrastructure-libvirt"}
 
@@ -81,6 +85,9 @@ def kubeadm_crds(control_plane: cp.LocalControlPlane) -> None:
     for directory in KUBEADM_CRD_DIRS:
         require(directory.is_dir(), f"kubeadm CRDs {directory} (make upstream)")
     control_plane.install_crds(sorted(f for d in KUBEADM_CRD_DIRS for f in d.glob("*.yaml")))
+    # The static-ip flavor's InClusterIPPool: the in-cluster IPAM provider's kind, served here by the test bed's
+    # stand-in CRD of the same shape (devenv/ipam_stand_in.py: the provider itself cannot be fetched here).
+    control_plane.install_crd_documents([ipam_stand_in.POOL_CRD])
 
 
 # -- the provider's components ---------------------------------------------------------------------------------------
@@ -218,12 +225,17 @@ FLAVOR_OPTIONAL = {
     "": {"WORKER_MACHINE_COUNT": "0"},
     "clusterclass": {"WORKER_MACHINE_COUNT": "0"},
     "autoscaler": {"WORKER_MACHINE_MIN_COUNT": '"0"', "WORKER_MACHINE_MAX_COUNT": '"5"'},
+    "static-ip": {"WORKER_MACHINE_COUNT": "0", "LIBVIRT_IP_POOL_PREFIX": '"24"'},
 }
+REQUIRED = ["CONTROL_PLANE_ENDPOINT_HOST", "KUBERNETES_VERSION", "LIBVIRT_BASE_IMAGE"]
+FLAVOR_REQUIRED = {"static-ip": ["LIBVIRT_IP_POOL_END", "LIBVIRT_IP_POOL_GATEWAY", "LIBVIRT_IP_POOL_START"]}
 FLAVOR_KINDS = {
     "": {"Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
          "MachineDeployment": 1, "KubeadmConfigTemplate": 1, "RoleBinding": 1},
     "autoscaler": {"Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
                    "MachineDeployment": 1, "KubeadmConfigTemplate": 1, "RoleBinding": 1},
+    "static-ip": {"Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
+                  "MachineDeployment": 1, "KubeadmConfigTemplate": 1, "RoleBinding": 1, "InClusterIPPool": 1},
     "clusterclass": {"ClusterClass": 1, "LibvirtClusterTemplate": 1, "KubeadmControlPlaneTemplate": 1,
                      "LibvirtMachineTemplate": 2, "KubeadmConfigTemplate": 1, "Cluster": 1, "RoleBinding": 1},
 }
@@ -239,8 +251,7 @@ def test_cluster_template_variables(flavor: str, repository: pathlib.Path, tmp_p
                      str(repository / templates.file_name(flavor)), "--target-namespace", "demo",
                      "--list-variables").stdout
     required = out.split("Required Variables:")[1].split("Optional Variables:")[0].split()
-    assert [v for v in required if v != "-"] == ["CONTROL_PLANE_ENDPOINT_HOST", "KUBERNETES_VERSION",
-                                                 "LIBVIRT_BASE_IMAGE"]
+    assert [v for v in required if v != "-"] == sorted(REQUIRED + FLAVOR_REQUIRED.get(flavor, []))
     optional = {line.split()[1]: line.split("(defaults to ")[1].rstrip(")")
                 for line in out.split("Optional Variables:")[1].splitlines() if line.strip().startswith("-")}
     assert optional == {**COMMON_OPTIONAL, **FLAVOR_OPTIONAL[flavor]}
@@ -277,8 +288,11 @@ def test_generated_cluster_applies_to_the_api_server(flavor: str, repository: pa
         for ref in _refs(document.get("spec", {})):
             group = ref.get("apiGroup") or ref["apiVersion"].split("/")[0]
             assert (group, ref["kind"], ref["name"]) in present, f"{document['kind']}: {ref} dangles"
+    pool_ref = {"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "demo-ips"}
+    interface = {"network": "default", "addressesFromPools": [pool_ref]} if flavor == "static-ip" else \
+        {"network": "default"}
     for spec in [d["spec"]["template"]["spec"] for d in documents if d["kind"] == "LibvirtMachineTemplate"]:
-        assert spec["storagePool"] == "default" and spec["interfaces"] == [{"network": "default"}]
+        assert spec["storagePool"] == "default" and spec["interfaces"] == [interface]
         assert (spec["cpus"], spec["memoryMiB"], spec["diskGiB"]) == (2, 4096, 20)
     registrations = [r for d in documents for r in _node_registrations(d)]
     assert len(registrations) == 3  # control plane init and join, workers join
@@ -338,6 +352,15 @@ def test_autoscaler_flavor_leaves_replicas_to_the_autoscaler(repository: pathlib
         "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",
         "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "5",
     }
+
+
+def test_static_ip_flavor_makes_a_pool_the_machines_take_addresses_from(repository: pathlib.Path,
+                                                                         tmp_path: pathlib.Path) -> None:
+    """The InClusterIPPool from the variables (a range, the prefix a number, the gateway), named after the cluster."""
+    documents = _generate("static-ip", repository, tmp_path, "demo")
+    [pool] = [d for d in documents if d["kind"] == "InClusterIPPool"]
+    assert pool["apiVersion"] == "ipam.cluster.x-k8s.io/v1alpha2" and pool["metadata"]["name"] == "demo-ips"
+    assert pool["spec"] == {"addresses": ["192.0.2.100-192.0.2.150"], "prefix": 24, "gateway": "192.0.2.1"}
 
 
 def test_clusterclass_flavor_patches_variables_in(repository: pathlib.Path, tmp_path: pathlib.Path) -> None:

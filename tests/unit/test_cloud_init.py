@@ -62,7 +62,7 @@ def test_static_interface_gets_addresses_default_route_and_nameservers() -> None
         "match": {"macaddress": MAC0},
         "dhcp4": False,
         "addresses": ["192.0.2.10/24", "2001:db8::10/64"],
-        "routes": [{"to": "default", "via": "192.0.2.1"}],
+        "routes": [{"to": "0.0.0.0/0", "via": "192.0.2.1"}],
         "nameservers": {"addresses": ["192.0.2.53"]},
     }
 
@@ -93,3 +93,12 @@ def test_no_interfaces_means_no_network_config() -> None:
 def test_interfaces_and_macs_must_pair_up() -> None:
     with pytest.raises(ValueError, match="MAC"):
         cloud_init.network_config([nic(network="default")], [MAC0, MAC1])
+
+
+def test_the_default_route_is_a_network_old_cloud_init_reads_for_either_family() -> None:
+    # cloud-init 22.4 (Debian 12, the guest image's) refuses `to: default` and drops the whole network-config.
+    for gateway, route in (("192.0.2.1", "0.0.0.0/0"), ("2001:db8::1", "::/0")):
+        interface = nic(network="default", static={"addresses": ["192.0.2.10/24", "2001:db8::10/64"],
+                                                   "gateway": gateway})
+        ethernets = yaml.safe_load(cloud_init.network_config([interface], [MAC0]))["ethernets"]
+        assert ethernets["nic0"]["routes"] == [{"to": route, "via": gateway}]

@@ -63,7 +63,7 @@ class FakeHost:
         if fn is machines.delete_machine:
             return [f"domain {args[0]}"]
         if fn is machines.domain_addresses:
-            return ["192.0.2.10"]
+            return machines.Discovery(["192.0.2.10"], "lease", ["lease"])
         if fn is machines.start_domain:
             return None
         if fn is machines.eject_nocloud:  # a moved copy (no status) whose Machine has a nodeRef: its ISO is long gone

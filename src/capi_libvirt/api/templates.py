@@ -1,4 +1,5 @@
-"""The cluster templates (flavors) users give `clusterctl generate cluster`: plain, ClusterClass and autoscaler.
+"""The cluster templates (flavors) users give `clusterctl generate cluster`: plain, ClusterClass, autoscaler and
+static-ip (addresses from a Cluster API IPAM pool).
 
 Every object is a Python dict; clusterctl's variables (`${VAR}`, `${VAR:=default}`) are plain string values in them.
 All use the Cluster API v1beta2 types and Kubeadm bootstrap and control plane. The kubelet takes its providerID and
@@ -194,6 +195,30 @@ def autoscaler_template() -> list[dict[str, Any]]:
                             worker_replicas=None)
 
 
+# -- the static-ip flavor: addresses from a Cluster API IPAM pool --------------------------------------------------------
+
+IPAM_GROUP = "ipam.cluster.x-k8s.io"
+IN_CLUSTER_POOL = f"{IPAM_GROUP}/v1alpha2"  # the in-cluster IPAM provider's InClusterIPPool
+IP_POOL_NAME = f"{CLUSTER_NAME}-ips"
+IP_POOL_ADDRESSES = "${LIBVIRT_IP_POOL_START}-${LIBVIRT_IP_POOL_END}"
+IP_POOL_PREFIX = "${LIBVIRT_IP_POOL_PREFIX:=24}"
+IP_POOL_GATEWAY = "${LIBVIRT_IP_POOL_GATEWAY}"
+
+
+def static_ip_template() -> list[dict[str, Any]]:
+    """The default flavor whose machines take their address from an InClusterIPPool (the in-cluster IPAM provider's
+    kind; `clusterctl init --ipam in-cluster` installs it) instead of DHCP: the pool (a range, a prefix, a gateway)
+    and machine templates whose interface lists it in addressesFromPools."""
+    objects = cluster_template()
+    pool_ref = {"apiGroup": IPAM_GROUP, "kind": "InClusterIPPool", "name": IP_POOL_NAME}
+    for template in (o for o in objects if o["kind"] == "LibvirtMachineTemplate"):
+        template["spec"]["template"]["spec"]["interfaces"] = [
+            {"network": LIBVIRT_NETWORK, "addressesFromPools": [pool_ref]}]
+    pool = _object(IN_CLUSTER_POOL, "InClusterIPPool", IP_POOL_NAME, {
+        "addresses": [IP_POOL_ADDRESSES], "prefix": IP_POOL_PREFIX, "gateway": IP_POOL_GATEWAY})
+    return [*objects, pool]
+
+
 # -- the ClusterClass flavor -----------------------------------------------------------------------------------------
 
 def _variable(name: str, schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
@@ -289,6 +314,7 @@ FLAVORS = {
     "": cluster_template,
     "clusterclass": clusterclass_template,
     "autoscaler": autoscaler_template,
+    "static-ip": static_ip_template,
 }
 
 

@@ -113,13 +113,31 @@ class StaticAddressing(meta.Model):
     """DNS servers."""
 
 
+# Cluster API's IPPoolReference (ipam.cluster.x-k8s.io/v1beta2 IPAddressClaim spec.poolRef): its bounds and patterns.
+POOL_API_GROUP = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+POOL_KIND = r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$"
+STATIC_OR_POOLS = "set at most one of static or addressesFromPools"
+
+
+class IPPoolReference(meta.Model):
+    """An IP address pool of a Cluster API IPAM provider, in the machine's namespace (an IPAddressClaim's poolRef)."""
+
+    api_group: str = pydantic.Field(min_length=1, max_length=253, pattern=POOL_API_GROUP)
+    """API group of the pool (ipam.cluster.x-k8s.io for the in-cluster provider's InClusterIPPool)."""
+    kind: str = pydantic.Field(min_length=1, max_length=63, pattern=POOL_KIND)
+    """Kind of the pool (InClusterIPPool, ...)."""
+    name: str = pydantic.Field(min_length=1, max_length=253, pattern=meta.DNS_SUBDOMAIN)
+    """Name of the pool."""
+
+
 class NetworkInterface(meta.Model):
     """One network interface of the machine: on a libvirt network or on a host bridge, never both."""
 
     model_config = pydantic.ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "has(self.network) != has(self.bridge)", "message": "set exactly one of network or bridge"}
+                {"rule": "has(self.network) != has(self.bridge)", "message": "set exactly one of network or bridge"},
+                {"rule": "!has(self.static) || !has(self.addressesFromPools)", "message": STATIC_OR_POOLS},
             ]
         }
     )
@@ -133,12 +151,18 @@ class NetworkInterface(meta.Model):
     mac_address: str | None = pydantic.Field(default=None, max_length=17, pattern=MAC)  # bounded: CEL's cost estimate
     """Fixed MAC address; derived from the machine's identity when unset."""
     static: StaticAddressing | None = None
-    """Static addressing; DHCP when unset."""
+    """Static addressing; DHCP when unset (and no addressesFromPools)."""
+    addresses_from_pools: list[IPPoolReference] | None = pydantic.Field(default=None, min_length=1, max_length=2)
+    """IP pools of a Cluster API IPAM provider (for example one IPv4 and one IPv6 pool): the provider claims an
+    address from each (an IPAddressClaim) and writes it, with the pool's prefix and gateway, into the network-config
+    before the guest boots. Not together with static."""
 
     @pydantic.model_validator(mode="after")
     def _exactly_one_attachment(self) -> NetworkInterface:
         if (self.network is None) == (self.bridge is None):
             raise ValueError("set exactly one of network or bridge")
+        if self.static is not None and self.addresses_from_pools is not None:
+            raise ValueError(STATIC_OR_POOLS)
         return self
 
 
@@ -298,7 +322,7 @@ class LibvirtMachineStatus(meta.Model):
     initialization: meta.Initialization | None = None
     """v1beta2 contract: initialization.provisioned is true once the VM is provisioned."""
     addresses: list[meta.MachineAddress] | None = None
-    """Addresses of the VM; the last known one is kept while the guest agent or the DHCP lease flaps."""
+    """Addresses: the static (or IP pool) ones at once, then discovered ones; the last discovered kept if none now."""
     failure_domain: str | None = pydantic.Field(default=None, max_length=256)
     """Failure domain the machine was placed in."""
     host: str | None = pydantic.Field(default=None, max_length=63)

@@ -7,6 +7,7 @@ hostname, an address) can add keys or lines of its own; the vendor-data is a fix
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -79,11 +80,18 @@ def ethernet(mac: str, static: v1alpha1.StaticAddressing | None) -> dict[str, An
     config["dhcp4"] = False
     config["addresses"] = list(static.addresses)
     if static.gateway is not None:
-        # `routes` rather than the deprecated gateway4/gateway6; "default" covers IPv4 and IPv6 gateways alike.
-        config["routes"] = [{"to": "default", "via": static.gateway}]
+        # `routes` rather than the deprecated gateway4/gateway6, with the default route written as a network: netplan
+        # reads `to: default`, but cloud-init before 23.x (Debian 12's 22.4) refuses it ("Address default is not a
+        # valid ip network") and gives up on the whole network-config.
+        config["routes"] = [{"to": default_route(static.gateway), "via": static.gateway}]
     if static.nameservers:
         config["nameservers"] = {"addresses": list(static.nameservers)}
     return config
+
+
+def default_route(gateway: str) -> str:
+    """The default route's destination for the gateway's family: 0.0.0.0/0 or ::/0."""
+    return "::/0" if ipaddress.ip_address(gateway).version == 6 else "0.0.0.0/0"
 
 
 def _yaml(document: dict[str, Any]) -> bytes:

@@ -24,6 +24,8 @@ READY = "Ready"
 PROVISIONED = "Provisioned"  # the provisioning condition: its reason says which step the machine is at or waits for
 PAUSED = "Paused"
 DELETING = "Deleting"
+# Where the last look found the machine's addresses (core.machine_addresses); informational: Ready ignores it.
+ADDRESSES_DISCOVERED = "AddressesDiscovered"
 
 
 class Reason:

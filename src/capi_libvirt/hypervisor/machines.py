@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 
 import libvirt
 
-from capi_libvirt.core import domain_xml, placement, volume_xml
+from capi_libvirt.core import domain_xml, machine_addresses, placement, volume_xml
 from capi_libvirt.hypervisor import errors
 
 GIB = 1024**3
@@ -297,10 +297,17 @@ def start_domain(conn: libvirt.virConnect, uuid: str) -> None:
         domain.create()
 
 
-def address_sources(xml: str) -> list[int]:
-    """The address sources that can answer for this domain, in order, so no call is made that can only fail (each
-    failing call is a warning in libvirtd's log): DHCP leases when an interface is on a libvirt network, the guest
-    agent when its channel is connected, ARP when an interface is on a bridge and no agent answers."""
+SOURCE_CODES = {machine_addresses.LEASE: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
+                machine_addresses.AGENT: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
+                machine_addresses.ARP: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP}
+
+
+def address_sources(xml: str) -> list[str]:
+    """The address sources that can answer for this domain (core.machine_addresses' names), in the order they are asked, so no
+    call is made that can only fail (each failing call is a warning in libvirtd's log): DHCP leases when an interface
+    is on a libvirt network (libvirt's dnsmasq gave them), the guest agent while its channel is connected, the host's
+    ARP table when an interface is on a bridge (the LAN's DHCP server, or a static address, left libvirt no lease; it
+    is asked after the agent too, which may be connected and still not answer: a guest-side allow-list, a hung agent)."""
     devices = ET.fromstring(xml).find("devices")
     interfaces = devices.findall("interface") if devices is not None else []
     agent = devices is not None and any(
@@ -308,21 +315,33 @@ def address_sources(xml: str) -> list[int]:
         for target in devices.findall("channel/target"))
     sources = []
     if any(nic.get("type") == "network" for nic in interfaces):
-        sources.append(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE)
+        sources.append(machine_addresses.LEASE)
     if agent:
-        sources.append(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT)
-    elif any(nic.get("type") == "bridge" for nic in interfaces):
-        sources.append(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP)
+        sources.append(machine_addresses.AGENT)
+    if any(nic.get("type") == "bridge" for nic in interfaces):
+        sources.append(machine_addresses.ARP)
     return sources
 
 
-def domain_addresses(conn: libvirt.virConnect, uuid: str) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class Discovery:
+    """What one look for a domain's addresses found: the addresses, the source that gave them (None: none did), and
+    every source asked, in order."""
+
+    addresses: list[str]
+    source: str | None
+    asked: list[str]
+
+
+def domain_addresses(conn: libvirt.virConnect, uuid: str) -> Discovery:
     """IPv4/IPv6 addresses of the domain from the first source that has any (see address_sources); link-local and
     loopback left out."""
     domain = conn.lookupByUUIDString(uuid)
+    asked = []
     for source in address_sources(domain.XMLDesc(0)):
+        asked.append(source)
         try:
-            interfaces = domain.interfaceAddresses(source, 0) or {}
+            interfaces = domain.interfaceAddresses(SOURCE_CODES[source], 0) or {}
         except libvirt.libvirtError:
             continue  # that source is not available after all (the agent went away): try the next
         found = []
@@ -334,8 +353,8 @@ def domain_addresses(conn: libvirt.virConnect, uuid: str) -> list[str]:
                 if not (address.is_loopback or address.is_link_local):
                     found.append(str(address))
         if found:
-            return found
-    return []
+            return Discovery(found, source, asked)
+    return Discovery([], None, asked)
 
 
 def eject_nocloud(conn: libvirt.virConnect, uuid: str, iso_volume: str) -> list[str]:

@@ -26,6 +26,7 @@ from capi_libvirt.api import meta
 from capi_libvirt.kube.cache import Key, ObjectCache
 
 CAPI_GROUP, CAPI_VERSION = meta.CAPI_GROUP, meta.CAPI_VERSION
+IPAM_GROUP, IPAM_VERSION = "ipam.cluster.x-k8s.io", "v1beta2"  # Cluster API's IPAddressClaim and IPAddress
 
 # The client logs whole response bodies at DEBUG, Secrets (bootstrap data, host keys) included: never below INFO,
 # whatever level the operator runs at.
@@ -246,6 +247,48 @@ class KubeAPI:
             meta.GROUP, meta.VERSION, namespace, LIBVIRT_MACHINES, name, {"status": status}, **MERGE_PATCH)
         self.cache.put(LIBVIRT_MACHINES, body)
         return body
+
+    # -- Cluster API IPAM (core.ipam): the machine's IPAddressClaims and the IPAddresses that answer them --------------
+
+    async def get_ip_address_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls += 1
+        return await _or_none(self.objects.get_namespaced_custom_object(
+            IPAM_GROUP, IPAM_VERSION, namespace, "ipaddressclaims", name))
+
+    async def create_ip_address_claim(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create the claim; one that exists already (a pass that raced another, or a restart) is read instead."""
+        self.calls += 1
+        namespace = body["metadata"]["namespace"]
+        try:
+            created: dict[str, Any] = await self.objects.create_namespaced_custom_object(
+                IPAM_GROUP, IPAM_VERSION, namespace, "ipaddressclaims", body)
+            return created
+        except ApiException as error:
+            if error.status == 409:
+                existing = await self.get_ip_address_claim(namespace, body["metadata"]["name"])
+                if existing is not None:
+                    return existing
+            if error.status == 403:
+                raise Forbidden(f"creating IPAddressClaims in namespace {namespace} is forbidden") from None
+            raise
+
+    async def delete_ip_address_claim(self, namespace: str, name: str) -> bool:
+        """Ask for the claim's deletion (its IPAM provider's finalizer then releases the address); False when it was
+        gone already. Does not wait for it to go."""
+        self.calls += 1
+        try:
+            deleted = await _or_none(self.objects.delete_namespaced_custom_object(
+                IPAM_GROUP, IPAM_VERSION, namespace, "ipaddressclaims", name))
+        except ApiException as error:
+            if error.status == 403:
+                raise Forbidden(f"deleting IPAddressClaims in namespace {namespace} is forbidden") from None
+            raise
+        return deleted is not None
+
+    async def get_ip_address(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls += 1
+        return await _or_none(self.objects.get_namespaced_custom_object(
+            IPAM_GROUP, IPAM_VERSION, namespace, "ipaddresses", name))
 
 
 EVENT_COMPONENT = "capi-libvirt"

@@ -3,7 +3,8 @@
 LibvirtMachines go through a work queue (operator.workqueue) drained by a fixed number of workers: the watches of
 LibvirtMachines, Machines and Clusters put each body into the cache (kube.cache) and queue the LibvirtMachines whose
 inputs changed; a pass returns when it wants to look again, and the queue's timer brings the key back then. Between
-passes a machine costs nothing. (Bootstrap Secrets are not watched: Cluster API sets
+passes a machine costs nothing. The IPAddressClaims the machines own (Cluster API IPAM) are watched only to queue
+their owner when an IPAM provider answers one. (Bootstrap Secrets are not watched: Cluster API sets
 Machine.spec.bootstrap.dataSecretName once the Secret exists, and that Machine change queues the machine; reading
 every Secret of the cluster is not worth that privilege.) A LibvirtMachine being deleted is torn down by the same
 reconcile, which releases the finalizer it put on at placement (kopf puts none on LibvirtMachines).
@@ -24,7 +25,7 @@ from typing import Any, cast
 import kopf
 
 from capi_libvirt.api import kinds, meta, v1alpha1
-from capi_libvirt.core import capacity, orphans, provider_id
+from capi_libvirt.core import capacity, ipam, orphans, provider_id
 from capi_libvirt.hypervisor import connection, credentials
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config as operator_config
@@ -348,6 +349,16 @@ async def cluster_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None
         runtime.relisted(api.CLUSTERS)
     if runtime.deps.kube.cache.apply(api.CLUSTERS, event["type"], body):
         runtime.wake_cluster(body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+@kopf.on.event(ipam.GROUP, ipam.VERSION, ipam.CLAIMS)
+async def ip_address_claim_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """A claim an IPAM provider answered (or found its pool exhausted): its LibvirtMachine looks again now."""
+    runtime: Runtime = memo.runtime
+    body = _body(event)
+    for owner in body["metadata"].get("ownerReferences") or []:
+        if owner.get("kind") == kinds.LIBVIRT_MACHINE.kind and owner.get("apiVersion") == meta.API_VERSION:
+            runtime.machines.add((body["metadata"]["namespace"], owner["name"]))
 
 
 # -- LibvirtCluster -----------------------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ from capi_libvirt.core import (
     cloud_init,
     conditions,
     domain_xml,
+    ipam,
+    machine_addresses,
     naming,
     nocloud,
     outage,
@@ -59,6 +61,7 @@ REPLACED = "Replaced"
 DOMAIN_HOST_MISMATCH = "DomainHostMismatch"
 NOCLOUD_ISO_REMOVED = "NoCloudISODetached"
 NOCLOUD_ISO_NOT_REMOVED = "NoCloudISONotRemoved"
+IPAM_FORBIDDEN = "IPAddressClaimsForbidden"
 CPU_MODEL_NOT_SUPPORTED = "CPUModelNotSupported"
 BOOTSTRAP_FORMATS = ("cloud-config", "ignition")  # cloud-config on a NoCloud ISO; ignition through fw_cfg
 
@@ -71,11 +74,16 @@ DOMAIN_RECORD_ANNOTATION = f"{meta.GROUP}/libvirt-domain-defined-on"
 # Hosts a machine was moved away from while they were unreachable, whose volumes of it are removed once they answer.
 FORMER_HOSTS_ANNOTATION = f"{meta.GROUP}/libvirt-former-hosts"
 
+# Conditions a machine's Ready does not summarise: Paused (Cluster API reports it on its own) and AddressesDiscovered
+# (informational: a lease or an agent that flaps while the last known address stands never makes a machine unready).
+READY_IGNORES = (conditions.PAUSED, conditions.ADDRESSES_DISCOVERED)
+
 # Seconds until the next pass. Watches on Machines, Clusters and Secrets wake a waiting machine sooner.
 RECHECK_WAITING = 30.0
 RECHECK_BOOTSTRAP = 10.0  # a missing bootstrap Secret: the Machine watch usually wakes us first
 RECHECK_ADDRESS = 2.0  # no libvirt event says a lease was given: look again soon (one cheap call)
 RECHECK_PROVISIONED = 60.0
+RECHECK_IPAM = 3.0  # an IPAM provider answers a claim in about a second; claim events wake the machine sooner
 BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
 ORPHAN_GRACE_S = 3600.0  # default: an orphan is removed an hour after it was first seen (operator config)
 
@@ -588,8 +596,49 @@ async def record_owner(deps: Dependencies, p: MachinePass) -> None:
 
 
 async def resolve_addressing(deps: Dependencies, p: MachinePass) -> None:
-    """The addresses each interface has before the guest boots: its `static` addressing."""
-    p.addressing = {index: nic.static for index, nic in enumerate(p.spec.interfaces) if nic.static is not None}
+    """The addresses each interface has before the guest boots: its `static` addressing, or what its IP pools
+    allocated. For each pool of `addressesFromPools` the machine owns an IPAddressClaim (core.ipam), made here when
+    missing; the pass waits (WaitingForIPAddress, naming the claim and the pool, and the claim's Ready=False reason,
+    such as PoolExhausted) until every claim names an IPAddress. Runs every pass, also once the domain exists: its
+    result is what status.addresses publishes up front."""
+    addressing = {index: nic.static for index, nic in enumerate(p.spec.interfaces) if nic.static is not None}
+    allocated: dict[int, list[dict[str, Any]]] = {}
+    waiting: str | None = None
+    cluster = (p.cluster or {}).get("metadata", {}).get("name") or \
+        p.body["metadata"].get("labels", {}).get(meta.CLUSTER_NAME_LABEL, "")
+    for ref in ipam.claims(p.name, p.spec.interfaces):
+        claim = await deps.kube.get_ip_address_claim(p.namespace, ref.name)
+        if claim is None:
+            try:
+                claim = await deps.kube.create_ip_address_claim(ipam.claim_body(p.body, ref, cluster))
+            except api.Forbidden as error:
+                raise Wait(IPAM_FORBIDDEN, f"{error}: the provider's ClusterRole must allow ipaddressclaims",
+                           failure=True) from None
+            await _event(deps, p.body, "Normal", "IPAddressClaimCreated", f"created IPAddressClaim {ref.name} for "
+                         f"interface {ref.interface} from {ref.pool_ref.kind} {ref.pool_ref.name}")
+        if not any(owner.get("uid") == p.body["metadata"]["uid"]
+                   for owner in claim["metadata"].get("ownerReferences") or []):
+            # A claim of that name another object owns (a deleted machine of the same name, its claim not gone yet).
+            waiting = waiting or f"IPAddressClaim {ref.name} exists but is not this machine's; waiting for it to go"
+            continue
+        name = ipam.address_name(claim)
+        address = await deps.kube.get_ip_address(p.namespace, name) if name else None
+        if address is None:
+            waiting = waiting or ipam.waiting_message(ref, claim)
+            continue
+        if ((address.get("spec") or {}).get("claimRef") or {}).get("name") != ref.name:
+            raise Wait(ipam.INVALID_IP_ADDRESS, f"IPAddress {name} named by IPAddressClaim {ref.name} was not made "
+                       "for that claim (spec.claimRef)", failure=True)
+        allocated.setdefault(ref.interface, []).append(address)
+    if waiting is not None:
+        raise Wait(ipam.WAITING_FOR_IP_ADDRESS, waiting, RECHECK_IPAM)
+    for index, addresses in allocated.items():
+        try:
+            addressing[index] = ipam.addressing(addresses)
+        except ValueError as error:
+            raise Wait(ipam.INVALID_IP_ADDRESS, f"the IPAddresses of interface {index} are not usable: {error}"[:512],
+                       failure=True) from None
+    p.addressing = addressing
 
 
 async def ensure_image(deps: Dependencies, p: MachinePass) -> None:
@@ -689,12 +738,21 @@ async def publish_provider_id(deps: Dependencies, p: MachinePass) -> None:
 
 
 async def observe_addresses(deps: Dependencies, p: MachinePass) -> None:
+    """Publish the machine's addresses (core.machine_addresses): those known up front (p.addressing) as soon as the domain
+    runs, then what discovery finds, the last discovered kept while discovery finds nothing; the machine is
+    provisioned once it has any. The AddressesDiscovered condition says where this look found them, or what it asked."""
     host = deps.hosts.get(p.host or "")
-    found = await host.call(machines.domain_addresses, p.domain_uuid, doing="read addresses")
+    discovery = await host.call(machines.domain_addresses, p.domain_uuid, doing="read addresses")
+    known = machine_addresses.known_addresses(p.addressing)
     previous = [a["address"] for a in p.status.get("addresses") or [] if a.get("type") == "InternalIP"]
-    internal = found or previous  # keep the last known address while the lease or the agent flaps
+    internal = machine_addresses.internal_addresses(known, discovery.addresses, previous)
+    kept = machine_addresses.kept_addresses(known, discovery.addresses, previous)
     p.status["addresses"] = [{"type": "Hostname", "address": naming.hostname(p.name)}] + \
         [{"type": "InternalIP", "address": address} for address in internal]
+    p.status["conditions"] = conditions.set_condition(
+        p.status.get("conditions"), conditions.ADDRESSES_DISCOVERED,
+        *machine_addresses.discovery_condition(discovery.asked, discovery.source, discovery.addresses, known, kept),
+        now=deps.now(), observed_generation=p.body["metadata"].get("generation"))
     if not internal:
         raise Wait(Reason.WAITING_FOR_ADDRESS, "the domain runs; waiting for its address", RECHECK_ADDRESS)
     p.status["ready"] = True  # v1beta1 contract
@@ -859,7 +917,7 @@ async def _write_status(deps: Dependencies, body: dict[str, Any], status: dict[s
                                                         now=now, observed_generation=generation)
     status.setdefault("ready", False)
     status["conditions"] = conditions.summarize_ready(status.get("conditions"), now, generation,
-                                                      order=(conditions.PROVISIONED,))
+                                                      order=(conditions.PROVISIONED,), ignore=READY_IGNORES)
     status["observedGeneration"] = generation
     # Every condition was judged in this pass, against this generation (placement, earlier in the pass, moved it on).
     if generation is not None:
@@ -908,9 +966,34 @@ async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
     deps.observe.machine_deleting(namespace, name, recorded_host(body))
     try:
         await _delete_from_host(deps, body)
+        await _release_ip_address_claims(deps, body)
     except Wait as wait:
         return wait.retry_after
     return await _release_finalizer(deps, body)
+
+
+async def _release_ip_address_claims(deps: Dependencies, body: dict[str, Any]) -> None:
+    """After the host's teardown, the machine's IPAddressClaims are deleted, so its addresses go back to their pools
+    now (not whenever a garbage collector gets to the owner references). Their deletion is asked for, never waited
+    for: the IPAM provider's finalizer releases the address. A refusal (403) is a Warning event, not a stuck machine;
+    another API error is retried with backoff."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    try:
+        spec = v1alpha1.LibvirtMachineSpec.model_validate(body.get("spec") or {})
+    except pydantic.ValidationError:
+        return  # never valid, so never claimed anything
+    key = ("release", namespace, name)
+    for ref in ipam.claims(name, spec.interfaces):
+        try:
+            if await deps.kube.delete_ip_address_claim(namespace, ref.name):
+                await _event(deps, body, "Normal", "IPAddressReleased", f"deleted IPAddressClaim {ref.name}")
+        except api.Forbidden:
+            await _event(deps, body, "Warning", IPAM_FORBIDDEN, f"may not delete IPAddressClaim {ref.name}; "
+                         "its owner reference lets the garbage collector remove it")
+        except Exception as error:  # noqa: BLE001  the API hiccuped: again, with backoff
+            log.info("deleting IPAddressClaim %s/%s failed: %s", namespace, ref.name, type(error).__name__)
+            raise _with_backoff(deps, key, Wait(RECONCILE_ERROR, "deleting IPAddressClaims failed")) from None
+    deps.failures.pop(key, None)
 
 
 async def _release_finalizer(deps: Dependencies, body: dict[str, Any]) -> float | None:
@@ -979,7 +1062,7 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
             status.get("conditions"), conditions.DELETING, "True", wait.reason, f"cannot delete yet: {error}",
             now=deps.now(), observed_generation=body["metadata"].get("generation"))
         status["conditions"] = conditions.summarize_ready(status["conditions"], deps.now(),
-                                                          body["metadata"].get("generation"))
+                                                          body["metadata"].get("generation"), ignore=READY_IGNORES)
         await deps.kube.patch_libvirt_machine_status(namespace, name, status)
         raise _with_backoff(deps, key, wait) from None
     deps.failures.pop(key, None)

@@ -1,6 +1,9 @@
 """Workers join for real: Cluster API's kubeadm bootstrap provider writes the cloud-init, the provider puts it on the
 NoCloud ISO, the VM boots the node image from its own disk, cloud-init runs `kubeadm join`, and the kubelet registers
-the Node with the provider's providerID; the Node becomes Ready, the Machine Running. Then Cluster API scales the
+the Node with the provider's providerID; the Node becomes Ready, the Machine Running. Once Cluster API set the
+Machines' nodeRefs, every NoCloud ISO (the bootstrap data) is ejected and deleted, and one guest rebooted without its
+seed comes back (Node Ready with a new boot ID, same address, same network config, cloud-init off). Then Cluster API
+scales the
 MachineDeployment back to 0, deletes the Nodes, and nothing of the VMs is left on the host. A join broken on purpose
 (a bootstrap token whose secret is wrong) shows why it failed in `capi-libvirt console-log`, read over libvirt; then
 deleting the Cluster, with that machine still in flight, removes every object and VM.

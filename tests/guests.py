@@ -4,14 +4,10 @@ commands run inside a guest through its QEMU guest agent (agent_ready, guest_run
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import json
 import pathlib
 import time
 
 import libvirt
-import libvirt_qemu
 
 from capi_libvirt.core import domain_xml
 from devenv import base_image
@@ -101,39 +97,3 @@ def owner_of(host, uuid_: str) -> domain_xml.Owner | None:
     with host.connect() as conn:
         return domain_xml.parse_owner(conn.lookupByUUIDString(uuid_).XMLDesc(0))
 
-
-AGENT_TIMEOUT_S = 10  # one agent command's answer (libvirt's timeout, seconds)
-
-
-def _agent(host, uuid_: str, command: str, **arguments: object) -> dict:
-    """One guest agent command (guest-ping, guest-exec, ...) on a new connection; its `return` value."""
-    with host.connect() as conn:
-        domain = conn.lookupByUUIDString(uuid_)
-        answer = libvirt_qemu.qemuAgentCommand(domain, json.dumps({"execute": command, "arguments": arguments}),
-                                               AGENT_TIMEOUT_S, 0)
-    return json.loads(answer)["return"]
-
-
-async def agent_ready(host, uuid_: str) -> bool:
-    """The guest agent answers (it starts with the guest's virtio port, some seconds after the guest has an address)."""
-    try:
-        await asyncio.to_thread(_agent, host, uuid_, "guest-ping")
-        return True
-    except libvirt.libvirtError:
-        return False
-
-
-async def guest_run(host, uuid_: str, script: str, attempts: int = 300) -> bytes:
-    """`sh -c script` run in the guest by its agent (guest-exec); its stdout once it exited 0 (else AssertionError
-    with its exit code and stderr). Polled every 0.2 s, at most `attempts` times."""
-    pid = (await asyncio.to_thread(_agent, host, uuid_, "guest-exec", path="/bin/sh", arg=["-c", script],
-                                   **{"capture-output": True}))["pid"]
-    for _ in range(attempts):
-        status = await asyncio.to_thread(_agent, host, uuid_, "guest-exec-status", pid=pid)
-        if status.get("exited"):
-            out = base64.b64decode(status.get("out-data", ""))
-            err = base64.b64decode(status.get("err-data", ""))
-            assert status.get("exitcode") == 0, (script, status.get("exitcode"), err)
-            return out
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{script!r} still running in the guest after {attempts} polls")

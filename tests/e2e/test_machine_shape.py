@@ -10,6 +10,7 @@ event loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 import time
@@ -20,12 +21,13 @@ from collections.abc import Iterator
 import pytest
 from kubernetes_asyncio import client
 
+import guest_agent
 from capi_libvirt.api import meta
 from capi_libvirt.core import naming
 from devenv import base_image, capi_objects
 from devenv.guest_image import GuestImage
 from devenv.libvirt_host import LibvirtHost
-from guests import agent_ready, guest_run, host_objects, machine_spec, provider_objects
+from guests import host_objects, machine_spec, provider_objects
 
 from fixtures_control_plane import operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
@@ -124,13 +126,15 @@ async def test_uefi_ignition_data_disk_and_cpu_topology_in_one_guest_and_nothing
         assert not [disk for disk in root.findall("devices/disk") if disk.get("device") == "cdrom"]
 
         # Inside the guest, through its agent.
-        await wait_until("the guest agent", lambda: agent_ready(shape_host, domain_uuid), PROVISION_DEADLINE_S, 2.0)
+        def inside(script: str) -> bytes:
+            return guest_agent.guest_output(shape_host, domain_uuid, script)
+        await wait_until("the guest agent", lambda: asyncio.to_thread(guest_agent.agent_answers, shape_host,
+                                                                      domain_uuid), PROVISION_DEADLINE_S, 2.0)
         agent_s = time.monotonic() - started
-        efi = await guest_run(shape_host, domain_uuid, "ls /sys/firmware/efi")
-        fw_cfg = await guest_run(shape_host, domain_uuid,
-                                 f"modprobe qemu_fw_cfg 2>/dev/null; cat {FW_CFG_RAW}")
-        sectors = await guest_run(shape_host, domain_uuid, "cat /sys/block/vdb/size")
-        cpus = cpu_layout((await guest_run(shape_host, domain_uuid, "cat /proc/cpuinfo")).decode())
+        efi = await asyncio.to_thread(inside, "ls /sys/firmware/efi")
+        fw_cfg = await asyncio.to_thread(inside, f"modprobe qemu_fw_cfg 2>/dev/null; cat {FW_CFG_RAW}")
+        sectors = await asyncio.to_thread(inside, "cat /sys/block/vdb/size")
+        cpus = cpu_layout((await asyncio.to_thread(inside, "cat /proc/cpuinfo")).decode())
         body = await wait_until("the UEFI machine provisioned", provisioned, PROVISION_DEADLINE_S)
         provisioned_s = time.monotonic() - started
         assert [a for a in body["status"]["addresses"] if a["type"] == "InternalIP"], body["status"]

@@ -21,34 +21,28 @@ def overlay_volume_xml(name: str, capacity_bytes: int, backing_path: str, backin
 
 def data_volume_xml(name: str, capacity_bytes: int) -> str:
     """An empty, thin qcow2 volume of `capacity_bytes`: a machine's data disk."""
-    volume = ET.Element("volume", type="file")
-    ET.SubElement(volume, "name").text = name
-    ET.SubElement(volume, "capacity", unit="bytes").text = str(capacity_bytes)
-    ET.SubElement(volume, "allocation", unit="bytes").text = "0"
-    target = ET.SubElement(volume, "target")
-    ET.SubElement(target, "format", type="qcow2")
-    return ET.tostring(volume, encoding="unicode")
+    return _empty_volume_xml(name, capacity_bytes, "qcow2", allocation=0)
 
 
 def raw_volume_xml(name: str, capacity_bytes: int) -> str:
     """A raw volume of exactly `capacity_bytes`, the container an uploaded NoCloud ISO goes into."""
-    volume = ET.Element("volume", type="file")
-    ET.SubElement(volume, "name").text = name
-    ET.SubElement(volume, "capacity", unit="bytes").text = str(capacity_bytes)
-    ET.SubElement(volume, "allocation", unit="bytes").text = "0"
-    target = ET.SubElement(volume, "target")
-    ET.SubElement(target, "format", type="raw")
-    return ET.tostring(volume, encoding="unicode")
+    return _empty_volume_xml(name, capacity_bytes, "raw", allocation=0)
 
 
 def qcow2_volume_xml(name: str, capacity_bytes: int) -> str:
     """An empty qcow2 volume of `capacity_bytes` (virtual size), the container an imported qcow2 image is streamed
     into (the upload replaces its contents from the first byte)."""
+    return _empty_volume_xml(name, capacity_bytes, "qcow2")
+
+
+def _empty_volume_xml(name: str, capacity_bytes: int, fmt: str, allocation: int | None = None) -> str:
     volume = ET.Element("volume", type="file")
     ET.SubElement(volume, "name").text = name
     ET.SubElement(volume, "capacity", unit="bytes").text = str(capacity_bytes)
+    if allocation is not None:
+        ET.SubElement(volume, "allocation", unit="bytes").text = str(allocation)
     target = ET.SubElement(volume, "target")
-    ET.SubElement(target, "format", type="qcow2")
+    ET.SubElement(target, "format", type=fmt)
     return ET.tostring(volume, encoding="unicode")
 
 

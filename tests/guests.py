@@ -1,6 +1,6 @@
 """What the e2e tests share about guests: the spec of a small TCG guest from the cached image, what of the
-provider's machines is still on a libvirt host, a host's state as tests compare it (host_state, owner_of), and
-commands run inside a guest through its QEMU guest agent (agent_ready, guest_run)."""
+provider's machines is still on a libvirt host, and a host's state as tests compare it (host_state, owner_of).
+Commands run inside a guest through its QEMU guest agent are in guest_agent.py."""
 
 from __future__ import annotations
 

@@ -7,7 +7,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
-.PHONY: help system-deps venv upstream guest-image prerequisites manifests lint lock lock-check image test test-fast bench run demo clean release-manifests
+.PHONY: help system-deps venv upstream upstream-control-plane upstream-kubernetes guest-image guest-image-minimal \
+	guest-image-node prerequisites manifests lint lint-checks lock lock-check image test test-fast bench run demo clean \
+	release-manifests
+
+# Each set-up step runs through hack/timed.sh: one line when it starts and when it ends, its output in out/logs/, its
+# seconds in out/timing/setup.tsv (the timing report of `make test`, tests/timing_report.py, shows them).
+TIMED := hack/timed.sh
+# The set-up steps of `make test`, `make run` and `make demo` run side by side where they do not depend on each other
+# (the Go builds on the CPU while debootstrap waits on the mirror); at most this many at once.
+SETUP_JOBS ?= 4
 
 help:
 	@echo "make demo       watch one VM go from a LibvirtMachine to booted and back to nothing (start here)"
@@ -19,16 +28,16 @@ help:
 	@echo "make bench      provisioning speed, idle cost and API traffic at N = 1, 10, 50, against the bare libvirt floor"
 
 system-deps:
-	@hack/install-system-deps.sh
+	@$(TIMED) system-deps hack/install-system-deps.sh
 
 venv: system-deps $(VENV)/.installed
 
 # Installed from the hashed lock (make lock writes it from pyproject.toml's bounds), then the project itself.
-$(VENV)/.installed: pyproject.toml requirements-dev.lock
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check --require-hashes -r requirements-dev.lock
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
-	touch $@
+$(VENV)/.installed: pyproject.toml requirements-dev.lock | system-deps
+	@$(TIMED) venv bash -c '$(PYTHON) -m venv $(VENV) \
+	  && $(BIN)/pip install -q --disable-pip-version-check --require-hashes -r requirements-dev.lock \
+	  && $(BIN)/pip install -q --disable-pip-version-check --no-deps -e .'
+	@touch $@
 
 # requirements.lock (the image's) and requirements-dev.lock (the venv's, with the test extra), hashes included.
 # Keeps the pins it can; `make lock UPGRADE=1` moves every pin to the newest release pyproject.toml's bounds allow.
@@ -45,18 +54,30 @@ lock-check: venv
 	 && diff -q requirements.lock $$tmp/requirements.lock && diff -q requirements-dev.lock $$tmp/requirements-dev.lock \
 	 || { echo "requirements*.lock are out of date with pyproject.toml: run \`make lock\`"; exit 1; }
 
-upstream: system-deps
-	@hack/build-upstream.sh
+# The upstream programs (hack/build-upstream.sh): the Kubernetes commands first, since the node image needs kubelet and
+# kubeadm; the rest while the node image is made. `upstream-control-plane` is only what `make run`/`make demo` use.
+upstream: upstream-kubernetes
+	@$(TIMED) upstream-rest hack/build-upstream.sh rest
+
+upstream-kubernetes: system-deps
+	@$(TIMED) upstream-kubernetes hack/build-upstream.sh kubernetes
+
+upstream-control-plane: system-deps
+	@$(TIMED) upstream-control-plane hack/build-upstream.sh control-plane
 
 # Both flavors: the minimal image, and the Kubernetes node image (it carries the kubelet and kubeadm of `upstream`).
-guest-image: system-deps upstream
-	@hack/build-guest-image.sh minimal >/dev/null
-	@hack/build-guest-image.sh node >/dev/null
+guest-image: guest-image-minimal guest-image-node
+
+guest-image-minimal: system-deps
+	@$(TIMED) guest-image-minimal hack/build-guest-image.sh minimal
+
+guest-image-node: system-deps upstream-kubernetes
+	@$(TIMED) guest-image-node hack/build-guest-image.sh node
 
 # The operator image from the Dockerfile, with buildah (no Docker engine); the base image is a local stand-in when no
 # registry serves it (hack/make-base-image.sh). Tagged as config/manager names it; prints the reference and size.
 image: system-deps
-	@hack/build-image.sh
+	@$(TIMED) image hack/build-image.sh
 
 prerequisites: venv upstream guest-image image
 
@@ -70,13 +91,22 @@ release-manifests: venv
 	$(BIN)/capi-libvirt release-manifests --out out --version $(RELEASE_VERSION)
 
 lint: venv lock-check
+	@$(TIMED) lint $(MAKE) --no-print-directory lint-checks
+
+lint-checks:
 	$(BIN)/ruff check src tests bench devenv
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
 
-test: prerequisites lint
-	$(BIN)/pytest tests
+# Set-up (side by side, SETUP_JOBS at once) and lint, then every tier. pytest runs on PYTEST_WORKERS processes
+# (pytest-xdist; tests/conftest.py keeps the guest-booting modules on one of them, so at most two guests boot at once
+# on 2 cores). At the end it prints where the time went; out/timing/report.md has all of it.
+PYTEST_WORKERS ?= 2
+test:
+	@$(TIMED) --reset
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) prerequisites lint
+	$(BIN)/pytest -n $(PYTEST_WORKERS) tests
 
 test-fast: venv
 	$(BIN)/pytest -m unit tests
@@ -85,10 +115,14 @@ test-fast: venv
 bench: prerequisites
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
-run: prerequisites
+# Only what they use: the venv, etcd, kube-apiserver and kubeadm, Cluster API's CRDs, the minimal guest image.
+DEV_PREREQUISITES := venv upstream-control-plane guest-image-minimal
+run:
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) $(DEV_PREREQUISITES)
 	$(BIN)/python -m devenv run
 
-demo: prerequisites
+demo:
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) $(DEV_PREREQUISITES)
 	$(BIN)/python -m devenv demo
 
 clean:

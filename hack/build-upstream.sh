@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
 # Build the upstream Go programs the test bed runs (etcd, kube-apiserver, kubelet, kubeadm, the Cluster API managers,
-# clusterctl, ...) from the Go module proxy and fetch the modules whose files the test bed reads (Cluster API's CRDs). Everything is cached by version under
-# $CAPI_LIBVIRT_CACHE (default ~/.cache/capi-libvirt), outside the work tree; a second run only checks the cache.
+# clusterctl, ...) from the Go module proxy and fetch the modules whose files the test bed reads (Cluster API's CRDs).
+# Everything is cached by version under $CAPI_LIBVIRT_CACHE (default ~/.cache/capi-libvirt), outside the work tree; a
+# second run only checks the cache.
+#
+#   hack/build-upstream.sh [control-plane|kubernetes|rest|all]      (default: all)
+#
+# `control-plane` is what `make run` and `make demo` need: etcd, kube-apiserver, kubeadm (its phases make the API
+# server's certificates) and Cluster API's module (its CRDs). `kubernetes` builds what the node image needs first
+# (kubelet and kubeadm, with the other Kubernetes commands in the same `go build`), so the Makefile can start the node
+# image while `rest` builds the others (etcd, kustomize, Cluster API, cluster-autoscaler, cert-manager, helm). Programs of one module
+# are built by one `go build` (they share its compilation and link side by side). Each build prints one line when it
+# starts and one when it ends; its output (`go: downloading ...`) goes to out/logs/upstream-<name>.log, whose end is
+# printed if it fails. Each build's seconds land in out/timing/setup.tsv (hack/timed.sh, tests/timing_report.py).
 set -euo pipefail
+
+group=${1:-all}
+case "$group" in control-plane|kubernetes|rest|all) ;; *) echo "usage: $0 [control-plane|kubernetes|rest|all]" >&2; exit 2 ;; esac
 
 : "${KUBERNETES_VERSION:=v1.35.4}"
 : "${ETCD_VERSION:=v3.6.16}"
@@ -21,20 +35,48 @@ export GOFLAGS="${GOFLAGS:-} -buildvcs=false" CGO_ENABLED=0
 
 log() { printf '[build-upstream] %s\n' "$*" >&2; }
 
-# go_build_in_scratch MODULE VERSION PACKAGE OUTPUT LDFLAGS [REPLACES...]: a throw-away module requiring MODULE@VERSION
-# builds PACKAGE; this is how modules whose own go.mod has replace directives (etcd, kubernetes) are built.
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+logs="$repo/out/logs"
+timing="${CAPI_LIBVIRT_TIMING_DIR:-$repo/out/timing}"
+mkdir -p "$logs" "$timing"
+
+# build NAME WHAT CMD...: run one build quietly (its output in out/logs/upstream-NAME.log), say when it starts and
+# ends, record its seconds as upstream/NAME in setup.tsv, and show the end of its log if it fails.
+build() {
+  local name=$1 what=$2; shift 2
+  local output="$logs/upstream-$name.log" started=$SECONDS rc=0
+  log "$name: building $what"
+  # In the background, so that `set -e` holds inside the build (it is ignored in a command tested with ||).
+  "$@" >"$output" 2>&1 &
+  wait "$!" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    log "$name: FAILED ($rc) after $((SECONDS - started)) s; the end of $output:"
+    tail -n 40 "$output" >&2
+    printf 'upstream/%s\t%s\tfailed\n' "$name" "$((SECONDS - started))" >>"$timing/setup.tsv"
+    exit "$rc"
+  fi
+  log "$name: built in $((SECONDS - started)) s"
+  printf 'upstream/%s\t%s\tbuilt\n' "$name" "$((SECONDS - started))" >>"$timing/setup.tsv"
+}
+
+# go_build_in_scratch MODULE VERSION LDFLAGS OUTDIR PACKAGES... [-- REPLACES...]: a throw-away module requiring
+# MODULE@VERSION builds the PACKAGES (one `go build`) into OUTDIR, each named after its last path element; this is how
+# modules whose own go.mod has replace directives (etcd, kubernetes) are built.
 go_build_in_scratch() {
-  local module=$1 version=$2 package=$3 output=$4 ldflags=$5; shift 5
+  local module=$1 version=$2 ldflags=$3 outdir=$4; shift 4
+  local packages=() replaces=()
+  while [ "$#" -gt 0 ] && [ "$1" != -- ]; do packages+=("$1"); shift; done
+  [ "$#" -gt 0 ] && shift
+  replaces=("$@")
   local scratch; scratch=$(mktemp -d)
   (
     cd "$scratch"
-    go mod init capi-libvirt.local/build >/dev/null 2>&1
-    for r in "$@"; do echo "replace $r" >> go.mod; done
+    go mod init capi-libvirt.local/build
+    for r in "${replaces[@]}"; do echo "replace $r" >> go.mod; done
     go mod edit -require="$module@$version"
-    go mod tidy >/dev/null 2>&1 || true
-    go get "$package@$version" >/dev/null
-    go build -trimpath -ldflags "-s -w $ldflags" -o "$output.tmp" "$package"
-    mv "$output.tmp" "$output"
+    go mod tidy || true
+    for package in "${packages[@]}"; do go get "$package@$version"; done
+    go build -trimpath -ldflags "-s -w $ldflags" -o "$outdir/" "${packages[@]}"
   )
   rm -rf "$scratch"
 }
@@ -44,114 +86,117 @@ module_field() {
   go mod download -json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$2"
 }
 
-# go_install PACKAGE VERSION OUTPUT LDFLAGS: `go install PACKAGE@VERSION` into a throw-away GOBIN; for modules whose
-# go.mod has no replace directives (cluster-api).
+# go_install VERSION LDFLAGS OUTDIR PACKAGES...: `go install PACKAGE@VERSION...` (one build, packages of one module) into
+# OUTDIR, each named after its package (minus a /vN suffix); for modules whose go.mod has no replace directives.
 go_install() {
-  local package=$1 version=$2 output=$3 ldflags=$4
-  local gobin; gobin=$(mktemp -d)
-  GOBIN="$gobin" go install -trimpath -ldflags "-s -w $ldflags" "$package@$version"
-  mv "$gobin"/* "$output"  # the one program built (named after the package, minus a /vN suffix)
-  rm -rf "$gobin"
+  local version=$1 ldflags=$2 outdir=$3; shift 3
+  local package targets=()
+  for package in "$@"; do targets+=("$package@$version"); done
+  GOBIN="$outdir" go install -trimpath -ldflags "-s -w $ldflags" "${targets[@]}"
 }
 
-etcd="$bin/etcd-$ETCD_VERSION"
-if [ ! -x "$etcd" ]; then
-  log "building etcd $ETCD_VERSION (a few minutes on 2 cores, once)"
-  go_build_in_scratch go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3 "$etcd" ""
-fi
+# install_from OUTDIR NAME OUTPUT: move the program NAME that a build left in OUTDIR to its cached name OUTPUT.
+install_from() { mv "$1/$2" "$3"; }
 
-# build_kubernetes_command NAME OUTPUT: k8s.io/kubernetes/cmd/NAME at $KUBERNETES_VERSION, in a scratch module that
-# copies the k8s.io staging replaces of kubernetes' go.mod, with the version stamp.
-build_kubernetes_command() {
-  local name=$1 output=$2
+# The Kubernetes commands, one `go build` of k8s.io/kubernetes at $KUBERNETES_VERSION in a scratch module that copies
+# the k8s.io staging replaces of kubernetes' go.mod, with the version stamp (clients, clusterctl among them, check the
+# server's version). kube-apiserver, kube-scheduler and kube-controller-manager run the test API server and the
+# workload side of the e2e; kubelet and kubeadm go into the node image (the same version as the test API server), and
+# kubeadm's `init phase` commands prepare the test API server for joining nodes as `kubeadm init` would.
+kube_commands=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubeadm)
+build_kubernetes_commands() {
   local gomod; gomod=$(module_field "k8s.io/kubernetes@$KUBERNETES_VERSION" GoMod)
   local staging_version="v0.${KUBERNETES_VERSION#v1.}"
   local replaces; mapfile -t replaces < <(awk '$2=="=>" && $3 ~ /^\.\/staging\// {print $1" => "$1" '"$staging_version"'"}' "$gomod")
-  [ "${#replaces[@]}" -gt 0 ] || { log "no staging replaces found in $gomod"; exit 1; }
-  # The version stamp: clients (clusterctl among them) check the server's version.
+  [ "${#replaces[@]}" -gt 0 ] || { echo "no staging replaces found in $gomod"; exit 1; }
   local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
-  local version_flags="" pkg
+  local version_flags="" pkg command packages=()
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     version_flags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     version_flags+=" -X $pkg.gitTreeState=clean"
   done
-  go_build_in_scratch k8s.io/kubernetes "$KUBERNETES_VERSION" "k8s.io/kubernetes/cmd/$name" "$output" \
-    "$version_flags" "${replaces[@]}"
+  for command in "$@"; do packages+=("k8s.io/kubernetes/cmd/$command"); done
+  local out; out=$(mktemp -d)
+  go_build_in_scratch k8s.io/kubernetes "$KUBERNETES_VERSION" "$version_flags" "$out" "${packages[@]}" -- "${replaces[@]}"
+  for command in "$@"; do install_from "$out" "$command" "$bin/$command-$KUBERNETES_VERSION"; done
+  rm -rf "$out"
 }
 
-kustomize="$bin/kustomize-$KUSTOMIZE_VERSION"
-if [ ! -x "$kustomize" ]; then
-  log "building kustomize $KUSTOMIZE_VERSION (under a minute, once): the tests check config/ builds with it"
-  go_install sigs.k8s.io/kustomize/kustomize/v5 "$KUSTOMIZE_VERSION" "$kustomize" ""
-fi
+build_kubernetes_group() {  # build_kubernetes_group [COMMANDS...]: those of kube_commands missing (default: all)
+  local command missing=()
+  [ "$#" -gt 0 ] || set -- "${kube_commands[@]}"
+  for command in "$@"; do
+    [ -x "$bin/$command-$KUBERNETES_VERSION" ] || missing+=("$command")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    build kubernetes "${missing[*]} $KUBERNETES_VERSION (one go build; 10-20 minutes on 2 cores, once)" \
+      build_kubernetes_commands "${missing[@]}"
+  fi
+  [ ! -x "$bin/kube-apiserver-$KUBERNETES_VERSION" ] || ln -sfn "$bin/kube-apiserver-$KUBERNETES_VERSION" "$bin/kube-apiserver"
+  # The node image compiles the sandbox ("pause") program from the Kubernetes module's build/pause/linux/pause.c.
+  ln -sfn "$(module_field "k8s.io/kubernetes@$KUBERNETES_VERSION" Dir)" "$CAPI_LIBVIRT_CACHE/kubernetes-$KUBERNETES_VERSION"
+}
 
-apiserver="$bin/kube-apiserver-$KUBERNETES_VERSION"
-if [ ! -x "$apiserver" ]; then
-  log "building kube-apiserver $KUBERNETES_VERSION (10-20 minutes on 2 cores, once)"
-  build_kubernetes_command kube-apiserver "$apiserver"
-fi
-
-# cluster_api_version_stamp: the -X flags that stamp $CLUSTER_API_VERSION into a Cluster API program.
+# cluster_api_version_stamp: the -X flags that stamp $CLUSTER_API_VERSION into a Cluster API program (clusterctl
+# compares its own version with the providers' contracts; the managers log it at start, "Version: v1.12.8").
 cluster_api_version_stamp() {
   local minor=${CLUSTER_API_VERSION#v1.} pkg=sigs.k8s.io/cluster-api/version
   minor=${minor%%.*}
   echo "-X $pkg.gitVersion=$CLUSTER_API_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 }
 
-clusterctl="$bin/clusterctl-$CLUSTER_API_VERSION"
-if [ ! -x "$clusterctl" ]; then
-  log "building clusterctl $CLUSTER_API_VERSION (a few minutes on 2 cores, once)"
-  # The version stamp: clusterctl compares its own version with the providers' contracts and prints it.
-  go_install sigs.k8s.io/cluster-api/cmd/clusterctl "$CLUSTER_API_VERSION" "$clusterctl" "$(cluster_api_version_stamp)"
-fi
-
+# Cluster API's programs, one `go install` of its module (its go.mod has no replace directives): the core manager (the
+# module's root main.go), clusterctl, and the kubeadm bootstrap provider (CABPK, bootstrap/kubeadm/main.go).
 capi_manager="$bin/cluster-api-manager-$CLUSTER_API_VERSION"
-if [ ! -x "$capi_manager" ]; then
-  log "building the Cluster API core manager $CLUSTER_API_VERSION (a few minutes on 2 cores, once)"
-  # The same version stamp as clusterctl's: the manager logs it at start ("Version: v1.12.8"). The root main.go of the
-  # module; its go.mod has no replace directives, so `go install` builds it.
-  go_install sigs.k8s.io/cluster-api "$CLUSTER_API_VERSION" "$capi_manager" "$(cluster_api_version_stamp)"
+clusterctl="$bin/clusterctl-$CLUSTER_API_VERSION"
+cabpk="$bin/cluster-api-kubeadm-bootstrap-manager-$CLUSTER_API_VERSION"
+build_cluster_api() {
+  local out; out=$(mktemp -d)
+  go_install "$CLUSTER_API_VERSION" "$(cluster_api_version_stamp)" "$out" \
+    sigs.k8s.io/cluster-api sigs.k8s.io/cluster-api/cmd/clusterctl sigs.k8s.io/cluster-api/bootstrap/kubeadm
+  install_from "$out" cluster-api "$capi_manager"
+  install_from "$out" clusterctl "$clusterctl"
+  install_from "$out" kubeadm "$cabpk"
+  rm -rf "$out"
+}
+
+build_single() {  # build_single OUTPUT BUILDER ARGS...: a builder that leaves one program in a folder of its own
+  local output=$1 out; shift
+  out=$(mktemp -d)
+  "$@" "$out"
+  mv "$out"/* "$output"
+  rm -rf "$out"
+}
+etcd_build() { go_build_in_scratch go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "" "$1" go.etcd.io/etcd/server/v3; }
+kustomize_build() { go_install "$KUSTOMIZE_VERSION" "" "$1" sigs.k8s.io/kustomize/kustomize/v5; }
+
+build_etcd() {
+  local etcd="$bin/etcd-$ETCD_VERSION"
+  [ -x "$etcd" ] || build etcd "etcd $ETCD_VERSION (a minute or two on 2 cores, once)" build_single "$etcd" etcd_build
+  ln -sfn "$etcd" "$bin/etcd"
+}
+
+# Cluster API's module: its CRDs and config, which the test bed reads (and its components are kustomized from).
+link_cluster_api_module() {
+  capi_dir=$(module_field "sigs.k8s.io/cluster-api@$CLUSTER_API_VERSION" Dir)
+  ln -sfn "$capi_dir" "$CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"
+}
+
+build_rest_group() {
+build_etcd
+
+kustomize="$bin/kustomize-$KUSTOMIZE_VERSION"
+# the tests check config/ builds with it
+[ -x "$kustomize" ] || build kustomize "kustomize $KUSTOMIZE_VERSION (under a minute, once)" \
+  build_single "$kustomize" kustomize_build
+
+if [ ! -x "$capi_manager" ] || [ ! -x "$clusterctl" ] || [ ! -x "$cabpk" ]; then
+  build cluster-api "the Cluster API $CLUSTER_API_VERSION core manager, clusterctl and kubeadm bootstrap manager (one go install; a few minutes on 2 cores, once)" \
+    build_cluster_api
 fi
 ln -sfn "$capi_manager" "$bin/cluster-api-manager"
-
-capi_dir=$(module_field "sigs.k8s.io/cluster-api@$CLUSTER_API_VERSION" Dir)
-ln -sfn "$capi_dir" "$CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"
-ln -sfn "$etcd" "$bin/etcd"
-ln -sfn "$apiserver" "$bin/kube-apiserver"
 ln -sfn "$clusterctl" "$bin/clusterctl"
-
-scheduler="$bin/kube-scheduler-$KUBERNETES_VERSION"
-if [ ! -x "$scheduler" ]; then
-  log "building kube-scheduler $KUBERNETES_VERSION (about 5 minutes on 2 cores, 1 after kube-apiserver, once)"
-  build_kubernetes_command kube-scheduler "$scheduler"
-fi
-
-# kube-controller-manager: the e2e runs only its node lifecycle controller (it lifts the not-ready taint the API server
-# puts on every new Node once the Node is Ready), as a real cluster does.
-controller_manager="$bin/kube-controller-manager-$KUBERNETES_VERSION"
-if [ ! -x "$controller_manager" ]; then
-  log "building kube-controller-manager $KUBERNETES_VERSION (a few minutes on 2 cores after kube-apiserver, once)"
-  build_kubernetes_command kube-controller-manager "$controller_manager"
-fi
-
-# kubelet and kubeadm: the node image carries both (the same Kubernetes version as the test API server), and kubeadm's
-# `init phase` commands prepare the test API server for joining nodes as `kubeadm init` would.
-for command in kubelet kubeadm; do
-  output="$bin/$command-$KUBERNETES_VERSION"
-  if [ ! -x "$output" ]; then
-    log "building $command $KUBERNETES_VERSION (a few minutes on 2 cores after kube-apiserver, once)"
-    build_kubernetes_command "$command" "$output"
-  fi
-done
-# The node image compiles the sandbox ("pause") program from the Kubernetes module's build/pause/linux/pause.c.
-ln -sfn "$(module_field "k8s.io/kubernetes@$KUBERNETES_VERSION" Dir)" "$CAPI_LIBVIRT_CACHE/kubernetes-$KUBERNETES_VERSION"
-
-# Cluster API's kubeadm bootstrap provider (CABPK): bootstrap/kubeadm/main.go of the same module as the core manager.
-cabpk="$bin/cluster-api-kubeadm-bootstrap-manager-$CLUSTER_API_VERSION"
-if [ ! -x "$cabpk" ]; then
-  log "building the Cluster API kubeadm bootstrap manager $CLUSTER_API_VERSION (a few minutes on 2 cores, once)"
-  go_install sigs.k8s.io/cluster-api/bootstrap/kubeadm "$CLUSTER_API_VERSION" "$cabpk" "$(cluster_api_version_stamp)"
-fi
+link_cluster_api_module
 
 # cluster-autoscaler, with only the Cluster API cloud provider compiled in (build tag clusterapi). Its go.mod pins k8s.io
 # staging modules with replace directives (copied into the scratch module) and replaces its nested module
@@ -162,8 +207,8 @@ fi
 # it, hence GONOSUMDB for k8s.io/autoscaler only.
 # The binary's name says it carries the backport below.
 autoscaler="$bin/cluster-autoscaler-${CLUSTER_AUTOSCALER_VERSION##*-}-setsize0"
-if [ ! -x "$autoscaler" ]; then
-  log "building cluster-autoscaler $CLUSTER_AUTOSCALER_VERSION (clusterapi provider only; 3-5 minutes on 2 cores, once)"
+autoscaler_build() {
+  local ca_module ca_sumdb gomod apis_version apis_dir apis_shim ca_dir ca_copy out replaces
   ca_module=k8s.io/autoscaler/cluster-autoscaler
   ca_sumdb="${GONOSUMDB:+$GONOSUMDB,}k8s.io/autoscaler"
   gomod=$(GONOSUMDB=$ca_sumdb module_field "$ca_module@$CLUSTER_AUTOSCALER_VERSION" GoMod)
@@ -188,7 +233,7 @@ const (
 EOF
   fi
   mapfile -t replaces < <(awk '$1=="replace" && $3=="=>" {print $2" => "($4=="./apis" ? "'"$apis_shim"'" : $4" "$5)}' "$gomod")
-  [ "${#replaces[@]}" -gt 0 ] || { log "no replaces found in $gomod"; exit 1; }
+  [ "${#replaces[@]}" -gt 0 ] || { echo "no replaces found in $gomod"; exit 1; }
   # Backport of upstream kubernetes/autoscaler#8412 (Aug 2025): SetSize marshals an autoscaling/v1 Scale whose replicas
   # is omitempty, so scaling a node group to 0 patched nothing. The fix writes the count explicitly.
   ca_dir=$(GONOSUMDB=$ca_sumdb module_field "$ca_module@$CLUSTER_AUTOSCALER_VERSION" Dir)
@@ -206,10 +251,14 @@ source = source.replace('\t"encoding/json"\n', "").replace('\tautoscalingv1 "k8s
 open(path, "w").write(source)
 PATCH
   replaces+=("$ca_module => $ca_copy")
+  out=$(mktemp -d)
   GONOSUMDB=$ca_sumdb GOFLAGS="$GOFLAGS -tags=clusterapi" go_build_in_scratch \
-    "$ca_module" "$CLUSTER_AUTOSCALER_VERSION" "$ca_module" "$autoscaler" "" "${replaces[@]}"
-  rm -rf "$apis_shim" "$ca_copy"
-fi
+    "$ca_module" "$CLUSTER_AUTOSCALER_VERSION" "" "$out" "$ca_module" -- "${replaces[@]}"
+  install_from "$out" cluster-autoscaler "$autoscaler"
+  rm -rf "$apis_shim" "$ca_copy" "$out"
+}
+[ -x "$autoscaler" ] || build cluster-autoscaler \
+  "cluster-autoscaler $CLUSTER_AUTOSCALER_VERSION (clusterapi provider only; 3-5 minutes on 2 cores, once)" autoscaler_build
 
 # cert-manager's controller, cainjector and webhook for `clusterctl init` in the test bed: thin mains of our own
 # (hack/cert-manager, a Go module requiring the root module github.com/cert-manager/cert-manager at
@@ -224,8 +273,8 @@ cm_built=true
 for component in controller cainjector webhook; do
   [ -x "$bin/cert-manager-$component-$CERT_MANAGER_VERSION" ] || cm_built=false
 done
-if ! $cm_built || [ "$(cat "$cm_stamp" 2>/dev/null)" != "$cm_hash" ]; then
-  log "building cert-manager $CERT_MANAGER_VERSION controller, cainjector and webhook (hack/cert-manager; 4-8 minutes on 2 cores, once)"
+cert_manager_build() {
+  local cm_out component
   cm_out=$(mktemp -d)
   (cd "$cm_src" && go build -trimpath -ldflags "-s -w" -o "$cm_out/" ./controller ./cainjector ./webhook)
   for component in controller cainjector webhook; do
@@ -233,14 +282,17 @@ if ! $cm_built || [ "$(cat "$cm_stamp" 2>/dev/null)" != "$cm_hash" ]; then
   done
   rm -rf "$cm_out"
   echo "$cm_hash" > "$cm_stamp"
+}
+if ! $cm_built || [ "$(cat "$cm_stamp" 2>/dev/null)" != "$cm_hash" ]; then
+  build cert-manager "cert-manager $CERT_MANAGER_VERSION controller, cainjector and webhook (hack/cert-manager, one go build; 4-8 minutes on 2 cores, once)" \
+    cert_manager_build
 fi
 
 # helm, only to render cert-manager.yaml from the chart in cert-manager's module with the release's own command.
 helm="$bin/helm-$HELM_VERSION"
-if [ ! -x "$helm" ]; then
-  log "building helm $HELM_VERSION (3-8 minutes on 2 cores, once): it renders cert-manager.yaml"
-  go_install helm.sh/helm/v4/cmd/helm "$HELM_VERSION" "$helm" ""
-fi
+helm_build() { go_install "$HELM_VERSION" "" "$1" helm.sh/helm/v4/cmd/helm; }
+[ -x "$helm" ] || build helm "helm $HELM_VERSION (3-8 minutes on 2 cores, once): it renders cert-manager.yaml" \
+  build_single "$helm" helm_build
 
 # cert-manager.yaml as cert-manager's release makes it (make/manifests.mk): `helm template` of deploy/charts/cert-manager
 # from the module, the namespace first, then the CRDs (from the crds-enabled render), then the rest. Cached by version.
@@ -290,5 +342,13 @@ if [ ! -s "$capi_components/control-plane-components.yaml" ]; then
   install -m 644 "$capi_dir/metadata.yaml" "$capi_components/metadata.yaml"
 fi
 
-log "ready in $bin: $(cd "$bin" && ls | tr '\n' ' ')"
 log "cert-manager.yaml in $(dirname "$cm_yaml"), Cluster API components in $capi_components"
+}
+
+case "$group" in
+  control-plane) build_etcd; build_kubernetes_group kube-apiserver kubeadm; link_cluster_api_module ;;
+  kubernetes) build_kubernetes_group ;;
+  rest) build_rest_group ;;
+  all) build_kubernetes_group; build_rest_group ;;
+esac
+log "$group ready in $bin"

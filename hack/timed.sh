@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One set-up step of `make test` (or `make run`, `make demo`), timed and quiet:
+#
+#   hack/timed.sh STEP COMMAND [ARGS...]
+#   hack/timed.sh --reset          a new run: forget the steps of the last one
+#
+# COMMAND's whole output goes to out/logs/STEP.log. The terminal gets one line when the step starts, the progress
+# lines of our own scripts (those starting with a `[name]` tag, such as `[build-upstream] kubernetes: built in 412 s`)
+# as they come, and one line when it ends, with its seconds; if it fails, the end of its log. The seconds are appended
+# to out/timing/setup.tsv (`STEP<TAB>seconds<TAB>ok|failed`), which tests/timing_report.py puts in its report.
+set -uo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+timing="${CAPI_LIBVIRT_TIMING_DIR:-$repo/out/timing}"
+logs="$repo/out/logs"
+mkdir -p "$timing" "$logs"
+
+if [ "${1:-}" = --reset ]; then
+  : >"$timing/setup.tsv"
+  exit 0
+fi
+[ "$#" -ge 2 ] || { echo "usage: $0 STEP COMMAND [ARGS...] | --reset" >&2; exit 2; }
+step=$1; shift
+log="$logs/$step.log"
+: >"$log"
+
+started=$(date +%s.%N)
+printf '[setup] %s: started (log: out/logs/%s.log)\n' "$step" "$step" >&2
+"$@" >>"$log" 2>&1 &
+pid=$!
+# Our scripts' own progress lines, as they are written; tail ends when the step does.
+tail -n +1 -F --pid="$pid" "$log" 2>/dev/null | grep --line-buffered -E '^\[[a-z0-9-]+\] ' | sed -u 's/^/  /' >&2 &
+follower=$!
+wait "$pid"
+rc=$?
+wait "$follower" 2>/dev/null
+seconds=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$started" "$(date +%s.%N)")
+if [ "$rc" -eq 0 ]; then
+  printf '%s\t%s\tok\n' "$step" "$seconds" >>"$timing/setup.tsv"
+  printf '[setup] %s: done in %s s\n' "$step" "$seconds" >&2
+else
+  printf '%s\t%s\tfailed\n' "$step" "$seconds" >>"$timing/setup.tsv"
+  printf '[setup] %s: FAILED (exit %s) after %s s; the end of out/logs/%s.log:\n' "$step" "$rc" "$seconds" "$step" >&2
+  tail -n 40 "$log" >&2
+fi
+exit "$rc"

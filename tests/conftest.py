@@ -1,12 +1,45 @@
-"""Test bed wiring: tier markers are mandatory, and the fixtures of the real parts are loaded as plugins."""
+"""Test bed wiring: tier markers are mandatory, the fixtures of the real parts are loaded as plugins, the timing report
+(tests/timing_report.py) is on, and under pytest-xdist (`make test` runs `-n 2`) each module runs
+whole on one worker, with every module that boots Linux guests on the same one, so that never more than two such
+guests boot at once on 2 cores while the other worker runs the API-server and iPXE tiers beside them."""
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
-pytest_plugins = ["fixtures_libvirt", "fixtures_control_plane", "fixtures_capi"]
+pytest_plugins = ["fixtures_libvirt", "fixtures_control_plane", "fixtures_capi", "timing_report"]
 
 TIERS = ("unit", "integration", "e2e")
+
+# The modules that boot guests of the cached Linux images (the node image, the minimal image): one xdist group, so
+# one worker runs them one after the other (each boots at most two guests at once). iPXE guests cost almost nothing
+# and stay out of it (chaos, host outages, the integration tier).
+LINUX_GUEST_MODULES = frozenset({
+    "test_autoscaler", "test_bridged_addresses", "test_clusterctl_init", "test_clusterctl_move", "test_guest_boot",
+    "test_ipam_pools", "test_kubeadm_join", "test_machine_crash_consistency", "test_machine_lifecycle",
+    "test_machine_shape", "test_move_adoption", "test_operator_image", "test_remote_hosts",
+})
+LINUX_GUESTS_GROUP = "linux-guests"
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a worker takes whole: the Linux guests' group, or the test's module."""
+    module = nodeid.split("::", 1)[0]
+    return LINUX_GUESTS_GROUP if pathlib.PurePath(module).stem in LINUX_GUEST_MODULES else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist's scope scheduling, with xdist_scope as the scope: whole modules, and one group of the modules
+    that boot Linux guests. (Its loadgroup mode, which marks would drive, no longer groups under pytest 9.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndLinuxGuests(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return ModulesAndLinuxGuests(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

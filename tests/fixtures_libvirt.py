@@ -26,10 +26,13 @@ def require_libvirt_host_prerequisites() -> None:
 
 @pytest.fixture(scope="session")
 def libvirt_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LibvirtHost]:
-    """A started libvirt host for the whole session; a fixed name, so a run killed earlier is cleared at start.
-    Its logs (libvirtd, virtlogd, guests' QEMU and serial logs) stay in pytest's temporary folder after the run."""
+    """A started libvirt host for the whole session (one per xdist worker); a fixed name per worker, so a run killed
+    earlier is cleared at start. Its logs (libvirtd, virtlogd, guests' QEMU and serial logs) stay in pytest's temporary
+    folder after the run."""
     require_libvirt_host_prerequisites()
-    with LibvirtHost("pytest-session", SESSION_SUBNET, log_dir=tmp_path_factory.mktemp("libvirt-host-logs")) as host:
+    name = f"pytest-session-{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ \
+        else "pytest-session"
+    with LibvirtHost(name, SESSION_SUBNET, log_dir=tmp_path_factory.mktemp("libvirt-host-logs")) as host:
         yield host
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,270 @@
+"""Where `make test`'s time goes: a pytest plugin that times every test module and counts the guests it booted, and the
+report that puts it beside the set-up steps (out/timing/setup.tsv, written by hack/timed.sh and the build scripts).
+
+Guests are counted from the outside, never by the tests themselves: a thread samples /proc once a second for QEMU
+processes, and a QEMU belongs to this pytest process when its parent libvirtd was started by it (its environment names
+the same xdist worker, or none). Each is classed by its base image: `node` (the Kubernetes node image), `minimal` (the
+minimal image), `ipxe` (the near-free iPXE guest) or `other`. It is charged to the module running when it appeared.
+The peak of Linux guests (node and minimal) running at once on the machine is kept too: the budget of 2 cores.
+
+Each pytest process (each xdist worker) writes out/timing/tests-<worker>.json; the process that ends the session
+merges them with setup.tsv into out/timing/report.md and prints its summary last. README "Numbers" says how to read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TIMING_DIR = pathlib.Path(os.environ.get("CAPI_LIBVIRT_TIMING_DIR", REPO / "out" / "timing"))
+SAMPLE_S = 1.0
+LINUX_KINDS = ("node", "minimal")
+
+
+def worker_id() -> str:
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+@dataclass
+class ModuleTiming:
+    module: str
+    worker: str
+    started: float = 0.0  # wall clock, first setup
+    ended: float = 0.0  # wall clock, last teardown
+    tests: int = 0
+    failed: int = 0
+    test_seconds: float = 0.0  # setup + call + teardown of its tests
+    guests: dict[str, int] = field(default_factory=dict)  # kind -> QEMU processes started
+    guest_seconds: dict[str, float] = field(default_factory=dict)  # kind -> their lifetime, sampled
+    peak_linux_guests: int = 0  # on the whole machine, while it ran
+
+
+def guest_kind(cmdline: str) -> str:
+    if "ipxe" in cmdline:
+        return "ipxe"
+    if "base-node-" in cmdline:
+        return "node"
+    if "base-" in cmdline or "vmlinuz" in cmdline:
+        return "minimal"
+    return "other"
+
+
+def processes(program: bytes) -> dict[int, tuple[str, int]]:
+    """pid -> (command line, network namespace inode) of every process of `program` on the machine."""
+    found: dict[int, tuple[str, int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = pathlib.Path(entry.path, "cmdline").read_bytes()
+            if program not in raw.split(b"\0", 1)[0]:
+                continue
+            netns = os.stat(f"{entry.path}/ns/net").st_ino
+        except (OSError, ValueError):
+            continue
+        found[int(entry.name)] = (raw.replace(b"\0", b" ").decode(errors="replace"), netns)
+    return found
+
+
+def started_by(pid: int) -> str | None:
+    """The pytest process (its xdist worker, or "main") whose environment the process `pid` inherited, if any."""
+    try:
+        environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in environ:
+        if item.startswith(b"PYTEST_XDIST_WORKER="):
+            return item.split(b"=", 1)[1].decode()
+    return "main" if any(item.startswith(b"PYTEST_CURRENT_TEST=") for item in environ) else None
+
+
+def netns_owners() -> dict[int, str | None]:
+    """network namespace inode -> the pytest process that started the libvirtd in it. libvirt daemonizes QEMU (its
+    parent is init), but a QEMU runs in its libvirtd's namespace, and each test host has a namespace of its own."""
+    return {netns: started_by(pid) for pid, (_, netns) in processes(b"libvirtd").items()}
+
+
+class GuestSampler:
+    """The once-a-second look at /proc, charging each new QEMU of ours to the module that runs."""
+
+    def __init__(self, timings: dict[str, ModuleTiming]) -> None:
+        self.timings = timings
+        self.current: str | None = None
+        self.known: dict[int, tuple[str, str]] = {}  # pid -> (module, kind), ours only
+        self.foreign: set[int] = set()
+        self.peak_linux = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="timing-report-guests", daemon=True)
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.stop.wait(SAMPLE_S):
+            try:
+                self.sample()
+            except Exception:  # never let the report break a test run
+                pass
+
+    def sample(self) -> None:
+        me = worker_id()
+        qemus = processes(b"qemu-system")
+        linux_now = sum(1 for cmdline, _ in qemus.values() if guest_kind(cmdline) in LINUX_KINDS)
+        owners: dict[int, str | None] | None = None
+        with self.lock:
+            self.peak_linux = max(self.peak_linux, linux_now)
+            module = self.current
+            if module is not None:
+                timing = self.timings[module]
+                timing.peak_linux_guests = max(timing.peak_linux_guests, linux_now)
+            for pid, (cmdline, netns) in qemus.items():
+                if pid in self.foreign:
+                    continue
+                if pid not in self.known:
+                    owners = netns_owners() if owners is None else owners
+                    if module is None or owners.get(netns) != me:
+                        self.foreign.add(pid)
+                        continue
+                    kind = guest_kind(cmdline)
+                    self.known[pid] = (module, kind)
+                    guests = self.timings[module].guests
+                    guests[kind] = guests.get(kind, 0) + 1
+                owner, kind = self.known[pid]
+                seconds = self.timings[owner].guest_seconds
+                seconds[kind] = round(seconds.get(kind, 0.0) + SAMPLE_S, 1)
+
+
+class TimingReport:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.timings: dict[str, ModuleTiming] = {}
+        self.sampler = GuestSampler(self.timings)
+        self.session_started = time.time()
+        # The xdist controller runs no test: it only merges what its workers wrote.
+        self.controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+    def module(self, nodeid: str) -> ModuleTiming:
+        name = nodeid.split("::", 1)[0]
+        with self.sampler.lock:
+            if name not in self.timings:
+                self.timings[name] = ModuleTiming(name, worker_id(), started=time.time())
+            return self.timings[name]
+
+    @pytest.hookimpl
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session_started = time.time()
+        if not hasattr(self.config, "workerinput"):  # the process that ends the session: a fresh set of files
+            TIMING_DIR.mkdir(parents=True, exist_ok=True)
+            for old in TIMING_DIR.glob("tests-*.json"):
+                old.unlink()
+        self.sampler.thread.start()
+
+    @pytest.hookimpl
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        if self.controller:
+            return  # on the xdist controller: the workers keep their own figures
+        timing = self.module(nodeid)
+        with self.sampler.lock:
+            self.sampler.current = timing.module
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.controller:
+            return
+        timing = self.module(report.nodeid)
+        timing.test_seconds += report.duration
+        timing.ended = time.time()
+        if report.when == "call":
+            timing.tests += 1
+        if report.failed:
+            timing.failed += 1
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.sampler.stop.set()
+        self.sampler.thread.join(timeout=5)
+        if not self.timings and hasattr(self.config, "workerinput"):
+            return
+        TIMING_DIR.mkdir(parents=True, exist_ok=True)
+        data = {"worker": worker_id(), "started": self.session_started, "ended": time.time(),
+                "peak_linux_guests": self.sampler.peak_linux,
+                "modules": [asdict(t) for t in self.timings.values() if t.tests or t.test_seconds]}
+        (TIMING_DIR / f"tests-{worker_id()}.json").write_text(json.dumps(data, indent=1))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if hasattr(self.config, "workerinput"):
+            return
+        report = write_report(wall_s=time.time() - self.session_started)
+        terminalreporter.section("where the time went (out/timing/report.md)")
+        for line in report.summary:
+            terminalreporter.write_line(line)
+
+
+@dataclass
+class Report:
+    summary: list[str]
+    markdown: str
+
+
+def read_setup() -> list[tuple[str, float, str]]:
+    """(step, seconds, how it ended) of this run's set-up, in the order they ended."""
+    path = TIMING_DIR / "setup.tsv"
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 3:
+            steps.append((parts[0], float(parts[1]), parts[2]))
+    return steps
+
+
+def write_report(wall_s: float) -> Report:
+    workers = [json.loads(p.read_text()) for p in sorted(TIMING_DIR.glob("tests-*.json"))]
+    modules = sorted((m for w in workers for m in w["modules"]), key=lambda m: -(m["ended"] - m["started"]))
+    setup = read_setup()
+    setup_s = sum(seconds for step, seconds, _ in setup if "/" not in step)
+    guests: dict[str, int] = {}
+    for m in modules:
+        for kind, n in m["guests"].items():
+            guests[kind] = guests.get(kind, 0) + n
+    peak = max((w["peak_linux_guests"] for w in workers), default=0)
+    commit = os.popen(f"git -C {REPO} rev-parse --short HEAD 2>/dev/null").read().strip() or "unknown"
+
+    def guests_text(m: dict[str, object]) -> str:
+        counts = m["guests"]
+        assert isinstance(counts, dict)
+        return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "-"
+
+    lines = [f"# make test: where the time went (commit {commit})", "",
+             f"Set-up steps: {setup_s:.0f} s; tests: {wall_s:.0f} s wall on {len(workers)} pytest process(es); "
+             f"guests booted: {', '.join(f'{n} {k}' for k, n in sorted(guests.items())) or 'none'}; "
+             f"at most {peak} Linux guests ran at once.", "",
+             "## Set-up (make test's prerequisites; `cached` means the cache already had it)", "",
+             "| step | seconds | result |", "|---|---|---|"]
+    lines += [f"| {step} | {seconds:.0f} | {how} |" for step, seconds, how in setup]
+    lines += ["", "## Test modules, longest first (wall time from the first setup to the last teardown)", "",
+              "| module | worker | wall s | tests | failed | guests booted | guest-seconds | peak Linux guests |",
+              "|---|---|---|---|---|---|---|---|"]
+    for m in modules:
+        guest_s = ", ".join(f"{kind} {s:.0f}" for kind, s in sorted(m["guest_seconds"].items())) or "-"
+        lines.append(f"| {m['module']} | {m['worker']} | {m['ended'] - m['started']:.0f} | {m['tests']} | "
+                     f"{m['failed']} | {guests_text(m)} | {guest_s} | {m['peak_linux_guests']} |")
+    markdown = "\n".join(lines) + "\n"
+    TIMING_DIR.mkdir(parents=True, exist_ok=True)
+    (TIMING_DIR / "report.md").write_text(markdown)
+    summary = [lines[2]]
+    summary += [f"  set-up {step}: {seconds:.0f} s ({how})" for step, seconds, how in setup if seconds >= 5]
+    summary += [f"  {m['ended'] - m['started']:6.0f} s  {m['module']} [{m['worker']}] ({guests_text(m)})"
+                for m in modules[:15]]
+    return Report(summary, markdown)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TimingReport(config), "capi-libvirt-timing-report")

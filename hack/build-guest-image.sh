@@ -100,8 +100,9 @@ if [ "$flavor" = node ]; then
 fi
 
 mkdir -p "$images"
-# One builder at a time (both flavors): a second caller waits, then finds the finished image.
-exec 9>"$images/.build.lock"
+# One builder per flavor at a time (the two flavors build side by side): a second caller waits, then finds the
+# finished image.
+exec 9>"$images/.build-$flavor.lock"
 flock 9
 if [ -f "$out/$marker" ]; then
   echo "$out"
@@ -135,8 +136,8 @@ remove_build_dir() {
   rm -rf --one-file-system "$dir"
 }
 
-# Holding the lock, any leftover build folder is from a builder that was killed outright.
-for stale in "$images"/.build-*; do
+# Holding the flavor's lock, any leftover build folder of the flavor is from a builder that was killed outright.
+for stale in "$images/.build-$flavor-"*; do
   if [ -d "$stale" ]; then
     log "removing stale build folder $stale"
     remove_build_dir "$stale"
@@ -185,7 +186,7 @@ release_partition() {
   loop_device=
 }
 
-work=$(mktemp -d "$images/.build-$recipe_hash.XXXXXX")
+work=$(mktemp -d "$images/.build-$flavor-$recipe_hash.XXXXXX")
 trap 'end_running_step; release_partition; remove_build_dir "$work"' EXIT
 trap 'log "interrupted; removing $work"; exit 130' INT TERM HUP
 root="$work/root"

@@ -106,7 +106,7 @@ PYTEST_WORKERS ?= 2
 test:
 	@$(TIMED) --reset
 	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) prerequisites lint
-	$(BIN)/pytest -n $(PYTEST_WORKERS) tests
+	CAPI_LIBVIRT_SETUP_STARTED=$$(cat $${CAPI_LIBVIRT_TIMING_DIR:-out/timing}/setup-started) $(BIN)/pytest -n $(PYTEST_WORKERS) tests
 
 test-fast: venv
 	$(BIN)/pytest -m unit tests

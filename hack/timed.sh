@@ -2,7 +2,7 @@
 # One set-up step of `make test` (or `make run`, `make demo`), timed and quiet:
 #
 #   hack/timed.sh STEP COMMAND [ARGS...]
-#   hack/timed.sh --reset          a new run: forget the steps of the last one
+#   hack/timed.sh --reset          a new run: forget the steps of the last one, note when it started
 #
 # COMMAND's whole output goes to out/logs/STEP.log. The terminal gets one line when the step starts, the progress
 # lines of our own scripts (those starting with a `[name]` tag, such as `[build-upstream] kubernetes: built in 412 s`)
@@ -17,6 +17,7 @@ mkdir -p "$timing" "$logs"
 
 if [ "${1:-}" = --reset ]; then
   : >"$timing/setup.tsv"
+  date +%s.%N >"$timing/setup-started"
   exit 0
 fi
 [ "$#" -ge 2 ] || { echo "usage: $0 STEP COMMAND [ARGS...] | --reset" >&2; exit 2; }

@@ -7,6 +7,13 @@ the same xdist worker, or none). Each is classed by its base image: `node` (the 
 minimal image), `ipxe` (the near-free iPXE guest) or `other`. It is charged to the module running when it appeared.
 The peak of Linux guests (node and minimal) running at once on the machine is kept too: the budget of 2 cores.
 
+What a guest's boot spent, seen from inside, comes from the tests that boot each image anyway: they run BOOT_PROFILE
+in one booted guest through its agent and hand the output to record_boot_profile (out/timing/boot-<image>.txt).
+
+Progress a person can follow while tests run on xdist workers (whose own output pytest shows only at the end): each
+worker appends lines to out/timing/progress.log (a long module starting and ending; waiting.wait_until every
+PROGRESS_EVERY_S while it waits), and the process at the terminal prints them as they come.
+
 Each pytest process (each xdist worker) writes out/timing/tests-<worker>.json; the process that ends the session
 merges them with setup.tsv into out/timing/report.md and prints its summary last. README "Numbers" says how to read it.
 """
@@ -18,6 +25,7 @@ import os
 import pathlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import pytest
@@ -25,7 +33,52 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TIMING_DIR = pathlib.Path(os.environ.get("CAPI_LIBVIRT_TIMING_DIR", REPO / "out" / "timing"))
 SAMPLE_S = 1.0
+PROGRESS_EVERY_S = 30.0
+PROGRESS_LOG = TIMING_DIR / "progress.log"
+LONG_MODULE_S = 20.0  # a module that took longer says when it ended
 LINUX_KINDS = ("node", "minimal")
+
+
+# systemd's own account of a finished boot: the time to its default target, the slowest units, the chain that set it.
+BOOT_PROFILE = ("systemd-analyze time; echo; systemd-analyze blame --no-pager | head -n 20; echo; "
+                "systemd-analyze critical-chain --no-pager; true")
+
+
+def record_boot_profile(image: str, text: str) -> None:
+    """Keep BOOT_PROFILE's output from a guest of `image` (node, minimal) for the report."""
+    TIMING_DIR.mkdir(parents=True, exist_ok=True)
+    (TIMING_DIR / f"boot-{image}.txt").write_text(text)
+
+
+_current_module: str | None = None
+
+
+def progress(message: str) -> None:
+    """One progress line (`[tests gw0 12:34:56] module: message`), printed at the terminal as it is written."""
+    module = pathlib.PurePath(_current_module).stem if _current_module else "-"
+    line = f"[tests {worker_id()} {time.strftime('%H:%M:%S')}] {module}: {message}\n"
+    TIMING_DIR.mkdir(parents=True, exist_ok=True)
+    with open(PROGRESS_LOG, "a") as log:  # one write per line: lines of two workers never mix
+        log.write(line)
+
+
+def follow_progress(write_line: Callable[[str], None], stop: threading.Event) -> None:
+    """Print progress.log's lines as the workers append them, until `stop` (then whatever is left)."""
+    offset = 0
+    while True:
+        stopping = stop.wait(1.0)
+        try:
+            with open(PROGRESS_LOG) as log:
+                log.seek(offset)
+                chunk = log.read()
+        except OSError:
+            chunk = ""
+        complete = chunk[: chunk.rfind("\n") + 1]
+        offset += len(complete.encode())
+        for line in complete.splitlines():
+            write_line(line)
+        if stopping:
+            return
 
 
 def worker_id() -> str:
@@ -147,6 +200,8 @@ class TimingReport:
         self.session_started = time.time()
         # The xdist controller runs no test: it only merges what its workers wrote.
         self.controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+        self.follower: threading.Thread | None = None
+        self.follower_stop = threading.Event()
 
     def module(self, nodeid: str) -> ModuleTiming:
         name = nodeid.split("::", 1)[0]
@@ -160,17 +215,35 @@ class TimingReport:
         self.session_started = time.time()
         if not hasattr(self.config, "workerinput"):  # the process that ends the session: a fresh set of files
             TIMING_DIR.mkdir(parents=True, exist_ok=True)
-            for old in TIMING_DIR.glob("tests-*.json"):
-                old.unlink()
+            for old in [*TIMING_DIR.glob("tests-*.json"), *TIMING_DIR.glob("boot-*.txt"), PROGRESS_LOG]:
+                old.unlink(missing_ok=True)
+            PROGRESS_LOG.touch()
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            if self.controller and reporter is not None:
+                self.follower = threading.Thread(target=follow_progress, name="timing-report-progress",
+                                                 args=(lambda line: reporter.write_line(line), self.follower_stop),
+                                                 daemon=True)
+                self.follower.start()
         self.sampler.thread.start()
 
     @pytest.hookimpl
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         if self.controller:
             return  # on the xdist controller: the workers keep their own figures
+        global _current_module
         timing = self.module(nodeid)
         with self.sampler.lock:
-            self.sampler.current = timing.module
+            previous, self.sampler.current = self.sampler.current, timing.module
+        if previous != timing.module:
+            self.module_ended(previous)
+            _current_module = timing.module
+            if timing.module.startswith("tests/e2e/"):
+                progress("started")
+
+    def module_ended(self, name: str | None) -> None:
+        timing = self.timings.get(name) if name else None
+        if timing is not None and timing.ended - timing.started >= LONG_MODULE_S:
+            progress(f"done in {timing.ended - timing.started:.0f} s ({timing.tests} tests, {timing.failed} failed)")
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -186,10 +259,15 @@ class TimingReport:
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.controller:
+            self.module_ended(self.sampler.current)
+        self.follower_stop.set()
+        if self.follower is not None:
+            self.follower.join(timeout=5)
         self.sampler.stop.set()
         self.sampler.thread.join(timeout=5)
-        if not self.timings and hasattr(self.config, "workerinput"):
-            return
+        if self.controller or (not self.timings and hasattr(self.config, "workerinput")):
+            return  # the controller ran no test; an idle worker has nothing to say
         TIMING_DIR.mkdir(parents=True, exist_ok=True)
         data = {"worker": worker_id(), "started": self.session_started, "ended": time.time(),
                 "peak_linux_guests": self.sampler.peak_linux,
@@ -225,11 +303,23 @@ def read_setup() -> list[tuple[str, float, str]]:
     return steps
 
 
+def setup_wall_s(tests_started: float) -> str:
+    """From `make test`'s start (hack/timed.sh --reset notes it; the Makefile hands it over as
+    CAPI_LIBVIRT_SETUP_STARTED) to the first test, or "?" when pytest ran without make."""
+    try:
+        started = float(os.environ["CAPI_LIBVIRT_SETUP_STARTED"])
+    except (KeyError, ValueError):
+        return "?"
+    return f"{tests_started - started:.0f} s"
+
+
 def write_report(wall_s: float) -> Report:
     workers = [json.loads(p.read_text()) for p in sorted(TIMING_DIR.glob("tests-*.json"))]
     modules = sorted((m for w in workers for m in w["modules"]), key=lambda m: -(m["ended"] - m["started"]))
     setup = read_setup()
     setup_s = sum(seconds for step, seconds, _ in setup if "/" not in step)
+    setup_wall = setup_wall_s(min((w["started"] for w in workers), default=time.time()))
+    boot_lines: list[str] = []
     guests: dict[str, int] = {}
     for m in modules:
         for kind, n in m["guests"].items():
@@ -243,7 +333,7 @@ def write_report(wall_s: float) -> Report:
         return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "-"
 
     lines = [f"# make test: where the time went (commit {commit})", "",
-             f"Set-up steps: {setup_s:.0f} s; tests: {wall_s:.0f} s wall on {len(workers)} pytest process(es); "
+             f"Set-up: {setup_wall} wall ({setup_s:.0f} s of steps, side by side); tests: {wall_s:.0f} s wall on {len(workers)} pytest process(es); "
              f"guests booted: {', '.join(f'{n} {k}' for k, n in sorted(guests.items())) or 'none'}; "
              f"at most {peak} Linux guests ran at once.", "",
              "## Set-up (make test's prerequisites; `cached` means the cache already had it)", "",
@@ -256,6 +346,12 @@ def write_report(wall_s: float) -> Report:
         guest_s = ", ".join(f"{kind} {s:.0f}" for kind, s in sorted(m["guest_seconds"].items())) or "-"
         lines.append(f"| {m['module']} | {m['worker']} | {m['ended'] - m['started']:.0f} | {m['tests']} | "
                      f"{m['failed']} | {guests_text(m)} | {guest_s} | {m['peak_linux_guests']} |")
+    for profile in sorted(TIMING_DIR.glob("boot-*.txt")):
+        image = profile.stem.removeprefix("boot-")
+        text = profile.read_text()
+        lines += ["", f"## A {image} guest's boot, from inside (systemd-analyze)", "", "```", text.rstrip(), "```"]
+        startup = next((line for line in text.splitlines() if line.startswith("Startup finished")), None)
+        boot_lines.append(f"  {image} guest: {startup or 'boot not finished when asked'}")
     markdown = "\n".join(lines) + "\n"
     TIMING_DIR.mkdir(parents=True, exist_ok=True)
     (TIMING_DIR / "report.md").write_text(markdown)
@@ -263,6 +359,7 @@ def write_report(wall_s: float) -> Report:
     summary += [f"  set-up {step}: {seconds:.0f} s ({how})" for step, seconds, how in setup if seconds >= 5]
     summary += [f"  {m['ended'] - m['started']:6.0f} s  {m['module']} [{m['worker']}] ({guests_text(m)})"
                 for m in modules[:15]]
+    summary += boot_lines
     return Report(summary, markdown)
 
 

@@ -8,18 +8,26 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import timing_report
+
 T = TypeVar("T")
 
 
 async def wait_until(what: str, probe: Callable[[], Awaitable[T]], deadline_s: float, interval: float = 0.5) -> T:
-    """A deadline for convergence, not a performance assertion: generous, and the failure shows the last state."""
+    """A deadline for convergence, not a performance assertion: generous, and the failure shows the last state. A long
+    wait says what it waits for every timing_report.PROGRESS_EVERY_S (a progress line at the terminal)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + deadline_s
+    started = loop.time()
+    deadline = started + deadline_s
+    said = started
     last: T | None = None
     while loop.time() < deadline:
         last = await probe()
         if last:
             return last
+        if loop.time() - said >= timing_report.PROGRESS_EVERY_S:
+            said = loop.time()
+            timing_report.progress(f"waiting for {what} ({said - started:.0f} s of at most {deadline_s:.0f} s)")
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {deadline_s:.0f}s waiting for {what}; last seen: {last!r}")
 

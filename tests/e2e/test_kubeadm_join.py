@@ -31,6 +31,7 @@ import pytest
 from kubernetes_asyncio import client
 
 import guest_agent
+import timing_report
 from capi_libvirt.api import meta
 from capi_libvirt.core import domain_xml
 from capi_libvirt.reconcile import machine as machine_reconcile
@@ -204,6 +205,7 @@ async def iso_gone_then_a_reboot_keeps_the_node(api, plane, namespace: str, host
     address = internal_ips(infra[0])
     await wait_until("the guest agent answering", lambda: _answers(host, uuid_), REBOOT_DEADLINE_S, interval=2.0)
     before = guest_agent.guest_shell(host, uuid_, GUEST_FACTS)
+    timing_report.record_boot_profile("node", guest_agent.guest_shell(host, uuid_, timing_report.BOOT_PROFILE))
     with host.connect() as conn:
         conn.lookupByUUIDString(uuid_).reboot(libvirt.VIR_DOMAIN_REBOOT_GUEST_AGENT)  # the guest's own reboot
     clock.mark("reboot requested (through the guest agent)")

@@ -19,6 +19,7 @@ import pytest
 
 import guest_agent
 import timing_report
+from capi_libvirt.core import domain_xml as provider_domain_xml
 from capi_libvirt.core.nocloud import build_nocloud_iso
 from devenv.base_image import upload
 from devenv.guest_image import GuestImage
@@ -29,7 +30,6 @@ pytestmark = pytest.mark.e2e
 BOOT_DEADLINE_S = 480.0  # TCG boot to cloud-init finished takes 30-40 s on an idle machine; CI may be far busier
 LEASE_DEADLINE_S = 120.0
 GUEST_MEMORY_MIB = 256
-TB_CACHE_MIB = 64  # QEMU's TCG translation cache defaults to ~1 GiB of host memory per guest
 OVERLAY_CAPACITY = 4 << 30
 
 T = TypeVar("T")
@@ -95,7 +95,7 @@ def domain_xml(name: str, image: GuestImage, disk: str, seed: str, network: str,
     features = ET.SubElement(domain, "features")
     ET.SubElement(features, "acpi")
     tcg = ET.SubElement(features, "tcg")
-    ET.SubElement(tcg, "tb-cache", unit="MiB").text = str(TB_CACHE_MIB)
+    ET.SubElement(tcg, "tb-cache", unit="MiB").text = str(provider_domain_xml.DEFAULT_TCG_TB_CACHE_MIB)  # the provider's own
 
     devices = ET.SubElement(domain, "devices")
     root = ET.SubElement(devices, "disk", type="file", device="disk")

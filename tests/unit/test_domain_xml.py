@@ -11,6 +11,7 @@ import pytest
 from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import naming
 from capi_libvirt.core.domain_xml import (
+    DEFAULT_TCG_TB_CACHE_MIB,
     METADATA_NAMESPACE,
     DomainConfig,
     Interface,
@@ -375,7 +376,7 @@ def test_from_spec_derives_unset_macs_from_the_uid_and_keeps_fixed_ones_lowercas
 
 
 def test_from_spec_gives_qemu_domains_a_64_mib_tcg_cache_and_kvm_none() -> None:
-    assert spec_config(spec(domainType="qemu")).tcg_tb_cache_mib == 64
+    assert spec_config(spec(domainType="qemu")).tcg_tb_cache_mib == DEFAULT_TCG_TB_CACHE_MIB == 256
     assert spec_config(spec(domainType="kvm")).tcg_tb_cache_mib is None
 
 

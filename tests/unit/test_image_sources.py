@@ -169,6 +169,7 @@ class FakeHost:
 
     async def call(self, fn, *args, doing="", transfer=False):
         if fn is host_images.find_image:
+            await asyncio.sleep(0)  # a real look-up is a thread's round trip: other passes run meanwhile
             return None
         assert fn is host_images.import_image and transfer  # a long stream: the transfer thread, never the pool's
         self.imports += 1
@@ -195,6 +196,21 @@ async def test_machines_wanting_one_image_on_one_host_wait_for_one_import():
     assert woken == ["kvm1"]  # the host's machines are queued at once, not at their next recheck
     found = await imports.ensure(host, "default", image, [PREFIX])
     assert found.name == images.image_volume_name(SHA) and host.imports == 1
+
+
+async def test_machines_asking_at_the_same_moment_start_one_import():
+    """Two passes that both look the image up before either started its import (the look-up awaits the host): one
+    import, not one each (a race seen under load in the integration tier)."""
+    host = FakeHost()
+    imports = reconcile_images.ImageImports()
+    image = v1alpha1.ImageSource(url=URL, sha256=SHA)
+    answers = await asyncio.gather(*(imports.ensure(host, "default", image, [PREFIX]) for _machine in range(3)),
+                                   return_exceptions=True)
+    assert all(isinstance(a, reconcile_images.NotReady) and a.reason == "ImageImporting" for a in answers), answers
+    await asyncio.sleep(0)
+    assert host.imports == 1 and imports.started == 1
+    host.release.set()
+    await imports.close()
 
 
 async def test_a_failed_import_answers_every_waiting_machine_then_one_retries():

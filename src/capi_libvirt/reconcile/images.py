@@ -56,6 +56,9 @@ class ImageImports:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._running: dict[tuple[str, str, str], _Import] = {}
+        # One pass at a time per key from the look-up to the task's registration: two machines asking at once must
+        # not both miss the image in the pool and start an import each.
+        self._deciding: dict[tuple[str, str, str], asyncio.Lock] = {}
         self._clock = clock
         self.started = 0  # imports started since the operator started (a metric's worth, for the tests' numbers)
 
@@ -66,6 +69,13 @@ class ImageImports:
         is called with the host's name once an import succeeds (the operator queues the host's machines)."""
         assert image.url is not None and image.sha256 is not None
         key = (host.host, pool, image.sha256)
+        async with self._deciding.setdefault(key, asyncio.Lock()):
+            return await self._ensure(key, host, pool, image, prefixes, on_imported)
+
+    async def _ensure(self, key: tuple[str, str, str], host: connection.HostConnection, pool: str,
+                      image: v1alpha1.ImageSource, prefixes: Sequence[str], on_imported: Callable[[str], None],
+                      ) -> host_images.ImageVolume:
+        assert image.url is not None and image.sha256 is not None
         current = self._running.get(key)
         if current is not None:
             if not current.task.done():

@@ -39,8 +39,13 @@ for arg in "$@"; do
   previous=$arg
 done
 [ -n "$key" ] || { echo "ssh wrapper: no key file (-i) given" >&2; exit 255; }
+known_hosts="$(dirname -- "$key")/known_hosts"
+# With an absolute key path, from the key's folder, known_hosts is named by a short relative path: libvirt reports
+# ssh's refusal only while its message (which names that file three times) stays under 1 KiB (virFileReadLimFD), and
+# a deep folder went over it ("Cannot recv data: Value too large for defined data type").
+case "$key" in /*) cd -- "$(dirname -- "$key")" || exit 255; known_hosts=./known_hosts ;; esac
 exec {ssh} -F /dev/null \\
-  -o UserKnownHostsFile="$(dirname -- "$key")/known_hosts" -o GlobalKnownHostsFile=/dev/null \\
+  -o UserKnownHostsFile="$known_hosts" -o GlobalKnownHostsFile=/dev/null \\
   -o StrictHostKeyChecking=yes -o UpdateHostKeys=no -o CheckHostIP=no -o BatchMode=yes \\
   -o IdentitiesOnly=yes -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no \\
   -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3 "$@"

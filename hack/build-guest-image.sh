@@ -136,8 +136,9 @@ remove_build_dir() {
   rm -rf --one-file-system "$dir"
 }
 
-# Holding the flavor's lock, any leftover build folder of the flavor is from a builder that was killed outright.
-for stale in "$images/.build-$flavor-"*; do
+# Holding the flavor's lock, any leftover build folder of the flavor is from a builder that was killed outright
+# (.build-<hash>.* ones are from the recipe before per-flavor locks).
+for stale in "$images/.build-$flavor-"* "$images"/.build-[0-9a-f][0-9a-f][0-9a-f][0-9a-f]*.*; do
   if [ -d "$stale" ]; then
     log "removing stale build folder $stale"
     remove_build_dir "$stale"

@@ -11,7 +11,7 @@
 # (kubelet and kubeadm, with the other Kubernetes commands in the same `go build`), so the Makefile can start the node
 # image while `rest` builds the others (etcd, kustomize, Cluster API, cluster-autoscaler, cert-manager, helm). Programs of one module
 # are built by one `go build` (they share its compilation and link side by side). Each build prints one line when it
-# starts and one when it ends; its output (`go: downloading ...`) goes to out/logs/upstream-<name>.log, whose end is
+# starts and one when it ends; its output (`go: downloading ...`) goes to out/logs/build-<name>.log, whose end is
 # printed if it fails. Each build's seconds land in out/timing/setup.tsv (hack/timed.sh, tests/timing_report.py).
 set -euo pipefail
 
@@ -40,15 +40,18 @@ logs="$repo/out/logs"
 timing="${CAPI_LIBVIRT_TIMING_DIR:-$repo/out/timing}"
 mkdir -p "$logs" "$timing"
 
-# build NAME WHAT CMD...: run one build quietly (its output in out/logs/upstream-NAME.log), say when it starts and
-# ends, record its seconds as upstream/NAME in setup.tsv, and show the end of its log if it fails.
+# build NAME WHAT CMD...: run one build quietly (its output in out/logs/build-NAME.log), say when it starts and ends,
+# record its seconds as upstream/NAME in setup.tsv, and show the end of its log if it fails.
 build() {
   local name=$1 what=$2; shift 2
-  local output="$logs/upstream-$name.log" started=$SECONDS rc=0
+  local output="$logs/build-$name.log" started=$SECONDS rc=0
   log "$name: building $what"
-  # In the background, so that `set -e` holds inside the build (it is ignored in a command tested with ||).
-  "$@" >"$output" 2>&1 &
-  wait "$!" || rc=$?
+  # A subshell in the foreground: `set -e` holds inside it (it would not in a command tested with ||), and Ctrl-C
+  # reaches the build (a background job of a script ignores SIGINT).
+  set +e
+  ( set -e; "$@" ) >"$output" 2>&1
+  rc=$?
+  set -e
   if [ "$rc" -ne 0 ]; then
     log "$name: FAILED ($rc) after $((SECONDS - started)) s; the end of $output:"
     tail -n 40 "$output" >&2

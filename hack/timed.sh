@@ -27,14 +27,9 @@ log="$logs/$step.log"
 
 started=$(date +%s.%N)
 printf '[setup] %s: started (log: out/logs/%s.log)\n' "$step" "$step" >&2
-"$@" >>"$log" 2>&1 &
-pid=$!
-# Our scripts' own progress lines, as they are written; tail ends when the step does.
-tail -n +1 -F --pid="$pid" "$log" 2>/dev/null | grep --line-buffered -E '^\[[a-z0-9-]+\] ' | sed -u 's/^/  /' >&2 &
-follower=$!
-wait "$pid"
-rc=$?
-wait "$follower" 2>/dev/null
+# In the foreground (Ctrl-C reaches it), its output into the log and our scripts' own progress lines to the terminal.
+"$@" 2>&1 | tee -a "$log" | { grep --line-buffered -E '^\[[a-z0-9-]+\] ' | sed -u 's/^/  /' >&2; true; }
+rc=${PIPESTATUS[0]}
 seconds=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$started" "$(date +%s.%N)")
 if [ "$rc" -eq 0 ]; then
   printf '%s\t%s\tok\n' "$step" "$seconds" >>"$timing/setup.tsv"

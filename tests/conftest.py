@@ -30,6 +30,7 @@ def xdist_scope(nodeid: str) -> str:
     return LINUX_GUESTS_GROUP if pathlib.PurePath(module).stem in LINUX_GUEST_MODULES else module
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown to a pytest run without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """pytest-xdist's scope scheduling, with xdist_scope as the scope: whole modules, and one group of the modules
     that boot Linux guests. (Its loadgroup mode, which marks would drive, no longer groups under pytest 9.)"""

@@ -8,12 +8,13 @@ minimal image), `ipxe` (the near-free iPXE guest) or `other` (mostly the integra
 which boot nothing). It is charged to the module running when it appeared.
 The peak of Linux guests (node and minimal) running at once on the machine is kept too: the budget of 2 cores.
 
-What a guest's boot spent, seen from inside, comes from the tests that boot each image anyway: they run BOOT_PROFILE
-in one booted guest through its agent and hand the output to record_boot_profile (out/timing/boot-<image>.txt).
+What a guest's boot spent, seen from inside, comes from the tests that boot each image anyway: they read
+guest_agent.boot_profile from one booted guest and hand it to record_boot_profile (out/timing/boot-<image>.txt).
 
 Progress a person can follow while tests run on xdist workers (whose own output pytest shows only at the end): each
 worker appends lines to out/timing/progress.log (a long module starting and ending; waiting.wait_until every
-PROGRESS_EVERY_S while it waits), and the process at the terminal prints them as they come.
+PROGRESS_EVERY_S while it waits), and xdist's controller, at the terminal, prints them as they come (a run without
+xdist only keeps them there).
 
 Each pytest process (each xdist worker) writes out/timing/tests-<worker>.json; the process that ends the session
 merges them with setup.tsv into out/timing/report.md and prints its summary last. README "Numbers" says how to read it.
@@ -24,12 +25,15 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import pytest
+
+from devenv import base_image, guest_image
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TIMING_DIR = pathlib.Path(os.environ.get("CAPI_LIBVIRT_TIMING_DIR", REPO / "out" / "timing"))
@@ -40,14 +44,8 @@ LONG_MODULE_S = 20.0  # a module that took longer says when it ended
 LINUX_KINDS = ("node", "minimal")
 
 
-# systemd's own account of a finished boot: the time to its default target, the slowest units, the chain that set it.
-# It first waits (up to 45 s, within the guest agent's deadline) for the boot to have finished.
-BOOT_PROFILE = ("timeout 45 systemctl is-system-running --wait >/dev/null; systemd-analyze time; echo; systemd-analyze blame --no-pager | head -n 20; echo; "
-                "systemd-analyze critical-chain --no-pager; true")
-
-
 def record_boot_profile(image: str, text: str) -> None:
-    """Keep BOOT_PROFILE's output from a guest of `image` (node, minimal) for the report."""
+    """Keep a guest's boot profile (guest_agent.boot_profile) of `image` (node, minimal) for the report."""
     TIMING_DIR.mkdir(parents=True, exist_ok=True)
     (TIMING_DIR / f"boot-{image}.txt").write_text(text)
 
@@ -101,12 +99,17 @@ class ModuleTiming:
     peak_linux_guests: int = 0  # on the whole machine, while it ran
 
 
+NODE_BASE = base_image.BASE_PREFIX + guest_image.folder_name("", guest_image.NODE)  # base-node-<recipe>.qcow2
+
+
 def guest_kind(cmdline: str) -> str:
+    """A QEMU's guest kind, from the base image its command line names (its disk's backing file, or the minimal
+    image's kernel)."""
     if "ipxe" in cmdline:
         return "ipxe"
-    if "base-node-" in cmdline:
+    if NODE_BASE in cmdline:
         return "node"
-    if "base-" in cmdline or "vmlinuz" in cmdline:
+    if base_image.BASE_PREFIX in cmdline or "vmlinuz" in cmdline:
         return "minimal"
     return "other"
 
@@ -200,8 +203,9 @@ class TimingReport:
         self.timings: dict[str, ModuleTiming] = {}
         self.sampler = GuestSampler(self.timings)
         self.session_started = time.time()
-        # The xdist controller runs no test: it only merges what its workers wrote.
-        self.controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+        # The xdist controller runs no test: it only merges what its workers wrote (known at session start, once
+        # xdist has registered its distributing session, "dsession").
+        self.controller = False
         self.follower: threading.Thread | None = None
         self.follower_stop = threading.Event()
 
@@ -215,12 +219,15 @@ class TimingReport:
     @pytest.hookimpl
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.session_started = time.time()
+        self.controller = self.config.pluginmanager.hasplugin("dsession")
         if not hasattr(self.config, "workerinput"):  # the process that ends the session: a fresh set of files
             TIMING_DIR.mkdir(parents=True, exist_ok=True)
             for old in [*TIMING_DIR.glob("tests-*.json"), *TIMING_DIR.glob("boot-*.txt"), PROGRESS_LOG]:
                 old.unlink(missing_ok=True)
             PROGRESS_LOG.touch()
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            # xdist's controller prints them; a run without xdist only keeps them in the file (pytest captures what a
+            # test's process writes while the test runs).
             if self.controller and reporter is not None:
                 self.follower = threading.Thread(target=follow_progress, name="timing-report-progress",
                                                  args=(lambda line: reporter.write_line(line), self.follower_stop),
@@ -327,7 +334,8 @@ def write_report(wall_s: float) -> Report:
         for kind, n in m["guests"].items():
             guests[kind] = guests.get(kind, 0) + n
     peak = max((w["peak_linux_guests"] for w in workers), default=0)
-    commit = os.popen(f"git -C {REPO} rev-parse --short HEAD 2>/dev/null").read().strip() or "unknown"
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    commit = git.stdout.strip() or "unknown"
 
     def guests_text(m: dict[str, object]) -> str:
         counts = m["guests"]
@@ -338,7 +346,7 @@ def write_report(wall_s: float) -> Report:
              f"Set-up: {setup_wall} wall ({setup_s:.0f} s of steps, side by side); tests: {wall_s:.0f} s wall on {len(workers)} pytest process(es); "
              f"guests booted: {', '.join(f'{n} {k}' for k, n in sorted(guests.items())) or 'none'}; "
              f"at most {peak} Linux guests ran at once.", "",
-             "## Set-up (make test's prerequisites; `cached` means the cache already had it)", "",
+             "## Set-up (make test's prerequisites; a step that found all of it in the cache takes a second or two)", "",
              "| step | seconds | result |", "|---|---|---|"]
     lines += [f"| {step} | {seconds:.0f} | {how} |" for step, seconds, how in setup]
     lines += ["", "## Test modules, longest first (wall time from the first setup to the last teardown)", "",

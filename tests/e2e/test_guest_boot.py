@@ -195,5 +195,4 @@ def test_guest_boots_runs_cloud_init_and_gets_a_lease(guest: Guest, libvirt_host
                     LEASE_DEADLINE_S, lambda: serial_tail(guest.serial_log))
     assert set(leased) <= set(seen), (leased, seen)
     # What the boot spent, from inside, for the timing report (out/timing/boot-minimal.txt).
-    timing_report.record_boot_profile(
-        "minimal", guest_agent.guest_shell(libvirt_host, guest.domain.UUIDString(), timing_report.BOOT_PROFILE))
+    timing_report.record_boot_profile("minimal", guest_agent.boot_profile(libvirt_host, guest.domain.UUIDString()))

@@ -56,9 +56,6 @@ class ImageImports:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._running: dict[tuple[str, str, str], _Import] = {}
-        # One pass at a time per key from the look-up to the task's registration: two machines asking at once must
-        # not both miss the image in the pool and start an import each.
-        self._deciding: dict[tuple[str, str, str], asyncio.Lock] = {}
         self._clock = clock
         self.started = 0  # imports started since the operator started (a metric's worth, for the tests' numbers)
 
@@ -69,13 +66,6 @@ class ImageImports:
         is called with the host's name once an import succeeds (the operator queues the host's machines)."""
         assert image.url is not None and image.sha256 is not None
         key = (host.host, pool, image.sha256)
-        async with self._deciding.setdefault(key, asyncio.Lock()):
-            return await self._ensure(key, host, pool, image, prefixes, on_imported)
-
-    async def _ensure(self, key: tuple[str, str, str], host: connection.HostConnection, pool: str,
-                      image: v1alpha1.ImageSource, prefixes: Sequence[str], on_imported: Callable[[str], None],
-                      ) -> host_images.ImageVolume:
-        assert image.url is not None and image.sha256 is not None
         current = self._running.get(key)
         if current is not None:
             if not current.task.done():
@@ -93,6 +83,8 @@ class ImageImports:
         found = await host.call(host_images.find_image, pool, image.sha256, doing="look up image")
         if found is not None:
             return found
+        if key in self._running:  # another pass started the import while this one looked: wait for that one
+            return await self.ensure(host, pool, image, prefixes, on_imported)
         task = asyncio.create_task(self._import(host, pool, image.url, image.sha256, prefixes),
                                    name=f"image-import-{host.host}-{image.sha256[:12]}")
         entry = _Import(task, image.url)

@@ -206,6 +206,7 @@ class TimingReport:
         # The xdist controller runs no test: it only merges what its workers wrote (known at session start, once
         # xdist has registered its distributing session, "dsession").
         self.controller = False
+        self.commit = "unknown"
         self.follower: threading.Thread | None = None
         self.follower_stop = threading.Event()
 
@@ -219,6 +220,7 @@ class TimingReport:
     @pytest.hookimpl
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.session_started = time.time()
+        self.commit = current_commit()  # what the run tests (a commit made while it runs is not)
         self.controller = self.config.pluginmanager.hasplugin("dsession")
         if not hasattr(self.config, "workerinput"):  # the process that ends the session: a fresh set of files
             TIMING_DIR.mkdir(parents=True, exist_ok=True)
@@ -287,7 +289,7 @@ class TimingReport:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        report = write_report(wall_s=time.time() - self.session_started)
+        report = write_report(wall_s=time.time() - self.session_started, commit=self.commit)
         terminalreporter.section("where the time went (out/timing/report.md)")
         for line in report.summary:
             terminalreporter.write_line(line)
@@ -322,7 +324,12 @@ def setup_wall_s(tests_started: float) -> str:
     return f"{tests_started - started:.0f} s"
 
 
-def write_report(wall_s: float) -> Report:
+def current_commit() -> str:
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return git.stdout.strip() or "unknown"
+
+
+def write_report(wall_s: float, commit: str) -> Report:
     workers = [json.loads(p.read_text()) for p in sorted(TIMING_DIR.glob("tests-*.json"))]
     modules = sorted((m for w in workers for m in w["modules"]), key=lambda m: -(m["ended"] - m["started"]))
     setup = read_setup()
@@ -334,8 +341,6 @@ def write_report(wall_s: float) -> Report:
         for kind, n in m["guests"].items():
             guests[kind] = guests.get(kind, 0) + n
     peak = max((w["peak_linux_guests"] for w in workers), default=0)
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    commit = git.stdout.strip() or "unknown"
 
     def guests_text(m: dict[str, object]) -> str:
         counts = m["guests"]

@@ -158,7 +158,7 @@ def test_messages_never_show_a_urls_query():
 
 
 class FakeHost:
-    """A host whose pool has nothing, and whose import waits for the test to let it finish."""
+    """A host whose pool has only what it imported, and whose import waits for the test to let it finish."""
 
     host = "kvm1"
 
@@ -166,17 +166,26 @@ class FakeHost:
         self.imports = 0
         self.release = asyncio.Event()
         self.outcome: Exception | None = None
+        self.volume: host_images.ImageVolume | None = None
+        self.held_look: asyncio.Event | None = None  # when set by a test, the next look-up waits for it
+        self.looking = asyncio.Event()  # set once a held look-up has read the pool
 
     async def call(self, fn, *args, doing="", transfer=False):
         if fn is host_images.find_image:
+            seen = self.volume  # what the pool held when the look-up read it
+            held, self.held_look = self.held_look, None
             await asyncio.sleep(0)  # a real look-up is a thread's round trip: other passes run meanwhile
-            return None
+            if held is not None:
+                self.looking.set()
+                await held.wait()
+            return seen
         assert fn is host_images.import_image and transfer  # a long stream: the transfer thread, never the pool's
         self.imports += 1
         await self.release.wait()
         if self.outcome is not None:
             raise self.outcome
-        return host_images.ImageVolume(images.image_volume_name(SHA), "/pool/x", "qcow2", 10)
+        self.volume = host_images.ImageVolume(images.image_volume_name(SHA), "/pool/x", "qcow2", 10)
+        return self.volume
 
 
 async def test_machines_wanting_one_image_on_one_host_wait_for_one_import():
@@ -211,6 +220,43 @@ async def test_machines_asking_at_the_same_moment_start_one_import():
     assert host.imports == 1 and imports.started == 1
     host.release.set()
     await imports.close()
+
+
+async def test_a_pass_that_looked_while_the_import_finished_looks_again():
+    """A pass whose look-up read the pool before any import started, and returned after another pass had started the
+    import, it had finished and a third pass had taken its volume: it looks again and finds the image, and starts no
+    second import (a race seen under load in CI)."""
+    host = FakeHost()
+    imports = reconcile_images.ImageImports()
+    image = v1alpha1.ImageSource(url=URL, sha256=SHA)
+    host.held_look = release_late = asyncio.Event()
+    late = asyncio.create_task(imports.ensure(host, "default", image, [PREFIX]))
+    await asyncio.wait_for(host.looking.wait(), 5)  # the late pass has read an empty pool
+    with pytest.raises(reconcile_images.NotReady):
+        await imports.ensure(host, "default", image, [PREFIX])  # another pass starts the import
+    host.release.set()
+    await asyncio.sleep(0.01)  # the import finishes
+    first = await imports.ensure(host, "default", image, [PREFIX])  # a third pass takes the imported volume
+    release_late.set()
+    assert (await asyncio.wait_for(late, 5)).name == first.name == images.image_volume_name(SHA)
+    assert host.imports == 1 and imports.started == 1
+
+
+async def test_an_image_gone_from_the_pool_after_its_import_is_imported_again():
+    host = FakeHost()
+    imports = reconcile_images.ImageImports()
+    image = v1alpha1.ImageSource(url=URL, sha256=SHA)
+    host.release.set()
+    with pytest.raises(reconcile_images.NotReady):
+        await imports.ensure(host, "default", image, [PREFIX])
+    await asyncio.sleep(0.01)
+    assert (await imports.ensure(host, "default", image, [PREFIX])).name == images.image_volume_name(SHA)
+    host.volume = None  # an admin deleted it
+    with pytest.raises(reconcile_images.NotReady) as importing:
+        await imports.ensure(host, "default", image, [PREFIX])
+    assert importing.value.reason == "ImageImporting"
+    await asyncio.sleep(0.01)
+    assert host.imports == 2 and imports.started == 2
 
 
 async def test_a_failed_import_answers_every_waiting_machine_then_one_retries():

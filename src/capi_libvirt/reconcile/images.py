@@ -52,7 +52,7 @@ class _Import:
 
 
 class ImageImports:
-    """The imports this operator runs, by (host, pool, sha256)."""
+    """The import this operator runs, or ran last, by (host, pool, sha256)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._running: dict[tuple[str, str, str], _Import] = {}
@@ -67,23 +67,23 @@ class ImageImports:
         assert image.url is not None and image.sha256 is not None
         key = (host.host, pool, image.sha256)
         current = self._running.get(key)
-        if current is not None:
-            if not current.task.done():
-                raise NotReady(Reason.IMAGE_IMPORTING, _importing(current.url, image.sha256, pool, host.host),
-                               RECHECK_IMPORTING_S, failure=False)
-            error = None if current.task.cancelled() else current.task.exception()
-            if current.task.cancelled() or error is None:
-                del self._running[key]
-                if error is None and not current.task.cancelled():
-                    return current.task.result()
-            elif self._clock() - (current.finished_at or 0.0) < RETRY_AFTER_S:
+        if current is not None and not current.task.done():
+            raise NotReady(Reason.IMAGE_IMPORTING, _importing(current.url, image.sha256, pool, host.host),
+                           RECHECK_IMPORTING_S, failure=False)
+        error = None if current is None or current.task.cancelled() else current.task.exception()
+        if current is not None and error is not None:
+            if self._clock() - (current.finished_at or 0.0) < RETRY_AFTER_S:
                 raise _failed(error, current.url, pool, host.host)
-            else:
-                del self._running[key]  # old enough: this pass starts the retry
+            del self._running[key]  # old enough: this pass starts the retry
+            current = None
+        # No import running, or one that succeeded (or was cancelled): the pool says whether the image is there. A
+        # succeeded import's entry stays, so a pass that looked while it finished knows to look again (below).
         found = await host.call(host_images.find_image, pool, image.sha256, doing="look up image")
         if found is not None:
             return found
-        if key in self._running:  # another pass started the import while this one looked: wait for that one
+        now = self._running.get(key)
+        if now is not current or (now is not None and now.finished_at is None):
+            # while this pass looked, another started an import, or one running finished: ask again
             return await self.ensure(host, pool, image, prefixes, on_imported)
         task = asyncio.create_task(self._import(host, pool, image.url, image.sha256, prefixes),
                                    name=f"image-import-{host.host}-{image.sha256[:12]}")

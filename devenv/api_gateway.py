@@ -12,6 +12,13 @@ are relayed, from ordinary threads of this process, to the API server's loopback
 
 TLS is not terminated here: bytes are relayed as they are, and the guest verifies the API server's own certificate
 against the cluster CA, for the gateway's address (in the certificate's SAN: the control plane's `serving_addresses`).
+
+EndpointRelay is the other way round, for a workload cluster whose API server runs on guests behind a virtual IP: the
+management side (Cluster API's managers, the tests) connects to that address in the machine's own namespace, where it
+is a /32 on `lo` (devenv.service_address: an address of the benchmarking range, never a private one), and each
+connection is relayed to the same address and port inside the libvirt host's namespace, from a socket made there. So
+the `<cluster>-kubeconfig` Cluster API writes (server: the control-plane endpoint) works unchanged from the management
+side, and TLS is verified for the endpoint's own address.
 """
 
 from __future__ import annotations
@@ -29,31 +36,33 @@ from typing import TypeVar
 
 from devenv.control_plane import LocalControlPlane
 from devenv.libvirt_host import LibvirtHost
+from devenv.service_address import ServiceAddress
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R", bound="TcpRelay")
 
 CLONE_NEWNET = 0x40000000  # <sched.h>; os.setns exists only from Python 3.12
 DEFAULT_PORT = 6443
 ACCEPT_POLL_S = 0.25  # how often the accept loop looks at the stop flag
 RELAY_CHUNK = 65536
+# The network rule's ranges (RFC 1918), which this machine's own namespace never sends to. (ipaddress's is_private
+# also covers the benchmarking range 198.18.0.0/15 the test bed uses for addresses it puts on `lo`.)
+PRIVATE_RANGES = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 
 
 class ApiGatewayError(RuntimeError):
     pass
 
 
-class ApiGateway:
-    """Forwards <bridge address>:<port> inside `host`'s network namespace to the control plane's loopback port.
+class TcpRelay:
+    """Accepts on a listening socket and relays each connection to a new upstream one, a thread per direction.
+    Subclasses say where it listens (`_listen`) and how an upstream connection is made (`_connect`)."""
 
-    Use as a context manager; `url` is what a guest of the host connects to."""
+    label = "relay"
 
-    def __init__(self, host: LibvirtHost, control_plane: LocalControlPlane, port: int = DEFAULT_PORT) -> None:
-        self.netns = host.netns
-        self.address = host.bridge_address
-        self.port = port
-        self.upstream = loopback_endpoint(control_plane.server)
+    def __init__(self) -> None:
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -61,12 +70,13 @@ class ApiGateway:
         self._threads: list[threading.Thread] = []
         self.connections = 0  # accepted so far
 
-    @property
-    def url(self) -> str:
-        """The API server as the host's guests reach it (an address in the host's namespace)."""
-        return f"https://{self.address}:{self.port}"
+    def _listen(self) -> socket.socket:
+        raise NotImplementedError
 
-    def __enter__(self) -> ApiGateway:
+    def _connect(self) -> socket.socket:
+        raise NotImplementedError
+
+    def __enter__(self: R) -> R:
         self.start()
         return self
 
@@ -75,11 +85,10 @@ class ApiGateway:
         self.stop()
 
     def start(self) -> None:
-        """Bind the listening socket inside the namespace and start accepting."""
-        self._listener = in_netns(self.netns, lambda: listening_socket(str(self.address), self.port))
+        """Bind the listening socket and start accepting."""
+        self._listener = self._listen()
         self._listener.settimeout(ACCEPT_POLL_S)
         self._spawn(self._accept_loop, "accept")
-        log.info("API gateway: %s in netns %s -> %s:%d", self.url, self.netns, *self.upstream)
 
     def stop(self) -> None:
         """Stop accepting, cut every relayed connection and wait for the threads."""
@@ -94,11 +103,11 @@ class ApiGateway:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-        log.info("API gateway %s in netns %s stopped after %d connections", self.url, self.netns, self.connections)
+        log.info("%s stopped after %d connections", self.label, self.connections)
 
     def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
         """A thread of the gateway; the first one spawned is the accept loop, kept first (finished ones are dropped)."""
-        thread = threading.Thread(target=target, args=args, name=f"api-gateway-{name}", daemon=True)
+        thread = threading.Thread(target=target, args=args, name=f"{self.label}-{name}", daemon=True)
         self._threads = self._threads[:1] + [t for t in self._threads[1:] if t.is_alive()] + [thread]
         thread.start()
 
@@ -111,25 +120,25 @@ class ApiGateway:
                 continue
             except OSError as error:
                 if not self._stopping.is_set():
-                    log.warning("API gateway: accept failed: %s", error)
+                    log.warning("%s: accept failed: %s", self.label, error)
                 return
             self.connections += 1
             self._spawn(self._connect_and_relay, "conn", client, peer)
 
     def _connect_and_relay(self, client: socket.socket, peer: tuple[str, int]) -> None:
-        """One guest connection: open the upstream one, then relay both ways until both sides are done."""
+        """One connection: open the upstream one, then relay both ways until both sides are done."""
         client.settimeout(None)
         self._track(client)
         try:
-            upstream = socket.create_connection(self.upstream, timeout=10)
+            upstream = self._connect()
         except OSError as error:
-            log.warning("API gateway: %s:%d -> upstream failed: %s", *peer, error)
+            log.warning("%s: %s:%d -> upstream failed: %s", self.label, *peer, error)
             self._untrack(client)
             return
         upstream.settimeout(None)
         self._track(upstream)
-        log.debug("API gateway: relaying %s:%d", *peer)
-        back = threading.Thread(target=relay, args=(upstream, client), name="api-gateway-back", daemon=True)
+        log.debug("%s: relaying %s:%d", self.label, *peer)
+        back = threading.Thread(target=relay, args=(upstream, client), name=f"{self.label}-back", daemon=True)
         back.start()
         relay(client, upstream)
         back.join()
@@ -146,6 +155,71 @@ class ApiGateway:
         with self._lock:
             self._open.discard(sock)
         sock.close()
+
+
+class ApiGateway(TcpRelay):
+    """Forwards <bridge address>:<port> inside `host`'s network namespace to the control plane's loopback port.
+
+    Use as a context manager; `url` is what a guest of the host connects to."""
+
+    label = "api-gateway"
+
+    def __init__(self, host: LibvirtHost, control_plane: LocalControlPlane, port: int = DEFAULT_PORT) -> None:
+        super().__init__()
+        self.netns = host.netns
+        self.address = host.bridge_address
+        self.port = port
+        self.upstream = loopback_endpoint(control_plane.server)
+
+    @property
+    def url(self) -> str:
+        """The API server as the host's guests reach it (an address in the host's namespace)."""
+        return f"https://{self.address}:{self.port}"
+
+    def _listen(self) -> socket.socket:
+        listener = in_netns(self.netns, lambda: listening_socket(str(self.address), self.port))
+        log.info("API gateway: %s in netns %s -> %s:%d", self.url, self.netns, *self.upstream)
+        return listener
+
+    def _connect(self) -> socket.socket:
+        return socket.create_connection(self.upstream, timeout=10)
+
+
+class EndpointRelay(TcpRelay):
+    """`address`:`port` in this machine's namespace (the address a /32 on `lo` while started) relayed to the same
+    endpoint inside `host`'s network namespace: a workload cluster's control-plane endpoint, held by its guests."""
+
+    label = "endpoint-relay"
+
+    def __init__(self, host: LibvirtHost, address: str, port: int = DEFAULT_PORT) -> None:
+        super().__init__()
+        if any(ipaddress.ip_address(address) in network for network in PRIVATE_RANGES):
+            raise ApiGatewayError(f"{address} is a private address: the machine's own namespace never sends to one")
+        self.netns, self.address, self.port = host.netns, address, port
+        self._local = ServiceAddress(address)
+
+    @property
+    def url(self) -> str:
+        return f"https://{self.address}:{self.port}"
+
+    def _listen(self) -> socket.socket:
+        self._local.start()
+        try:
+            listener = listening_socket(self.address, self.port)
+        except OSError:
+            self._local.stop()
+            raise
+        log.info("endpoint relay: %s here -> the same in netns %s", self.url, self.netns)
+        return listener
+
+    def _connect(self) -> socket.socket:
+        return in_netns(self.netns, lambda: socket.create_connection((self.address, self.port), timeout=10))
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            self._local.stop()
 
 
 def loopback_endpoint(server: str) -> tuple[str, int]:

@@ -1,5 +1,6 @@
-"""The real Cluster API controller managers, run out of cluster against a LocalControlPlane: the core provider and the
-kubeadm bootstrap provider (CABPK), both built from the same Cluster API module.
+"""The real Cluster API controller managers, run out of cluster against a LocalControlPlane: the core provider, the
+kubeadm bootstrap provider (CABPK) and the kubeadm control-plane provider (KCP), all built from the same Cluster API
+module.
 
 Each is installed the way clusterctl installs it (the module's config/default, or bootstrap/kubeadm/config/default),
 webhooks on, with these differences: the manager is a child process (hack/build-upstream.sh builds it), authenticated as the control plane's
@@ -127,6 +128,23 @@ def probe_kubeadm_bootstrap(plane: LocalControlPlane) -> None:
     })
 
 
+def probe_kubeadm_control_plane(plane: LocalControlPlane) -> None:
+    """A dry-run create of a v1beta1 KubeadmControlPlane: converted by /convert (v1beta2 is stored), defaulted and
+    validated by the KubeadmControlPlane webhooks (failurePolicy Fail), so an answer proves the round trip; the
+    default rollout strategy proves the defaulting one."""
+    created = plane.request(
+        "POST", "/apis/controlplane.cluster.x-k8s.io/v1beta1/namespaces/default/kubeadmcontrolplanes?dryRun=All", {
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "KubeadmControlPlane",
+            "metadata": {"name": PROBE_NAME, "namespace": "default"},
+            "spec": {"version": f"v{PROBE_VERSION}", "kubeadmConfigSpec": {"format": "cloud-config"},
+                     "machineTemplate": {"infrastructureRef": {
+                         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "LibvirtMachineTemplate",
+                         "name": PROBE_NAME}}},
+        })
+    if not created["spec"].get("rolloutStrategy"):
+        raise CapiControllerError(f"the probe KubeadmControlPlane was not defaulted: {created['spec']}")
+
+
 CORE = Provider(name="cluster-api-manager", binary=paths.cluster_api_manager_binary, config="config",
                 name_prefix=NAME_PREFIX, label="cluster-api",
                 feature_gates={"ClusterTopology": True, "MachinePool": True}, probe=probe_core, install_crds=False)
@@ -134,6 +152,11 @@ KUBEADM_BOOTSTRAP = Provider(name="kubeadm-bootstrap-manager", binary=paths.kube
                              config="bootstrap/kubeadm/config", name_prefix="capi-kubeadm-bootstrap-",
                              label="bootstrap-kubeadm", feature_gates={"MachinePool": True},
                              probe=probe_kubeadm_bootstrap, install_crds=True)
+KUBEADM_CONTROL_PLANE = Provider(name="kubeadm-control-plane-manager",
+                                 binary=paths.kubeadm_control_plane_manager_binary,
+                                 config="controlplane/kubeadm/config", name_prefix="capi-kubeadm-control-plane-",
+                                 label="control-plane-kubeadm", feature_gates={"ClusterTopology": True},
+                                 probe=probe_kubeadm_control_plane, install_crds=True)
 
 
 def provider_crds(provider: Provider) -> list[dict]:

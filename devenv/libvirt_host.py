@@ -71,6 +71,7 @@ class LibvirtHost:
         libvirtd_settings: Mapping[str, ConfValue] | None = None,
         before_daemons: Callable[[LibvirtHost], None] | None = None,
         dnsmasq_options: Sequence[str] = (),
+        dhcp_reserved: int = 0,
     ) -> None:
         """`subnet` is the NAT network's (the bridge takes its first address); `network_name` None: no libvirt network
         at all (and no libvirt DHCP), as on a host whose guests sit on a bridge of the LAN. Logs (libvirtd, virtlogd, each guest's
@@ -79,7 +80,8 @@ class LibvirtHost:
         `libvirtd_settings` are added to libvirtd.conf; when they turn listen_tls or listen_tcp on, libvirtd starts
         with --listen. `before_daemons` runs once the namespace exists, before the daemons start (to add a link whose
         address libvirtd listens on); a failure there fails start(), which then stops the host. See remote_access.
-        `dnsmasq_options` are passed to the network's dnsmasq (the bench sets `no-ping`, see bench/testbed.py)."""
+        `dnsmasq_options` are passed to the network's dnsmasq (the bench sets `no-ping`, see bench/testbed.py).
+        `dhcp_reserved`: the subnet's last addresses DHCP never hands out (a virtual IP's, `reserved_addresses`)."""
         self.name = name
         self.subnet = ipaddress.IPv4Network(subnet)
         self.pool_name = pool_name
@@ -91,6 +93,7 @@ class LibvirtHost:
         self.libvirtd_settings = dict(libvirtd_settings or {})
         self.before_daemons = before_daemons
         self.dnsmasq_options = tuple(dnsmasq_options)
+        self.dhcp_reserved = dhcp_reserved
         if len(str(self.socket_path)) > UNIX_SOCKET_PATH_MAX:
             raise LibvirtHostError(f"state folder path too long for a UNIX socket: {self.socket_path}")
 
@@ -124,6 +127,11 @@ class LibvirtHost:
     @property
     def bridge_address(self) -> ipaddress.IPv4Address:
         return next(self.subnet.hosts())
+
+    @property
+    def reserved_addresses(self) -> list[ipaddress.IPv4Address]:
+        """The addresses of the NAT network that DHCP never hands out (`dhcp_reserved`), lowest first."""
+        return list(self.subnet.hosts())[len(list(self.subnet.hosts())) - self.dhcp_reserved:]
 
     def _bind_mounts(self) -> dict[pathlib.Path, pathlib.Path]:
         """System folder -> this host's folder mounted over it in the daemons' mount namespace."""
@@ -161,7 +169,7 @@ class LibvirtHost:
             with self.connect() as conn:
                 define_dir_pool(conn, self.pool_name, self.pool_dir)
                 if self.network_name is not None:
-                    define_nat_network(conn, self.network_name, self.subnet, self.dnsmasq_options)
+                    define_nat_network(conn, self.network_name, self.subnet, self.dnsmasq_options, self.dhcp_reserved)
         except BaseException:
             log.error("libvirt host %s failed to start; libvirtd log: %s", self.name, self.libvirtd_log)
             self._log_tail(self.libvirtd_log)
@@ -407,10 +415,11 @@ DNSMASQ_NS = "http://libvirt.org/schemas/network/dnsmasq/1.0"
 
 
 def nat_network_xml(name: str, subnet: ipaddress.IPv4Network, bridge: str = "virbr0",
-                    dnsmasq_options: Sequence[str] = ()) -> str:
-    """NAT network with DHCP over the whole subnet but the bridge's own (first) address; one bridge per namespace.
-    `dnsmasq_options` go to its dnsmasq as they are (libvirt's dnsmasq namespace), e.g. `no-ping`."""
-    hosts = list(subnet.hosts())
+                    dnsmasq_options: Sequence[str] = (), dhcp_reserved: int = 0) -> str:
+    """NAT network with DHCP over the whole subnet but the bridge's own (first) address and its last `dhcp_reserved`
+    ones; one bridge per namespace. `dnsmasq_options` go to its dnsmasq as they are (libvirt's dnsmasq namespace),
+    e.g. `no-ping`."""
+    hosts = list(subnet.hosts())[:len(list(subnet.hosts())) - dhcp_reserved]
     network = ET.Element("network")
     ET.SubElement(network, "name").text = name
     ET.SubElement(network, "forward", mode="nat")
@@ -443,8 +452,9 @@ def define_dir_pool(conn: libvirt.virConnect, name: str, path: pathlib.Path) -> 
 
 
 def define_nat_network(conn: libvirt.virConnect, name: str, subnet: ipaddress.IPv4Network,
-                       dnsmasq_options: Sequence[str] = ()) -> libvirt.virNetwork:
-    network = conn.networkDefineXML(nat_network_xml(name, subnet, dnsmasq_options=dnsmasq_options))
+                       dnsmasq_options: Sequence[str] = (), dhcp_reserved: int = 0) -> libvirt.virNetwork:
+    network = conn.networkDefineXML(nat_network_xml(name, subnet, dnsmasq_options=dnsmasq_options,
+                                                    dhcp_reserved=dhcp_reserved))
     network.create()
     return network
 

@@ -75,6 +75,11 @@ def kubeadm_bootstrap_manager_binary() -> pathlib.Path:
     return bin_dir() / f"cluster-api-kubeadm-bootstrap-manager-{CLUSTER_API_VERSION}"
 
 
+def kubeadm_control_plane_manager_binary() -> pathlib.Path:
+    """Cluster API's kubeadm control-plane provider (controlplane/kubeadm/main.go of the same module)."""
+    return bin_dir() / f"cluster-api-kubeadm-control-plane-manager-{CLUSTER_API_VERSION}"
+
+
 def cluster_api_components_dir() -> pathlib.Path:
     """core-, bootstrap- and control-plane-components.yaml and metadata.yaml as Cluster API's release makes them
     (kustomized from the cached module by hack/build-upstream.sh)."""

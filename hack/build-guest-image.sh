@@ -7,14 +7,18 @@
 #   whose whole disk is the ext4 root (/dev/vda), plus the kernel and initrd beside it for direct kernel boot.
 # node: a Kubernetes node image in the manner of image-builder's: the same base plus containerd, runc, the CNI
 #   plugins, kubelet and kubeadm (from $CAPI_LIBVIRT_CACHE/bin, built by hack/build-upstream.sh), configured as a
-#   kubeadm-based node (a kubelet that waits for `kubeadm join`, containerd on the systemd cgroup driver, a bridge CNI
-#   network, the sandbox image built here and imported at boot). It boots from its own disk: an MBR disk with one
-#   bootable ext4 partition labelled root, syslinux's MBR and extlinux in /boot/extlinux. No file besides the disk.
+#   kubeadm-based node (a kubelet that waits for `kubeadm init` or `join`, containerd on the systemd cgroup driver, a
+#   bridge CNI network), with every image `kubeadm config images list` names already in containerd's store: the
+#   sandbox, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, etcd and CoreDNS, each built here from
+#   the sources of the test bed's programs (hack/image-archive.py) and imported at build time, so nothing is pulled at
+#   run time. keepalived is installed (not enabled) for a control-plane endpoint held as a virtual IP. It boots from
+#   its own disk: an MBR disk with one bootable ext4 partition labelled root, syslinux's MBR and extlinux in
+#   /boot/extlinux. No file besides the disk.
 #
 # Each image lands in $CAPI_LIBVIRT_CACHE/images/ (default cache ~/.cache/capi-libvirt): minimal in <recipe-hash>/,
 # node in node-<recipe-hash>/. The minimal recipe hash is the start of the sha256 of this very file; the node one is
-# that of this file followed by the line `flavor=node` and `kubernetes=$KUBERNETES_VERSION`, so a new Kubernetes
-# version builds a new image. Any change to the recipe below builds new images; an unchanged recipe only checks the
+# that of this file and hack/image-archive.py followed by the lines `flavor=node` and `kubernetes=$KUBERNETES_VERSION`,
+# so a new Kubernetes version builds a new image. Any change to the recipe below builds new images; an unchanged recipe only checks the
 # cache. src/capi_libvirt/devenv/guest_image.py computes the same hashes. `--folder` prints the folder of the current
 # recipe and builds nothing.
 # The build happens in a temporary folder beside the result and is renamed into place only once complete (with the
@@ -49,11 +53,15 @@ marker=READY     # written last; guest_image.py looks for it
 # systemd-resolved: the kubelet needs a resolv.conf for pods (kubeadm points it at resolved's), and the node's own
 # name must resolve (kubeadm's Hostname preflight check).
 node_packages=containerd,runc,containernetworking-plugins,iptables,conntrack,ethtool,socat,ca-certificates
-node_packages+=,python3-jinja2,cloud-guest-utils,fdisk,e2fsprogs,procps,mount,systemd-resolved
+node_packages+=,python3-jinja2,cloud-guest-utils,fdisk,e2fsprogs,procps,mount,systemd-resolved,keepalived
 node_disk_size=4G          # sparse: room for container images and logs
 partition_start_sectors=2048   # 1 MiB
 pause_version=3.10.1       # kubeadm 1.35's sandbox image (constants.PauseVersion); containerd's sandbox_image
 sandbox_image="registry.k8s.io/pause:$pause_version"
+: "${NODE_ETCD_VERSION:=v3.6.6}"    # kubeadm 1.35's etcd (constants.SupportedEtcdVersion), as hack/build-upstream.sh
+: "${COREDNS_VERSION:=v1.13.1}"     # kubeadm 1.35's CoreDNS (constants.CoreDNSVersion), as hack/build-upstream.sh
+etcd_image="registry.k8s.io/etcd:${NODE_ETCD_VERSION#v}-0"
+coredns_image="registry.k8s.io/coredns/coredns:$COREDNS_VERSION"
 pod_subnet=100.96.0.0/24   # not a private range; every node may use the same one (pods only run locally)
 # extlinux (syslinux 6.04) reads ext4, but not these newer features of bookworm's mke2fs.
 node_fs_features='^64bit,^metadata_csum_seed,^orphan_file'
@@ -63,9 +71,10 @@ log() { printf '[build-guest-image] %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
 script=$(readlink -f "${BASH_SOURCE[0]}")
+image_archive="$(dirname "$script")/image-archive.py"
 images="$CAPI_LIBVIRT_CACHE/images"
 if [ "$flavor" = node ]; then
-  recipe_hash=$({ cat "$script"; printf 'flavor=node\nkubernetes=%s\n' "$KUBERNETES_VERSION"; } | sha256sum | cut -c1-16)
+  recipe_hash=$({ cat "$script" "$image_archive"; printf 'flavor=node\nkubernetes=%s\n' "$KUBERNETES_VERSION"; } | sha256sum | cut -c1-16)
   out="$images/node-$recipe_hash"
 else
   recipe_hash=$(sha256sum "$script" | cut -c1-16)
@@ -79,11 +88,17 @@ fi
 
 kubelet_binary="$CAPI_LIBVIRT_CACHE/bin/kubelet-$KUBERNETES_VERSION"
 kubeadm_binary="$CAPI_LIBVIRT_CACHE/bin/kubeadm-$KUBERNETES_VERSION"
+etcd_binary="$CAPI_LIBVIRT_CACHE/bin/etcd-$NODE_ETCD_VERSION"
+coredns_binary="$CAPI_LIBVIRT_CACHE/bin/coredns-$COREDNS_VERSION"
+control_plane_binaries=()
+for command in kube-apiserver kube-controller-manager kube-scheduler kube-proxy; do
+  control_plane_binaries+=("$CAPI_LIBVIRT_CACHE/bin/$command-$KUBERNETES_VERSION")
+done
 pause_source="$CAPI_LIBVIRT_CACHE/kubernetes-$KUBERNETES_VERSION/build/pause/linux/pause.c"
 if [ "$flavor" = node ]; then
   # Fail before any work when an input is missing, and say where it comes from.
   missing=()
-  for input in "$kubelet_binary" "$kubeadm_binary"; do
+  for input in "$kubelet_binary" "$kubeadm_binary" "$etcd_binary" "$coredns_binary" "${control_plane_binaries[@]}"; do
     [ -x "$input" ] || missing+=("$input (hack/build-upstream.sh builds it)")
   done
   [ -f "$pause_source" ] || missing+=("$pause_source (hack/build-upstream.sh links the k8s.io/kubernetes module there)")
@@ -340,83 +355,12 @@ net.bridge.bridge-nf-call-iptables = 1
 net.bridge.bridge-nf-call-ip6tables = 1
 EOF
 
-  # The sandbox image, built here from the Kubernetes source (nothing is pulled at run time): pause.c linked
-  # statically, as a one-layer image archive in the docker-save format that `ctr images import` reads.
-  if ! gcc -Os -Wall -static "-DVERSION=$pause_version" -o "$work/pause" "$pause_source" >>"$build_log" 2>&1; then
-    tail -n 30 "$build_log" >&2
-    die "compiling $pause_source failed"
-  fi
-  strip "$work/pause"
-  mkdir -p "$root/usr/local/share/capi-libvirt"
-  python3 - "$work/pause" "$root/usr/local/share/capi-libvirt/pause-$pause_version.tar" "$sandbox_image" <<'EOF'
-import hashlib, io, json, sys, tarfile
+  # The images kubeadm runs, built here (nothing is pulled at run time) and imported into containerd's store now.
+  make_node_images
 
-program, archive, ref = sys.argv[1:]
-
-def tar_member(tar, name, data, mode=0o644):
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = len(data), mode, 0
-    tar.addfile(info, io.BytesIO(data))
-
-layer = io.BytesIO()
-with tarfile.open(fileobj=layer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-    tar_member(tar, "pause", open(program, "rb").read(), 0o755)
-layer = layer.getvalue()
-diff_id = hashlib.sha256(layer).hexdigest()
-config = json.dumps({
-    "architecture": "amd64",
-    "os": "linux",
-    "created": "1970-01-01T00:00:00Z",
-    "config": {"Entrypoint": ["/pause"], "User": "65535:65535", "WorkingDir": "/"},
-    "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff_id}"]},
-    "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "build-guest-image.sh: pause.c, gcc -static"}],
-}, sort_keys=True).encode()
-config_id = hashlib.sha256(config).hexdigest()
-manifest = json.dumps([{"Config": f"{config_id}.json", "RepoTags": [ref], "Layers": [f"{diff_id}/layer.tar"]}])
-with tarfile.open(archive, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-    tar_member(tar, f"{config_id}.json", config)
-    tar_member(tar, f"{diff_id}/layer.tar", layer)
-    tar_member(tar, "manifest.json", manifest.encode())
-EOF
-  cat >"$root/usr/local/sbin/capi-libvirt-import-sandbox-image" <<EOF
-#!/bin/sh
-# Import the sandbox image this image carries into containerd's Kubernetes namespace, once (later boots find it).
-set -eu
-ref=$sandbox_image
-archive=/usr/local/share/capi-libvirt/pause-$pause_version.tar
-EOF
-  cat >>"$root/usr/local/sbin/capi-libvirt-import-sandbox-image" <<'EOF'
-tries=0
-until ctr version >/dev/null 2>&1; do
-  tries=$((tries + 1))
-  [ "$tries" -lt 120 ] || { echo "containerd does not answer" >&2; exit 1; }
-  sleep 1
-done
-if ctr -n k8s.io images ls -q "name==$ref" | grep -qxF "$ref"; then
-  echo "$ref is already imported"
-  exit 0
-fi
-ctr -n k8s.io images import "$archive"
-EOF
-  chmod 0755 "$root/usr/local/sbin/capi-libvirt-import-sandbox-image"
-  cat >"$root/etc/systemd/system/capi-libvirt-sandbox-image.service" <<EOF
-[Unit]
-Description=Import the sandbox image ($sandbox_image) into containerd
-Requires=containerd.service
-After=containerd.service
-Before=kubelet.service
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/usr/local/sbin/capi-libvirt-import-sandbox-image
-
-[Install]
-WantedBy=multi-user.target
-EOF
-
-  chroot "$root" systemctl enable containerd.service capi-libvirt-sandbox-image.service kubelet.service \
-    >>"$build_log" 2>&1
+  chroot "$root" systemctl enable containerd.service kubelet.service >>"$build_log" 2>&1
+  # keepalived holds a virtual IP only where a machine's bootstrap data configures and starts it.
+  chroot "$root" systemctl disable keepalived.service >>"$build_log" 2>&1 || true
 
   # The bootloader's configuration; extlinux itself is installed once the file system exists.
   mkdir -p "$root/boot/extlinux"
@@ -431,6 +375,88 @@ LABEL debian
   INITRD /boot/${initrd##*/}
   APPEND root=LABEL=root rw console=ttyS0
 EOF
+}
+
+# make_node_images: the sandbox image (pause.c of the Kubernetes module, linked statically) and the control-plane
+# images (the test bed's own Kubernetes commands, etcd and CoreDNS at kubeadm's versions: static Go programs in
+# /usr/local/bin as upstream's images have them; kube-proxy with the node root's iptables, xtables-nft as Debian's
+# default, and conntrack), as one-layer archives, then imported into the root's /var/lib/containerd by the root's own
+# containerd run on this machine (its CRI plugin off; the k8s.io namespace is the one the kubelet's CRI reads), so
+# the guest's containerd starts with them unpacked and a boot spends nothing on them.
+make_node_images() {
+  local archives="$work/image-archives" bin="$CAPI_LIBVIRT_CACHE/bin" command name copies=()
+  mkdir -p "$archives"
+  if ! gcc -Os -Wall -static "-DVERSION=$pause_version" -o "$work/pause" "$pause_source" >>"$build_log" 2>&1; then
+    tail -n 30 "$build_log" >&2
+    die "compiling $pause_source failed"
+  fi
+  strip "$work/pause"
+  node_image "$archives/pause.tar" "$sandbox_image" --add "$work/pause=/pause" --entrypoint '["/pause"]' \
+    --user 65535:65535
+  for command in kube-apiserver kube-controller-manager kube-scheduler; do
+    node_image "$archives/$command.tar" "registry.k8s.io/$command:$KUBERNETES_VERSION" \
+      --add "$bin/$command-$KUBERNETES_VERSION=/usr/local/bin/$command" --entrypoint "[\"/usr/local/bin/$command\"]"
+  done
+  for name in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+    copies+=(--copy "/usr/sbin/$name" --copy "/usr/sbin/${name/tables/tables-nft}" \
+             --copy "/usr/sbin/${name/tables/tables-legacy}")
+  done
+  node_image "$archives/kube-proxy.tar" "registry.k8s.io/kube-proxy:$KUBERNETES_VERSION" \
+    --add "$bin/kube-proxy-$KUBERNETES_VERSION=/usr/local/bin/kube-proxy" --entrypoint '["/usr/local/bin/kube-proxy"]' \
+    --root "$root" "${copies[@]}" --copy /usr/sbin/conntrack --copy /etc/protocols \
+    --copy-dir /usr/lib/x86_64-linux-gnu/xtables
+  node_image "$archives/etcd.tar" "$etcd_image" --add "$etcd_binary=/usr/local/bin/etcd" \
+    --entrypoint '["/usr/local/bin/etcd"]'
+  # CoreDNS runs as root here: upstream's image is non-root with cap_net_bind_service on the binary, a file
+  # capability this layer does not carry (kubeadm's Deployment adds NET_BIND_SERVICE either way).
+  node_image "$archives/coredns.tar" "$coredns_image" --add "$coredns_binary=/coredns" --entrypoint '["/coredns"]'
+  import_node_images "$archives"
+  rm -rf "$archives" "$work/pause"
+  log "images in the node image's containerd: $(tr '\n' ' ' <"$work/images.txt")"
+}
+
+# node_image ARCHIVE REF ARGS...: one image archive (hack/image-archive.py), its line in the build log.
+node_image() {
+  if ! python3 "$image_archive" "$@" >>"$build_log" 2>&1; then
+    tail -n 20 "$build_log" >&2
+    die "making the image $2 failed"
+  fi
+}
+
+# import_node_images FOLDER: `ctr images import` of every archive there into the root's containerd store; the refs
+# it then lists go to $work/images.txt (and into the image's READY file).
+import_node_images() {
+  local state="$work/containerd" pid tries=0 archive
+  mkdir -p "$state"
+  {
+    echo 'version = 2'
+    echo "root = \"$root/var/lib/containerd\""
+    echo "state = \"$state/run\""
+    echo 'disabled_plugins = ["io.containerd.grpc.v1.cri"]'
+    echo '[grpc]'
+    echo "  address = \"$state/containerd.sock\""
+  } >"$state/config.toml"
+  "$root/usr/bin/containerd" --config "$state/config.toml" >>"$build_log" 2>&1 &
+  pid=$!
+  until "$root/usr/bin/ctr" --address "$state/containerd.sock" version >/dev/null 2>&1; do
+    tries=$((tries + 1))
+    if [ "$tries" -ge 120 ] || ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 20 "$build_log" >&2
+      die "the node root's containerd did not start"
+    fi
+    sleep 0.5
+  done
+  for archive in "$1"/*.tar; do
+    if ! "$root/usr/bin/ctr" --address "$state/containerd.sock" -n k8s.io images import "$archive" \
+        >>"$build_log" 2>&1; then
+      kill "$pid"; wait "$pid" || true
+      tail -n 20 "$build_log" >&2
+      die "importing $archive into the node root's containerd failed"
+    fi
+  done
+  "$root/usr/bin/ctr" --address "$state/containerd.sock" -n k8s.io images ls -q | sort >"$work/images.txt"
+  kill "$pid"; wait "$pid" || true
+  rm -rf "$state"
 }
 
 # make_node_disk RAW: an MBR disk of one bootable partition from 1 MiB to the end, the ext4 root in it (made from
@@ -473,13 +499,17 @@ else
   interruptible mkfs.ext4 -q -L root -d "$root" "$work/disk.raw"
 fi
 interruptible qemu-img convert -O qcow2 -c "$work/disk.raw" "$work/disk.qcow2"
-rm -f "$work/disk.raw" "$work/pause"
+rm -f "$work/disk.raw"
 rm -rf --one-file-system "$root" "$work/mnt"
 rm -f "$build_log"
 
 {
   printf 'flavor=%s\nrecipe=%s\nsuite=%s\n' "$flavor" "$recipe_hash" "$suite"
-  [ "$flavor" = node ] && printf 'kubernetes=%s\nsandbox=%s\n' "$KUBERNETES_VERSION" "$sandbox_image"
+  if [ "$flavor" = node ]; then
+    printf 'kubernetes=%s\nsandbox=%s\n' "$KUBERNETES_VERSION" "$sandbox_image"
+    printf 'images=%s\n' "$(tr '\n' ' ' <"$work/images.txt")"
+  fi
+  rm -f "$work/images.txt"
   printf 'built=%s\nseconds=%s\n' "$(date -u +%FT%TZ)" "$((SECONDS - started))"
 } >"$work/$marker"
 rm -rf "$out"   # an unfinished folder of this hash cannot exist (rename is atomic), but be sure

@@ -20,6 +20,10 @@ case "$group" in control-plane|kubernetes|rest|all) ;; *) echo "usage: $0 [contr
 
 : "${KUBERNETES_VERSION:=v1.35.4}"
 : "${ETCD_VERSION:=v3.6.16}"
+# The control-plane images of the node image carry what kubeadm $KUBERNETES_VERSION asks for (`kubeadm config images
+# list`): its etcd (constants.SupportedEtcdVersion, image tag 3.6.6-0) and CoreDNS (constants.CoreDNSVersion).
+: "${NODE_ETCD_VERSION:=v3.6.6}"
+: "${COREDNS_VERSION:=v1.13.1}"
 : "${CLUSTER_API_VERSION:=v1.12.8}"
 : "${KUSTOMIZE_VERSION:=v5.8.1}"
 : "${CLUSTER_AUTOSCALER_VERSION:=v0.0.0-20250613073258-1959f5f61f6c}"
@@ -106,7 +110,8 @@ install_from() { mv "$1/$2" "$3"; }
 # server's version). kube-apiserver, kube-scheduler and kube-controller-manager run the test API server and the
 # workload side of the e2e; kubelet and kubeadm go into the node image (the same version as the test API server), and
 # kubeadm's `init phase` commands prepare the test API server for joining nodes as `kubeadm init` would.
-kube_commands=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubeadm)
+# kube-proxy runs only in the node image's control-plane images (the kube-proxy DaemonSet of `kubeadm init`).
+kube_commands=(kube-apiserver kube-scheduler kube-controller-manager kube-proxy kubelet kubeadm)
 build_kubernetes_commands() {
   local gomod; gomod=$(module_field "k8s.io/kubernetes@$KUBERNETES_VERSION" GoMod)
   local staging_version="v0.${KUBERNETES_VERSION#v1.}"
@@ -149,17 +154,22 @@ cluster_api_version_stamp() {
 }
 
 # Cluster API's programs, one `go install` of its module (its go.mod has no replace directives): the core manager (the
-# module's root main.go), clusterctl, and the kubeadm bootstrap provider (CABPK, bootstrap/kubeadm/main.go).
+# module's root main.go), clusterctl, the kubeadm bootstrap provider (CABPK, bootstrap/kubeadm/main.go) and the kubeadm
+# control-plane provider (KCP, controlplane/kubeadm/main.go).
 capi_manager="$bin/cluster-api-manager-$CLUSTER_API_VERSION"
 clusterctl="$bin/clusterctl-$CLUSTER_API_VERSION"
 cabpk="$bin/cluster-api-kubeadm-bootstrap-manager-$CLUSTER_API_VERSION"
+kcp="$bin/cluster-api-kubeadm-control-plane-manager-$CLUSTER_API_VERSION"
 build_cluster_api() {
   local out; out=$(mktemp -d)
+  # bootstrap/kubeadm and controlplane/kubeadm are both named kubeadm: two GOBINs.
   go_install "$CLUSTER_API_VERSION" "$(cluster_api_version_stamp)" "$out" \
     sigs.k8s.io/cluster-api sigs.k8s.io/cluster-api/cmd/clusterctl sigs.k8s.io/cluster-api/bootstrap/kubeadm
   install_from "$out" cluster-api "$capi_manager"
   install_from "$out" clusterctl "$clusterctl"
   install_from "$out" kubeadm "$cabpk"
+  go_install "$CLUSTER_API_VERSION" "$(cluster_api_version_stamp)" "$out" sigs.k8s.io/cluster-api/controlplane/kubeadm
+  install_from "$out" kubeadm "$kcp"
   rm -rf "$out"
 }
 
@@ -171,12 +181,24 @@ build_single() {  # build_single OUTPUT BUILDER ARGS...: a builder that leaves o
   rm -rf "$out"
 }
 etcd_build() { go_build_in_scratch go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "" "$1" go.etcd.io/etcd/server/v3; }
+node_etcd_build() { go_build_in_scratch go.etcd.io/etcd/server/v3 "$NODE_ETCD_VERSION" "" "$1" go.etcd.io/etcd/server/v3; }
+coredns_build() { go_install "$COREDNS_VERSION" "" "$1" github.com/coredns/coredns; }
 kustomize_build() { go_install "$KUSTOMIZE_VERSION" "" "$1" sigs.k8s.io/kustomize/kustomize/v5; }
 
 build_etcd() {
   local etcd="$bin/etcd-$ETCD_VERSION"
   [ -x "$etcd" ] || build etcd "etcd $ETCD_VERSION (a minute or two on 2 cores, once)" build_single "$etcd" etcd_build
   ln -sfn "$etcd" "$bin/etcd"
+}
+
+# What the node image's control-plane images carry besides the Kubernetes commands: etcd and CoreDNS at the versions
+# kubeadm asks for (the test bed's own etcd, $ETCD_VERSION, may differ).
+build_node_image_inputs() {
+  local etcd="$bin/etcd-$NODE_ETCD_VERSION" coredns="$bin/coredns-$COREDNS_VERSION"
+  [ -x "$etcd" ] || build node-etcd "etcd $NODE_ETCD_VERSION for the node image (a minute or two on 2 cores, once)" \
+    build_single "$etcd" node_etcd_build
+  [ -x "$coredns" ] || build coredns "CoreDNS $COREDNS_VERSION for the node image (a few minutes on 2 cores, once)" \
+    build_single "$coredns" coredns_build
 }
 
 # Cluster API's module: its CRDs and config, which the test bed reads (and its components are kustomized from).
@@ -193,8 +215,8 @@ kustomize="$bin/kustomize-$KUSTOMIZE_VERSION"
 [ -x "$kustomize" ] || build kustomize "kustomize $KUSTOMIZE_VERSION (under a minute, once)" \
   build_single "$kustomize" kustomize_build
 
-if [ ! -x "$capi_manager" ] || [ ! -x "$clusterctl" ] || [ ! -x "$cabpk" ]; then
-  build cluster-api "the Cluster API $CLUSTER_API_VERSION core manager, clusterctl and kubeadm bootstrap manager (one go install; a few minutes on 2 cores, once)" \
+if [ ! -x "$capi_manager" ] || [ ! -x "$clusterctl" ] || [ ! -x "$cabpk" ] || [ ! -x "$kcp" ]; then
+  build cluster-api "the Cluster API $CLUSTER_API_VERSION core manager, clusterctl, kubeadm bootstrap and control-plane managers (a few minutes on 2 cores, once)" \
     build_cluster_api
 fi
 ln -sfn "$capi_manager" "$bin/cluster-api-manager"
@@ -350,8 +372,8 @@ log "cert-manager.yaml in $(dirname "$cm_yaml"), Cluster API components in $capi
 
 case "$group" in
   control-plane) build_etcd; build_kubernetes_group kube-apiserver kubeadm; link_cluster_api_module ;;
-  kubernetes) build_kubernetes_group ;;
+  kubernetes) build_kubernetes_group; build_node_image_inputs ;;
   rest) build_rest_group ;;
-  all) build_kubernetes_group; build_rest_group ;;
+  all) build_kubernetes_group; build_node_image_inputs; build_rest_group ;;
 esac
 log "$group ready in $bin"

@@ -19,7 +19,7 @@ TIERS = ("unit", "integration", "e2e")
 LINUX_GUEST_MODULES = frozenset({
     "test_autoscaler", "test_bridged_addresses", "test_clusterctl_init", "test_clusterctl_move", "test_guest_boot",
     "test_ipam_pools", "test_kubeadm_join", "test_machine_crash_consistency", "test_machine_lifecycle",
-    "test_machine_shape", "test_move_adoption", "test_operator_image", "test_remote_hosts",
+    "test_machine_shape", "test_move_adoption", "test_operator_image", "test_remote_hosts", "test_whole_cluster",
 })
 LINUX_GUESTS_GROUP = "linux-guests"
 

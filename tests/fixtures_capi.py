@@ -1,5 +1,5 @@
-"""Fixtures of the real Cluster API parts: the core manager and the kubeadm bootstrap provider (CABPK) against the test
-API server, each with its webhooks on, the release as a clusterctl repository, and what `clusterctl init` test beds
+"""Fixtures of the real Cluster API parts: the core manager, the kubeadm bootstrap provider (CABPK) and the kubeadm
+control-plane provider (KCP) against the test API server, each with its webhooks on, the release as a clusterctl repository, and what `clusterctl init` test beds
 need (devenv/clusterctl_init.py, devenv/management_cluster.py): their prerequisites, the repository `clusterctl init`
 installs from, and our operator's image."""
 
@@ -56,6 +56,17 @@ def kubeadm_bootstrap_controller(control_plane: cp.LocalControlPlane,
     webhooks, for one test module, beside the core controller."""
     require_provider(capi.KUBEADM_BOOTSTRAP)
     with capi.CapiController(control_plane, provider=capi.KUBEADM_BOOTSTRAP) as controller:
+        yield controller
+
+
+@pytest.fixture(scope="module")
+def kubeadm_control_plane_controller(control_plane: cp.LocalControlPlane,
+                                    kubeadm_bootstrap_controller: capi.CapiController) -> Iterator[capi.CapiController]:
+    """Cluster API's kubeadm control-plane provider (KubeadmControlPlane -> control-plane Machines, their
+    KubeadmConfigs, the cluster's certificates and `<cluster>-kubeconfig`), its CRDs and webhooks, for one test module,
+    beside the core and bootstrap controllers."""
+    require_provider(capi.KUBEADM_CONTROL_PLANE)
+    with capi.CapiController(control_plane, provider=capi.KUBEADM_CONTROL_PLANE) as controller:
         yield controller
 
 

@@ -220,6 +220,8 @@ COMMON_OPTIONAL = {
     "LIBVIRT_WORKER_MEMORY_MIB": '"4096"',
     "LIBVIRT_DISK_GIB": '"20"',
     "CAPI_LIBVIRT_NAMESPACE": '"capi-libvirt-system"',  # the provider's, for the RoleBinding that lets it read Secrets
+    "KUBE_VIP_IMAGE": '"ghcr.io/kube-vip/kube-vip:v1.0.1"',  # the endpoint's holder on the control-plane machines
+    "KUBE_VIP_INTERFACE": '"enp1s0"',
 }
 FLAVOR_OPTIONAL = {
     "": {"WORKER_MACHINE_COUNT": "0"},

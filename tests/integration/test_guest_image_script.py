@@ -1,5 +1,6 @@
 """hack/build-guest-image.sh and guest_image.py agree on every flavor's folder (the script computes the hashes in
-bash), and the node flavor stops at once, naming what is missing, when kubelet and kubeadm have not been built. Runs
+bash), and the node flavor stops at once, naming what is missing, when the Kubernetes commands, etcd or CoreDNS have not been
+built. Runs
 the script itself (bash, no build, no root needed)."""
 
 from __future__ import annotations
@@ -47,11 +48,12 @@ def test_node_folder_follows_the_kubernetes_version(tmp_path: pathlib.Path, monk
         run_script(tmp_path, "--folder", kubernetes="v1.35.4").stdout
 
 
-def test_node_build_names_missing_kubelet_and_kubeadm(tmp_path: pathlib.Path) -> None:
+def test_node_build_names_missing_kubernetes_commands_etcd_and_coredns(tmp_path: pathlib.Path) -> None:
     result = run_script(tmp_path, "node", kubernetes="v1.99.0")
     assert result.returncode == 1
-    assert f"{tmp_path}/bin/kubelet-v1.99.0" in result.stderr
-    assert f"{tmp_path}/bin/kubeadm-v1.99.0" in result.stderr
+    for command in ("kubelet", "kubeadm", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"):
+        assert f"{tmp_path}/bin/{command}-v1.99.0" in result.stderr
+    assert f"{tmp_path}/bin/etcd-v3.6.6" in result.stderr and f"{tmp_path}/bin/coredns-v1.13.1" in result.stderr
     assert f"{tmp_path}/kubernetes-v1.99.0/build/pause/linux/pause.c" in result.stderr
     assert not (tmp_path / "images").exists()
 

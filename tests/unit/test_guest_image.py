@@ -20,9 +20,10 @@ SCRIPT = REPO / "hack" / "build-guest-image.sh"
 
 @pytest.fixture
 def cache(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
-    """An empty cache and a recipe script of our own, so the folders are known and nothing real is touched."""
+    """An empty cache and a recipe script (and image tool) of our own, so the folders are known and nothing real is touched."""
     script = tmp_path / "build-guest-image.sh"
     script.write_text("#!/usr/bin/env bash\n# a recipe\n")
+    (tmp_path / "image-archive.py").write_text("# its image tool\n")
     monkeypatch.setenv("CAPI_LIBVIRT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(gi.SCRIPT_ENV, str(script))
     return tmp_path / "cache"
@@ -39,8 +40,10 @@ def test_minimal_hash_is_the_scripts_sha256() -> None:
     assert gi.recipe_hash(SCRIPT, gi.MINIMAL) == gi.recipe_hash(SCRIPT)
 
 
-def test_node_hash_covers_the_script_and_the_kubernetes_version() -> None:
-    expected = hashlib.sha256(SCRIPT.read_bytes() + b"flavor=node\nkubernetes=v1.35.4\n").hexdigest()[:16]
+def test_node_hash_covers_the_script_its_image_tool_and_the_kubernetes_version() -> None:
+    tool = SCRIPT.parent / "image-archive.py"
+    expected = hashlib.sha256(SCRIPT.read_bytes() + tool.read_bytes() + b"flavor=node\nkubernetes=v1.35.4\n"
+                              ).hexdigest()[:16]
     assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.4") == expected
     assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.5") != expected
     assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.4") != gi.recipe_hash(SCRIPT)
@@ -50,6 +53,13 @@ def test_node_hash_covers_the_script_and_the_kubernetes_version() -> None:
 def test_node_hash_follows_kubernetes_version_of_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(paths, "KUBERNETES_VERSION", "v9.9.9")
     assert gi.recipe_hash(SCRIPT, gi.NODE) == gi.recipe_hash(SCRIPT, gi.NODE, "v9.9.9")
+
+
+@pytest.mark.parametrize("variable", ["NODE_ETCD_VERSION", "COREDNS_VERSION"])
+def test_script_and_upstream_build_agree_on_the_control_plane_images_versions(variable: str) -> None:
+    pattern = re.compile(r'^: "\$\{' + variable + r':=(v[0-9.]+)\}"', re.M)
+    assert pattern.search(SCRIPT.read_text()).group(1) == \
+        pattern.search((REPO / "hack" / "build-upstream.sh").read_text()).group(1)
 
 
 def test_script_python_and_upstream_build_default_to_one_kubernetes_version() -> None:

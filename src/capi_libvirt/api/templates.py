@@ -6,15 +6,17 @@ All use the Cluster API v1beta2 types and Kubeadm bootstrap and control plane. T
 the node its name from the NoCloud meta-data the provider writes, through cloud-init's Jinja (Kubeadm's bootstrap
 data starts with `## template: jinja`).
 
-The control-plane endpoint is an address the user gives: a load balancer in front of the control-plane machines, or
-a virtual IP on the libvirt network that something the user runs on them (kube-vip, keepalived) holds.
+The control-plane endpoint is an address the user gives: a virtual IP on the machines' network, which kube-vip holds
+on the control-plane machines (api.endpoint_holder), or a load balancer's in front of them (then drop kube-vip's file
+and commands from the KubeadmControlPlane).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from capi_libvirt.api import meta
+from capi_libvirt.api import endpoint_holder, meta
+from capi_libvirt.api.quoting import Quoted
 
 BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
 CONTROLPLANE_GROUP = "controlplane.cluster.x-k8s.io"
@@ -39,10 +41,6 @@ NAMESPACE = "${NAMESPACE}"
 KUBERNETES_VERSION = "${KUBERNETES_VERSION}"
 CONTROL_PLANE_MACHINE_COUNT = "${CONTROL_PLANE_MACHINE_COUNT}"
 WORKER_MACHINE_COUNT = "${WORKER_MACHINE_COUNT}"
-
-
-class Quoted(str):
-    """A value that must stay a string once clusterctl puts a number in it (an annotation): written quoted."""
 
 
 WORKER_MACHINE_MIN_COUNT = Quoted("${WORKER_MACHINE_MIN_COUNT:=0}")
@@ -105,10 +103,12 @@ def _machine_template(name: str, cpus: str, memory_mib: str) -> dict[str, Any]:
 
 
 def _kubeadm_config_spec() -> dict[str, Any]:
+    """The control plane's: kubeadm init and join with the providerID, and kube-vip holding the endpoint."""
     return {
         "format": "cloud-config",
         "initConfiguration": {"nodeRegistration": node_registration()},
         "joinConfiguration": {"nodeRegistration": node_registration()},
+        **endpoint_holder.kubeadm_config(CONTROL_PLANE_ENDPOINT_HOST, CONTROL_PLANE_ENDPOINT_PORT),
     }
 
 

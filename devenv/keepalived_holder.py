@@ -72,6 +72,8 @@ def replace_kube_vip(spec: dict[str, Any], address: str, port: int) -> None:
         commands = spec.get(field, [])
         assert commands.count(swap) == 1, f"{field} carries kube-vip's kubeconfig swap: {commands}"
         spec[field] = [c for c in commands if c != swap]
+        if not spec[field]:
+            del spec[field]  # Cluster API refuses an empty list
     spec["files"] = [*files, {"path": CONFIG_PATH, "owner": "root:root", "permissions": "0644",
                               "content": keepalived_conf(address, port)}]
-    spec["preKubeadmCommands"] = [start_command(), *spec["preKubeadmCommands"]]
+    spec["preKubeadmCommands"] = [start_command(), *spec.get("preKubeadmCommands", [])]

@@ -375,9 +375,11 @@ def test_from_spec_derives_unset_macs_from_the_uid_and_keeps_fixed_ones_lowercas
     assert second == Interface(mac="aa:bb:cc:dd:ee:ff", bridge="br0", model="e1000")
 
 
-def test_from_spec_gives_qemu_domains_a_64_mib_tcg_cache_and_kvm_none() -> None:
-    assert spec_config(spec(domainType="qemu")).tcg_tb_cache_mib == DEFAULT_TCG_TB_CACHE_MIB == 256
-    assert spec_config(spec(domainType="kvm")).tcg_tb_cache_mib is None
+@pytest.mark.parametrize("memory_mib, cache_mib", [(256, 256), (1024, 512), (2048, 1024), (8192, 1024)])
+def test_from_spec_gives_qemu_domains_half_their_memory_as_tcg_cache_and_kvm_none(memory_mib, cache_mib) -> None:
+    assert DEFAULT_TCG_TB_CACHE_MIB == 256
+    assert spec_config(spec(domainType="qemu", memoryMiB=memory_mib)).tcg_tb_cache_mib == cache_mib
+    assert spec_config(spec(domainType="kvm", memoryMiB=memory_mib)).tcg_tb_cache_mib is None
 
 
 def test_from_spec_drops_the_serial_log_and_agent_when_the_spec_turns_them_off() -> None:

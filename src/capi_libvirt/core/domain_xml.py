@@ -38,10 +38,18 @@ GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0"
 # Where Ignition (Fedora CoreOS, Flatcar) reads its config on QEMU: a fw_cfg file of this name.
 IGNITION_FW_CFG = "opt/com.coreos/config"
 # QEMU >= 5.0 gives every TCG guest a 1 GiB translation cache by default; a few emulated guests on a small host then
-# run it out of memory. 256 MiB boots the node image fastest (cloud-init final 45-48 s alone, against 54-60 s with
-# 64 MiB and 52 s with the 1 GiB default; two side by side on 2 cores 52-54 s against 59 s), and only as much of it as
-# the guest's code fills is ever touched.
+# run it out of memory. So a qemu domain gets half its memory, between these bounds: 256 MiB boots the node image
+# fastest (cloud-init final 45-48 s alone, against 54-60 s with 64 MiB and 52 s with the 1 GiB default; two side by
+# side on 2 cores 52-54 s against 59 s), but a control-plane machine (etcd, kube-apiserver, the controller manager and
+# the scheduler at once) filled 256 MiB and flushed it 37 times before its API server first answered, which then
+# never did within its own one-minute start-up check. Only as much of the cache as the guest's code fills is touched.
 DEFAULT_TCG_TB_CACHE_MIB = 256
+MAX_TCG_TB_CACHE_MIB = 1024
+
+
+def tcg_tb_cache_mib(memory_mib: int) -> int:
+    """The translation cache of a qemu (TCG) domain of `memory_mib`: half of it, within the bounds above."""
+    return max(DEFAULT_TCG_TB_CACHE_MIB, min(MAX_TCG_TB_CACHE_MIB, memory_mib // 2))
 
 DomainType = Literal["kvm", "qemu"]
 DiskBus = Literal["virtio", "scsi", "sata"]
@@ -268,7 +276,7 @@ def from_spec(
         guest_agent=spec.guest_agent,
         serial_log_path=serial_log_path if spec.serial_log else None,
         kernel_boot=kernel_boot,
-        tcg_tb_cache_mib=DEFAULT_TCG_TB_CACHE_MIB if spec.domain_type == "qemu" else None,
+        tcg_tb_cache_mib=tcg_tb_cache_mib(spec.memory_mib) if spec.domain_type == "qemu" else None,
         owner=owner,
         firmware=spec.firmware,
         data_disks=tuple(DataDisk(path=path, bus=disk.bus) for path, disk in zip(data_disk_paths, spec.data_disks, strict=True)),

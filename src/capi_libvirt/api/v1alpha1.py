@@ -571,6 +571,17 @@ class LibvirtHostStatus(meta.Model):
     """Conditions: Ready (reachable and probed)."""
 
 
+TEMPLATE_IMMUTABLE = ("spec.template is immutable: Cluster API rolls machines out from a new template; create a new "
+                      "LibvirtMachineTemplate and point the MachineDeployment or KubeadmControlPlane at it")
+
+
+def template_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """CEL: a machine template never changes (Cluster API compares templates by name, so an edit in place would
+    change what new machines get without rolling the old ones)."""
+    del schema
+    return [{"rule": "self.template == oldSelf.template", "message": TEMPLATE_IMMUTABLE}]
+
+
 def host_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:
     """CEL: a host's URI never changes under the machines placed on it."""
     del schema

@@ -1,0 +1,303 @@
+"""A whole cluster on libvirt, from the default flavor as `clusterctl generate cluster` writes it: the real kubeadm
+control-plane provider (KCP) makes the control-plane machine, whose VM runs `kubeadm init` from the node image (every
+control-plane image preloaded, nothing pulled); the control-plane endpoint is a virtual IP on the machines' network,
+held on the control-plane machine; Cluster API writes `<cluster>-kubeconfig` for it and reaches the workload API
+server through it from the management side; the worker joins through it; every Node is Ready with its
+LibvirtMachine's providerID and `clusterctl describe cluster` shows it all Ready. Deleting the Cluster leaves nothing
+on the host.
+
+Real parts: the management API server; Cluster API's core, kubeadm bootstrap and kubeadm control-plane managers
+(webhooks on); the operator; libvirtd; in the guests kubeadm, kubelet, containerd, etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, kube-proxy and CoreDNS, all built here from source. Changed from the generated
+objects, for this machine only: `domainType: qemu` (no KVM here) and machine type `pc`, the machines' sizes (2 vCPUs
+and 2 GiB for the control plane, kubeadm's minimum; 1 vCPU and 1 GiB for the worker), kubeadm's wait for the
+control-plane components (20 minutes instead of 4: the API server starts slowly under TCG), and the endpoint's holder:
+keepalived (Debian's, in the node image) in place of the flavor's kube-vip static pod, whose image cannot be pulled
+or built here (devenv/keepalived_holder.py). Stand-ins: the machines' network is a libvirt NAT network in the
+host's namespace on 198.19.10.0/24 (not a private range), and the management side reaches the endpoint through
+devenv.api_gateway.EndpointRelay (the address on `lo`, relayed into the host's namespace); pods still use the node
+image's bridge CNI configuration (no pod traffic across nodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import pathlib
+import ssl
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+from kubernetes_asyncio import client, config
+
+from capi_libvirt.api import meta, templates
+from clusterctl_cli import clusterctl, generate_cluster
+from devenv import base_image, keepalived_holder, paths
+from devenv.api_gateway import EndpointRelay
+from devenv.libvirt_host import LibvirtHost
+from guests import provider_objects
+from kubeadm_workers import is_ready, libvirt_machines, list_objects, machines
+
+from fixtures_control_plane import operator_running
+from fixtures_libvirt import require_libvirt_host_prerequisites
+from waiting import Clock, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]
+
+CLUSTER = "whole"
+SUBNET = "198.19.10.0/24"  # the benchmarking range, not a private one: the management side may send to it
+RESERVED = 4  # the subnet's last addresses, out of DHCP; the endpoint is the first of them
+PORT = 6443
+CONTROL_PLANE_CPUS, CONTROL_PLANE_MEMORY_MIB = 2, 2048  # kubeadm init's preflight minimums
+WORKER_CPUS, WORKER_MEMORY_MIB = 1, 1024
+ROLLED_WORKER_MEMORY_MIB = 1280  # the day-2 template's
+DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
+DISK_GIB = 6
+KUBEADM_WAIT_S = 1200
+CONTROL_PLANE_DEADLINE_S = 1500.0  # boot, kubeadm init with etcd and the API server under TCG on a busy machine
+WORKERS_DEADLINE_S = 1200.0
+DELETE_DEADLINE_S = 600.0
+CLUSTER_KINDS = [(meta.CAPI_GROUP, meta.CAPI_VERSION, plural)
+                 for plural in ("clusters", "machinedeployments", "machinesets", "machines")] + [
+                (templates.CONTROLPLANE_GROUP, meta.CAPI_VERSION, "kubeadmcontrolplanes"),
+                (meta.GROUP, meta.VERSION, "libvirtmachines"), (meta.GROUP, meta.VERSION, "libvirtclusters")]
+
+
+@pytest.fixture(scope="module")
+def cluster_host(tmp_path_factory: pytest.TempPathFactory):
+    """A libvirt host of its own whose NAT network keeps its last addresses out of DHCP (the endpoint's)."""
+    require_libvirt_host_prerequisites()
+    name = f"pytest-cluster-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    with LibvirtHost(name, SUBNET, dhcp_reserved=RESERVED,
+                     log_dir=tmp_path_factory.mktemp("cluster-host-logs")) as host:
+        yield host
+
+
+def cluster_objects(tmp: pathlib.Path, repository: pathlib.Path, namespace: str, host: LibvirtHost, base_volume: str,
+                    endpoint: str) -> list[dict]:
+    """The default flavor as `clusterctl generate cluster` writes it for this host, with this machine's changes."""
+    variables = {
+        "KUBERNETES_VERSION": paths.KUBERNETES_VERSION,
+        "CONTROL_PLANE_MACHINE_COUNT": "1",
+        "WORKER_MACHINE_COUNT": "1",
+        "CONTROL_PLANE_ENDPOINT_HOST": endpoint,
+        "LIBVIRT_BASE_IMAGE": base_volume,
+        "LIBVIRT_STORAGE_POOL": host.pool_name,
+        "LIBVIRT_NETWORK": host.network_name,
+        "LIBVIRT_CONTROL_PLANE_CPUS": str(CONTROL_PLANE_CPUS),
+        "LIBVIRT_CONTROL_PLANE_MEMORY_MIB": str(CONTROL_PLANE_MEMORY_MIB),
+        "LIBVIRT_WORKER_CPUS": str(WORKER_CPUS),
+        "LIBVIRT_WORKER_MEMORY_MIB": str(WORKER_MEMORY_MIB),
+        "LIBVIRT_DISK_GIB": str(DISK_GIB),
+    }
+    documents = generate_cluster(tmp, repository, "", CLUSTER, namespace, variables)
+    kinds = sorted(d["kind"] for d in documents)
+    assert kinds == sorted(["Cluster", "LibvirtCluster", "KubeadmControlPlane", "LibvirtMachineTemplate",
+                            "LibvirtMachineTemplate", "MachineDeployment", "KubeadmConfigTemplate", "RoleBinding"]), kinds
+    for document in documents:
+        if document["kind"] == "LibvirtMachineTemplate":
+            document["spec"]["template"]["spec"].update(domainType="qemu", machineType="pc")
+        if document["kind"] == "KubeadmControlPlane":
+            spec = document["spec"]["kubeadmConfigSpec"]
+            keepalived_holder.replace_kube_vip(spec, endpoint, PORT)
+            # kubeadm waits 4 minutes for the control-plane components by default; under TCG, beside the other test
+            # worker, the API server alone can take that long to start.
+            for configuration in ("initConfiguration", "joinConfiguration"):
+                spec[configuration]["timeouts"] = {"controlPlaneComponentHealthCheckSeconds": KUBEADM_WAIT_S}
+    return documents
+
+
+async def apply(api: client.ApiClient, plane, documents: list[dict]) -> None:
+    objects = client.CustomObjectsApi(api)
+    for document in documents:
+        if document["kind"] == "RoleBinding":
+            plane.apply_objects([document])
+            continue
+        group, version = document["apiVersion"].split("/")
+        await objects.create_namespaced_custom_object(group, version, document["metadata"]["namespace"],
+                                                      document["kind"].lower() + "s", document)
+
+
+async def workload_kubeconfig(api: client.ApiClient, namespace: str, path: pathlib.Path) -> pathlib.Path | None:
+    """The `<cluster>-kubeconfig` Cluster API wrote, saved to `path` (None while it does not exist)."""
+    try:
+        secret = await client.CoreV1Api(api).read_namespaced_secret(f"{CLUSTER}-kubeconfig", namespace)
+    except client.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    await asyncio.to_thread(path.write_bytes, base64.b64decode(secret.data["value"]))
+    return path
+
+
+def endpoint_answers(kubeconfig: pathlib.Path) -> bool:
+    """/readyz of the workload API server through the endpoint, TLS verified against the cluster CA the kubeconfig
+    carries (an anonymous request: an answer, even 401/403, proves TLS and the address)."""
+    cluster = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]
+    context = ssl.create_default_context(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+    try:
+        with opener.open(f"{cluster['server']}/readyz", timeout=5) as response:
+            return response.status == 200
+    except urllib.error.HTTPError as error:
+        return error.code in (401, 403)
+    except OSError:
+        return False
+
+
+async def roll_the_workers(api: client.ApiClient, workload_api: client.ApiClient, namespace: str,
+                           host: LibvirtHost, base_volume: str, clock: Clock) -> None:
+    """Day 2: the MachineDeployment's infrastructure template is replaced by a new LibvirtMachineTemplate (more
+    memory; templates are immutable, so a new shape is a new template). Cluster API rolls the worker: a new Machine of
+    the new template joins and its Node is Ready while the old Machine is not yet being deleted (checked on each
+    1-second snapshot of both), then the old Machine, its Node and its VM go, leaving nothing on the host."""
+    objects = client.CustomObjectsApi(api)
+    workers = f"{CLUSTER}-md-0"
+    old = await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachinetemplates",
+                                                     workers)
+    spec = old["spec"]
+    spec["template"]["spec"]["memoryMiB"] = ROLLED_WORKER_MEMORY_MIB
+    await objects.create_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachinetemplates", {
+        "apiVersion": meta.API_VERSION, "kind": "LibvirtMachineTemplate",
+        "metadata": {"name": f"{workers}-v2", "namespace": namespace}, "spec": spec})
+
+    def of_deployment(found: list[dict]) -> list[dict]:
+        return [m for m in found if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == workers]
+
+    [before] = of_deployment(await machines(api, namespace))
+    old_node, old_uid = before["status"]["nodeRef"]["name"], before["metadata"]["uid"]
+    old_infra = before["spec"]["infrastructureRef"]["name"]  # the LibvirtMachine, whose name its VM and files carry
+    await objects.patch_namespaced_custom_object(
+        meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machinedeployments", workers,
+        {"spec": {"template": {"spec": {"infrastructureRef": {"name": f"{workers}-v2"}}}}},
+        _content_type="application/merge-patch+json")
+    rolled = Clock()
+
+    async def rolled_out():
+        found = of_deployment(await machines(api, namespace))
+        nodes = {n.metadata.name: n for n in (await client.CoreV1Api(workload_api).list_node()).items}
+        new = [m for m in found if m["metadata"]["uid"] != old_uid]
+        new_ready = [m for m in new if (m.get("status") or {}).get("phase") == "Running"
+                     and (m["status"].get("nodeRef") or {}).get("name") in nodes
+                     and is_ready(nodes[m["status"]["nodeRef"]["name"]])]
+        if new:
+            rolled.mark("a new worker Machine of the new template")
+        if new_ready:
+            rolled.mark("its Node Ready (joined through the endpoint)")
+        old_left = [m for m in found if m["metadata"]["uid"] == old_uid]
+        if not old_left or old_left[0]["metadata"].get("deletionTimestamp"):
+            assert new_ready, "the old worker was being deleted before the new one's Node was Ready"
+            rolled.mark("the old Machine being deleted")
+        if old_left or old_node in nodes or len(new_ready) != 1:
+            return None
+        rolled.mark("the old Machine and Node gone")
+        return new_ready[0]
+
+    replaced = await wait_until("the workers rolled to the new template", rolled_out, WORKERS_DEADLINE_S,
+                                interval=1.0)
+    infra = {m["metadata"]["name"]: m for m in await libvirt_machines(api, namespace)}
+    assert infra[replaced["spec"]["infrastructureRef"]["name"]]["spec"]["memoryMiB"] == ROLLED_WORKER_MEMORY_MIB
+
+    async def old_vm_gone():
+        return all(old_infra not in name for name in provider_objects(host, base_volume))
+
+    await wait_until("the old worker's VM gone from the host", old_vm_gone, DELETE_DEADLINE_S, interval=2.0)
+    rolled.mark("the old worker's VM, disk and ISO gone from the host")
+    clock.mark("MachineDeployment rolled to a new template")
+    print(f"\n[numbers] MachineDeployment rollout to a new LibvirtMachineTemplate ({WORKER_MEMORY_MIB} -> "
+          f"{ROLLED_WORKER_MEMORY_MIB} MiB):\n{rolled.report()}")
+
+
+async def test_default_flavor_makes_a_whole_cluster_and_deleting_it_leaves_nothing(
+        control_plane, capi_controller, kubeadm_bootstrap_controller, kubeadm_control_plane_controller, api_client,
+        namespace, cluster_host, node_image, repository, tmp_path):
+    with cluster_host.connect() as conn:
+        base_volume = base_image.upload_base_image(conn, cluster_host.pool_name, node_image)
+    endpoint = str(cluster_host.reserved_addresses[0])
+    documents = cluster_objects(tmp_path, repository, namespace, cluster_host, base_volume, endpoint)
+    kubeconfig_path = tmp_path / "workload.kubeconfig"
+    with EndpointRelay(cluster_host, endpoint, PORT) as relay:
+        async with operator_running(control_plane, {cluster_host.name: cluster_host.uri}):
+            clock = Clock()
+            await apply(api_client, control_plane, documents)
+
+            async def control_plane_up():
+                infra = await libvirt_machines(api_client, namespace)
+                if any(m.get("spec", {}).get("providerID") for m in infra):
+                    clock.mark("control-plane VM running (providerID set)")
+                if any((m.get("status") or {}).get("initialization", {}).get("provisioned") for m in infra):
+                    clock.mark("control-plane VM provisioned (booted, address)")
+                [kcp] = await list_objects(api_client, namespace, templates.CONTROLPLANE_GROUP, meta.CAPI_VERSION,
+                                           "kubeadmcontrolplanes")
+                if not (kcp.get("status") or {}).get("initialization", {}).get("controlPlaneInitialized"):
+                    return None
+                clock.mark("kubeadm init done (KubeadmControlPlane initialized)")
+                path = await workload_kubeconfig(api_client, namespace, kubeconfig_path)
+                if path is None or not await asyncio.to_thread(endpoint_answers, path):
+                    return None
+                clock.mark("the endpoint answers (workload API server through the VIP)")
+                return path
+
+            await wait_until("kubeadm init on the control-plane VM and the endpoint answering", control_plane_up,
+                             CONTROL_PLANE_DEADLINE_S, interval=3.0)
+            workload = client.Configuration()
+            await config.load_kube_config(config_file=str(kubeconfig_path), client_configuration=workload)
+            async with client.ApiClient(workload) as workload_api:
+                async def all_ready():
+                    found = await machines(api_client, namespace)
+                    nodes = (await client.CoreV1Api(workload_api).list_node()).items
+                    ready = {n.metadata.name for n in nodes if is_ready(n)}
+                    if len(ready) >= 1:
+                        clock.mark("the control-plane Node Ready")
+                    running = [m for m in found if (m.get("status") or {}).get("phase") == "Running"
+                               and (m["status"].get("nodeRef") or {}).get("name") in ready]
+                    return (found, nodes) if len(found) == 2 and len(running) == 2 and len(ready) == 2 else None
+
+                found, nodes = await wait_until("both Machines Running with Ready Nodes", all_ready,
+                                                WORKERS_DEADLINE_S, interval=3.0)
+                clock.mark("the worker joined through the endpoint: 2 Nodes Ready, 2 Machines Running")
+                infra = {m["metadata"]["name"]: m for m in await libvirt_machines(api_client, namespace)}
+                by_name = {n.metadata.name: n for n in nodes}
+                for machine in found:
+                    node = by_name[machine["status"]["nodeRef"]["name"]]
+                    provider_id = infra[machine["spec"]["infrastructureRef"]["name"]]["spec"]["providerID"]
+                    assert node.spec.provider_id == provider_id == machine["spec"]["providerID"]
+                    assert node.status.node_info.kubelet_version == paths.KUBERNETES_VERSION
+                control_plane_nodes = [n for n in nodes if "node-role.kubernetes.io/control-plane" in
+                                       (n.metadata.labels or {})]
+                assert len(control_plane_nodes) == 1, [n.metadata.labels for n in nodes]
+                pods = (await client.CoreV1Api(workload_api).list_namespaced_pod("kube-system")).items
+                static = sorted(p.metadata.labels["component"] for p in pods
+                                if (p.metadata.labels or {}).get("tier") == "control-plane")
+                assert static == ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"], static
+
+            async def cluster_ready():
+                [cluster] = await list_objects(api_client, namespace, meta.CAPI_GROUP, meta.CAPI_VERSION, "clusters")
+                conditions = {c["type"]: c["status"] for c in (cluster.get("status") or {}).get("conditions", [])}
+                return cluster if conditions.get("Available") == "True" else None
+
+            await wait_until("the Cluster Available", cluster_ready, WORKERS_DEADLINE_S, interval=3.0)
+            clock.mark("the Cluster Available")
+            async with client.ApiClient(workload) as workload_api:
+                await roll_the_workers(api_client, workload_api, namespace, cluster_host, base_volume, clock)
+            described = (await asyncio.to_thread(
+                clusterctl, tmp_path, repository, "describe", "cluster", CLUSTER, "-n", namespace,
+                "--kubeconfig", str(control_plane.kubeconfig_path), "--grouping=false")).stdout
+            print(f"\n[numbers] a whole cluster from the default flavor, phase by phase:\n{clock.report()}\n"
+                  f"  endpoint relay connections: {relay.connections}\n"
+                  f"clusterctl describe cluster:\n{described}")
+            assert relay.connections > 0, "the management side reached the workload API server through the endpoint"
+
+            await client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
+                meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "clusters", CLUSTER)
+
+            async def cluster_gone():
+                left = [item for group, version, plural in CLUSTER_KINDS
+                        for item in await list_objects(api_client, namespace, group, version, plural)]
+                return not left and provider_objects(cluster_host, base_volume) == []
+
+            await wait_until("the Cluster and everything of it gone, host clean", cluster_gone, DELETE_DEADLINE_S,
+                             interval=2.0)

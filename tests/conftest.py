@@ -1,7 +1,9 @@
 """Test bed wiring: tier markers are mandatory, the fixtures of the real parts are loaded as plugins, the timing report
 (tests/timing_report.py) is on, and under pytest-xdist (`make test` runs `-n 2`) each module runs
 whole on one worker, with every module that boots Linux guests on the same one, so that never more than two such
-guests boot at once on 2 cores while the other worker runs the API-server and iPXE tiers beside them."""
+guests boot at once on 2 cores while the other worker runs the API-server and iPXE tiers beside them. The whole
+cluster, the longest module, starts first on the other worker, so the run's length is the longer of the two and not
+their sum."""
 
 from __future__ import annotations
 
@@ -19,9 +21,12 @@ TIERS = ("unit", "integration", "e2e")
 LINUX_GUEST_MODULES = frozenset({
     "test_autoscaler", "test_bridged_addresses", "test_clusterctl_init", "test_clusterctl_move", "test_guest_boot",
     "test_ipam_pools", "test_kubeadm_join", "test_machine_crash_consistency", "test_machine_lifecycle",
-    "test_machine_shape", "test_move_adoption", "test_operator_image", "test_remote_hosts", "test_whole_cluster",
+    "test_machine_shape", "test_move_adoption", "test_operator_image", "test_remote_hosts",
 })
 LINUX_GUESTS_GROUP = "linux-guests"
+# Scheduled first, in this order, so each starts at once on its own worker: the whole cluster (a control-plane VM and
+# its workers, about 13 minutes alone), then the Linux guests' group (about 25); everything else fills in after them.
+FIRST_SCOPES = ("test_whole_cluster", LINUX_GUESTS_GROUP)
 
 
 def xdist_scope(nodeid: str) -> str:
@@ -36,6 +41,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     that boot Linux guests. (Its loadgroup mode, which marks would drive, no longer groups under pytest 9.)"""
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # the collection's order (FIRST_SCOPES first), not the largest scope first
+
     class ModulesAndLinuxGuests(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
@@ -43,12 +50,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return ModulesAndLinuxGuests(config, log)
 
 
+def first_scopes_first(nodeid: str) -> int:
+    """The sort key that puts FIRST_SCOPES at the head of the collection, in their order; the rest keep theirs."""
+    scope = xdist_scope(nodeid)
+    name = scope if scope == LINUX_GUESTS_GROUP else pathlib.PurePath(scope).stem
+    return FIRST_SCOPES.index(name) if name in FIRST_SCOPES else len(FIRST_SCOPES)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test belongs to exactly one tier, so `make test-fast` and `make test` select what they claim."""
+    """Every test belongs to exactly one tier, so `make test-fast` and `make test` select what they claim; the
+    collection starts with FIRST_SCOPES (a stable sort: modules stay whole and in order)."""
     for item in items:
         tiers = [tier for tier in TIERS if item.get_closest_marker(tier)]
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid}: mark it with exactly one of {TIERS}, not {tiers}")
+    items.sort(key=lambda item: first_scopes_first(item.nodeid))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

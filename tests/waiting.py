@@ -12,6 +12,11 @@ import timing_report
 
 T = TypeVar("T")
 
+# How long an integration test waits for the operator to converge (a domain running, a status or an event written):
+# generous, since a module may run beside guests booting under TCG on the other pytest worker, and free when things
+# converge (the probe returns at once). A deadline, never a measure of speed.
+CONVERGENCE_S = 300.0
+
 
 async def wait_until(what: str, probe: Callable[[], Awaitable[T]], deadline_s: float, interval: float = 0.5) -> T:
     """A deadline for convergence, not a performance assertion: generous, and the failure shows the last state. A long

@@ -39,13 +39,13 @@ from devenv.remote_access import RemoteAccess
 from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
 from prereq import require
-from waiting import wait_until
+from waiting import CONVERGENCE_S, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 HOST, SUBNET, LINK = "image-kvm", "192.168.186.0/24", 186
 TINY_POOL, TINY_SIZE = "image-tiny", "1m"  # smaller than the iPXE image (1.7 MiB as qcow2)
-DEADLINE_S = 90.0
+DEADLINE_S = CONVERGENCE_S
 USER_DATA = "#cloud-config\n"
 MERGE = {"_content_type": "application/merge-patch+json"}
 

@@ -16,11 +16,11 @@ from devenv import capi_objects
 from devenv.libvirt_host import LibvirtHost
 
 from fixtures_control_plane import operator_running
-from waiting import wait_until
+from waiting import CONVERGENCE_S, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-DEADLINE_S = 60.0
+DEADLINE_S = CONVERGENCE_S
 SECRET_LOOKING_DATA = "#cloud-config\n# token: s3cr3t-bootstrap-credential\n"
 
 

@@ -32,11 +32,11 @@ from capi_libvirt.operator import election, metrics
 from devenv import control_plane as cp
 
 from fixtures_control_plane import OPERATOR_USER, PROVIDER_NAMESPACE, REPO
-from waiting import wait_until
+from waiting import CONVERGENCE_S, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-DEADLINE_S = 90.0  # generous: covers a peering lifetime (60 s) and a slow machine
+DEADLINE_S = CONVERGENCE_S
 EXIT_TIMEOUT_S = 60.0
 CLUSTER = "LibvirtCluster"
 PEERING_DIR = REPO / "config" / "peering"

@@ -20,11 +20,11 @@ from devenv.libvirt_host import LibvirtHost
 
 from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from prereq import require
-from waiting import wait_until
+from waiting import CONVERGENCE_S, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-DEADLINE_S = 90.0
+DEADLINE_S = CONVERGENCE_S
 MERGE = {"_content_type": "application/merge-patch+json"}
 POOL = NETWORK = "capi-libvirt"  # the test hosts' pool and network
 MISSING_BASE = "missing-base.qcow2"  # no such volume: placement is what is tested, nothing boots

@@ -36,14 +36,14 @@ from guests import provider_objects, refreshed_pool
 from fixtures_control_plane import operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
 from prereq import require
-from waiting import wait_until
+from waiting import CONVERGENCE_S, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 HOST_NAME, SUBNET = "iso-int", "192.168.184.0/24"
 BASE = "iso-ipxe.qcow2"
 CLUSTER = "iso"
-DEADLINE_S = 300.0  # convergence, not speed: iPXE guests on a loaded 2-core machine
+DEADLINE_S = CONVERGENCE_S
 MERGE = {"_content_type": "application/merge-patch+json"}
 
 

@@ -33,7 +33,7 @@ from devenv.remote_access import RemoteAccess
 from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
 from prereq import require
-from waiting import wait_until
+from waiting import CONVERGENCE_S, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -41,7 +41,7 @@ SUBNET, LINK = "192.168.174.0/24", 174
 GRACE_S = 10.0  # short here (an hour by default); long enough to see the report before the removal
 BASE = "orphans-base.qcow2"
 MERGE = {"_content_type": "application/merge-patch+json"}
-DEADLINE_S = 90.0
+DEADLINE_S = CONVERGENCE_S
 FOREIGN_METADATA = "<metadata><x:machine xmlns:x='https://example.com/machine/v1'><x:uid>{uid}</x:uid>" \
     "</x:machine></metadata>"
 

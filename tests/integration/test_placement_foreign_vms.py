@@ -26,12 +26,12 @@ from devenv.libvirt_host import LibvirtHost
 from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
 from prereq import require
-from waiting import wait_until
+from waiting import CONVERGENCE_S, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 A, B = "placement-a", "placement-b"
-DEADLINE_S = 90.0
+DEADLINE_S = CONVERGENCE_S
 MERGE = {"_content_type": "application/merge-patch+json"}
 MISSING_BASE = "placement-missing.qcow2"  # no such volume: placement is what is tested, no machine boots
 FOREIGN, SHUT_OFF = "someone-elses-vm", "someone-elses-stopped-vm"

@@ -28,11 +28,11 @@ from devenv.libvirt_host import LibvirtHost
 
 from fixtures_control_plane import OPERATOR_USER, PROVIDER_NAMESPACE, allow_secrets, operator_running
 from prereq import require
-from waiting import wait_until
+from waiting import CONVERGENCE_S, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-DEADLINE_S = 60.0
+DEADLINE_S = CONVERGENCE_S
 HOST_A, HOST_B = "tenant-kvm-a", "tenant-kvm-b"  # two LibvirtHosts of one hypervisor, with different access rules
 BASE = "tenant-base.qcow2"  # listed on host A, and absent: an allowed machine gets as far as the host (ImageNotFound)
 KERNELS = "/var/lib/capi-libvirt-kernels/"

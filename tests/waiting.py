@@ -18,6 +18,20 @@ T = TypeVar("T")
 CONVERGENCE_S = 300.0
 
 
+class Pending:
+    """A probe's "not yet" that says what it saw (falsy, so wait_until goes on polling; its repr is the timeout's
+    "last seen")."""
+
+    def __init__(self, **seen: object) -> None:
+        self.seen = seen
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "Pending(" + ", ".join(f"{k}={v!r}" for k, v in self.seen.items()) + ")"
+
+
 async def wait_until(what: str, probe: Callable[[], Awaitable[T]], deadline_s: float, interval: float = 0.5) -> T:
     """A deadline for convergence, not a performance assertion: generous, and the failure shows the last state. A long
     wait says what it waits for every timing_report.PROGRESS_EVERY_S (a progress line at the terminal)."""

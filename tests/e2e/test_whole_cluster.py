@@ -3,8 +3,10 @@ control-plane provider (KCP) makes the control-plane machine, whose VM runs `kub
 control-plane image preloaded, nothing pulled); the control-plane endpoint is a virtual IP on the machines' network,
 held on the control-plane machine; Cluster API writes `<cluster>-kubeconfig` for it and reaches the workload API
 server through it from the management side; the worker joins through it; every Node is Ready with its
-LibvirtMachine's providerID and `clusterctl describe cluster` shows it all Ready. Deleting the Cluster leaves nothing
-on the host.
+LibvirtMachine's providerID. Day 2 on it (tests/day2_rollouts.py): the MachineDeployment rolls to a new
+LibvirtMachineTemplate; `clusterctl describe cluster` shows it all Ready. Deleting the Cluster leaves nothing on the
+host. Reads of the workload API server retry while it does not answer (its API server restarts when the machine is
+starved under TCG), each failure kept as the wait's last-seen state.
 
 Real parts: the management API server; Cluster API's core, kubeadm bootstrap and kubeadm control-plane managers
 (webhooks on); the operator; libvirtd; in the guests kubeadm, kubelet, containerd, etcd, kube-apiserver,
@@ -25,16 +27,19 @@ import asyncio
 import base64
 import os
 import pathlib
-import ssl
-import urllib.error
-import urllib.request
 
 import pytest
-import yaml
 from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta, templates
 from clusterctl_cli import clusterctl, generate_cluster
+from day2_rollouts import (
+    endpoint_answers,
+    machine_states,
+    roll_the_workers,
+    workload_read,
+    workload_snapshot,
+)
 from devenv import base_image, keepalived_holder, paths
 from devenv.api_gateway import EndpointRelay
 from devenv.libvirt_host import LibvirtHost
@@ -43,7 +48,7 @@ from kubeadm_workers import is_ready, libvirt_machines, list_objects, machines
 
 from fixtures_control_plane import operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
-from waiting import Clock, wait_until
+from waiting import Clock, Pending, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]
 
@@ -54,7 +59,6 @@ PORT = 6443
 CONTROL_PLANE_CPUS, CONTROL_PLANE_MEMORY_MIB = 2, 2048  # kubeadm init's preflight minimums
 WORKER_CPUS, WORKER_MEMORY_MIB = 1, 1024
 ROLLED_WORKER_MEMORY_MIB = 1280  # the day-2 template's
-DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
 DISK_GIB = 6
 KUBEADM_WAIT_S = 1200
 CONTROL_PLANE_DEADLINE_S = 1500.0  # boot, kubeadm init with etcd and the API server under TCG on a busy machine
@@ -133,84 +137,6 @@ async def workload_kubeconfig(api: client.ApiClient, namespace: str, path: pathl
     return path
 
 
-def endpoint_answers(kubeconfig: pathlib.Path) -> bool:
-    """/readyz of the workload API server through the endpoint, TLS verified against the cluster CA the kubeconfig
-    carries (an anonymous request: an answer, even 401/403, proves TLS and the address)."""
-    cluster = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]
-    context = ssl.create_default_context(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
-    try:
-        with opener.open(f"{cluster['server']}/readyz", timeout=5) as response:
-            return response.status == 200
-    except urllib.error.HTTPError as error:
-        return error.code in (401, 403)
-    except OSError:
-        return False
-
-
-async def roll_the_workers(api: client.ApiClient, workload_api: client.ApiClient, namespace: str,
-                           host: LibvirtHost, base_volume: str, clock: Clock) -> None:
-    """Day 2: the MachineDeployment's infrastructure template is replaced by a new LibvirtMachineTemplate (more
-    memory; templates are immutable, so a new shape is a new template). Cluster API rolls the worker: a new Machine of
-    the new template joins and its Node is Ready while the old Machine is not yet being deleted (checked on each
-    1-second snapshot of both), then the old Machine, its Node and its VM go, leaving nothing on the host."""
-    objects = client.CustomObjectsApi(api)
-    workers = f"{CLUSTER}-md-0"
-    old = await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachinetemplates",
-                                                     workers)
-    spec = old["spec"]
-    spec["template"]["spec"]["memoryMiB"] = ROLLED_WORKER_MEMORY_MIB
-    await objects.create_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachinetemplates", {
-        "apiVersion": meta.API_VERSION, "kind": "LibvirtMachineTemplate",
-        "metadata": {"name": f"{workers}-v2", "namespace": namespace}, "spec": spec})
-
-    def of_deployment(found: list[dict]) -> list[dict]:
-        return [m for m in found if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == workers]
-
-    [before] = of_deployment(await machines(api, namespace))
-    old_node, old_uid = before["status"]["nodeRef"]["name"], before["metadata"]["uid"]
-    old_infra = before["spec"]["infrastructureRef"]["name"]  # the LibvirtMachine, whose name its VM and files carry
-    await objects.patch_namespaced_custom_object(
-        meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machinedeployments", workers,
-        {"spec": {"template": {"spec": {"infrastructureRef": {"name": f"{workers}-v2"}}}}},
-        _content_type="application/merge-patch+json")
-    rolled = Clock()
-
-    async def rolled_out():
-        found = of_deployment(await machines(api, namespace))
-        nodes = {n.metadata.name: n for n in (await client.CoreV1Api(workload_api).list_node()).items}
-        new = [m for m in found if m["metadata"]["uid"] != old_uid]
-        new_ready = [m for m in new if (m.get("status") or {}).get("phase") == "Running"
-                     and (m["status"].get("nodeRef") or {}).get("name") in nodes
-                     and is_ready(nodes[m["status"]["nodeRef"]["name"]])]
-        if new:
-            rolled.mark("a new worker Machine of the new template")
-        if new_ready:
-            rolled.mark("its Node Ready (joined through the endpoint)")
-        old_left = [m for m in found if m["metadata"]["uid"] == old_uid]
-        if not old_left or old_left[0]["metadata"].get("deletionTimestamp"):
-            assert new_ready, "the old worker was being deleted before the new one's Node was Ready"
-            rolled.mark("the old Machine being deleted")
-        if old_left or old_node in nodes or len(new_ready) != 1:
-            return None
-        rolled.mark("the old Machine and Node gone")
-        return new_ready[0]
-
-    replaced = await wait_until("the workers rolled to the new template", rolled_out, WORKERS_DEADLINE_S,
-                                interval=1.0)
-    infra = {m["metadata"]["name"]: m for m in await libvirt_machines(api, namespace)}
-    assert infra[replaced["spec"]["infrastructureRef"]["name"]]["spec"]["memoryMiB"] == ROLLED_WORKER_MEMORY_MIB
-
-    async def old_vm_gone():
-        return all(old_infra not in name for name in provider_objects(host, base_volume))
-
-    await wait_until("the old worker's VM gone from the host", old_vm_gone, DELETE_DEADLINE_S, interval=2.0)
-    rolled.mark("the old worker's VM, disk and ISO gone from the host")
-    clock.mark("MachineDeployment rolled to a new template")
-    print(f"\n[numbers] MachineDeployment rollout to a new LibvirtMachineTemplate ({WORKER_MEMORY_MIB} -> "
-          f"{ROLLED_WORKER_MEMORY_MIB} MiB):\n{rolled.report()}")
-
-
 async def test_default_flavor_makes_a_whole_cluster_and_deleting_it_leaves_nothing(
         control_plane, capi_controller, kubeadm_bootstrap_controller, kubeadm_control_plane_controller, api_client,
         namespace, cluster_host, node_image, repository, tmp_path):
@@ -248,13 +174,18 @@ async def test_default_flavor_makes_a_whole_cluster_and_deleting_it_leaves_nothi
             async with client.ApiClient(workload) as workload_api:
                 async def all_ready():
                     found = await machines(api_client, namespace)
-                    nodes = (await client.CoreV1Api(workload_api).list_node()).items
-                    ready = {n.metadata.name for n in nodes if is_ready(n)}
+                    snapshot = await workload_snapshot(workload_api)
+                    if isinstance(snapshot, Pending):
+                        return snapshot
+                    nodes, _ = snapshot
+                    ready = {name for name, node in nodes.items() if is_ready(node)}
                     if len(ready) >= 1:
                         clock.mark("the control-plane Node Ready")
                     running = [m for m in found if (m.get("status") or {}).get("phase") == "Running"
                                and (m["status"].get("nodeRef") or {}).get("name") in ready]
-                    return (found, nodes) if len(found) == 2 and len(running) == 2 and len(ready) == 2 else None
+                    if len(found) == 2 and len(running) == 2 and len(ready) == 2:
+                        return found, list(nodes.values())
+                    return Pending(machines=machine_states(found, nodes))
 
                 found, nodes = await wait_until("both Machines Running with Ready Nodes", all_ready,
                                                 WORKERS_DEADLINE_S, interval=3.0)
@@ -269,8 +200,10 @@ async def test_default_flavor_makes_a_whole_cluster_and_deleting_it_leaves_nothi
                 control_plane_nodes = [n for n in nodes if "node-role.kubernetes.io/control-plane" in
                                        (n.metadata.labels or {})]
                 assert len(control_plane_nodes) == 1, [n.metadata.labels for n in nodes]
-                pods = (await client.CoreV1Api(workload_api).list_namespaced_pod("kube-system")).items
-                static = sorted(p.metadata.labels["component"] for p in pods
+                pods = await wait_until("kube-system's Pods listed", lambda: workload_read(
+                    client.CoreV1Api(workload_api).list_namespaced_pod("kube-system", _request_timeout=10)),
+                    WORKERS_DEADLINE_S, interval=3.0)
+                static = sorted(p.metadata.labels["component"] for p in pods.items
                                 if (p.metadata.labels or {}).get("tier") == "control-plane")
                 assert static == ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"], static
 
@@ -282,7 +215,10 @@ async def test_default_flavor_makes_a_whole_cluster_and_deleting_it_leaves_nothi
             await wait_until("the Cluster Available", cluster_ready, WORKERS_DEADLINE_S, interval=3.0)
             clock.mark("the Cluster Available")
             async with client.ApiClient(workload) as workload_api:
-                await roll_the_workers(api_client, workload_api, namespace, cluster_host, base_volume, clock)
+                workers_rolled = await roll_the_workers(api_client, workload_api, namespace, CLUSTER,
+                                                        ROLLED_WORKER_MEMORY_MIB, cluster_host, base_volume, clock)
+                print(f"\n[numbers] MachineDeployment rollout to a new LibvirtMachineTemplate ({WORKER_MEMORY_MIB} -> "
+                      f"{ROLLED_WORKER_MEMORY_MIB} MiB):\n{workers_rolled}")
             described = (await asyncio.to_thread(
                 clusterctl, tmp_path, repository, "describe", "cluster", CLUSTER, "-n", namespace,
                 "--kubeconfig", str(control_plane.kubeconfig_path), "--grouping=false")).stdout

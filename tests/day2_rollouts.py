@@ -88,17 +88,6 @@ def machine_states(found: list[dict], nodes: dict[str, client.V1Node]) -> list[s
     return states
 
 
-def condition_states(body: dict) -> list[str]:
-    """An object's conditions as `Type=Status(Reason)`, the False ones with their message."""
-    states = []
-    for c in (body.get("status") or {}).get("conditions", []):
-        state = f"{c['type']}={c['status']}({c.get('reason', '')})"
-        if c["status"] != "True" and c.get("message"):
-            state += f": {c['message'][:200]}"
-        states.append(state)
-    return states
-
-
 def _node_of(machine: dict) -> str | None:
     return ((machine.get("status") or {}).get("nodeRef") or {}).get("name")
 

@@ -2,8 +2,8 @@
 (tests/timing_report.py) is on, and under pytest-xdist (`make test` runs `-n 2`) each module runs
 whole on one worker, with every module that boots Linux guests on the same one, so that never more than two such
 guests boot at once on 2 cores while the other worker runs the API-server and iPXE tiers beside them. The group starts
-first, with the whole cluster (the heaviest module: up to three VMs, one of 2 vCPUs) at its head, so that the whole
-cluster's control plane never shares the 2 cores with other Linux guests."""
+first, and the whole cluster (the heaviest module: up to three VMs, one of 2 vCPUs) comes last in it, when the other
+worker has run out of modules: its control plane has the 2 cores to itself."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ LINUX_GUEST_MODULES = frozenset({
 })
 LINUX_GUESTS_GROUP = "linux-guests"
 # Scheduled first: the Linux guests' group (about 32 minutes), the run's critical path; everything else fills in on the
-# other worker. Inside the group, the whole cluster comes first: on its own worker beside the group (CI at
-# 6787420 and 8fb79cc), its control-plane VM's API server was starved, kubeadm init took 800 s instead of 124 s and
-# failed in its CoreDNS add-on phase on a 10-second request timeout.
+# other worker. Inside the group, the whole cluster comes last. On its own worker beside the group (CI at 51c42f1 and
+# 8fb79cc), and first in the group beside the API-server tier (6c404fb), its control-plane VM's API server was
+# starved: kubeadm init took 400-800 s instead of 124 s and failed on 10-second request timeouts.
 FIRST_SCOPES = (LINUX_GUESTS_GROUP,)
-FIRST_IN_GROUP = "test_whole_cluster"
+LAST_IN_GROUP = "test_whole_cluster"
 
 
 def xdist_scope(nodeid: str) -> str:
@@ -54,12 +54,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def first_scopes_first(nodeid: str) -> tuple[int, bool]:
-    """The sort key that puts FIRST_SCOPES at the head of the collection, in their order, and FIRST_IN_GROUP at the
-    head of the group; the rest keep theirs."""
+    """The sort key that puts FIRST_SCOPES at the head of the collection, in their order, and LAST_IN_GROUP at the
+    end of the group; the rest keep theirs."""
     scope = xdist_scope(nodeid)
     name = scope if scope == LINUX_GUESTS_GROUP else pathlib.PurePath(scope).stem
     module = pathlib.PurePath(nodeid.split("::", 1)[0]).stem
-    return (FIRST_SCOPES.index(name) if name in FIRST_SCOPES else len(FIRST_SCOPES), module != FIRST_IN_GROUP)
+    return (FIRST_SCOPES.index(name) if name in FIRST_SCOPES else len(FIRST_SCOPES), module == LAST_IN_GROUP)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

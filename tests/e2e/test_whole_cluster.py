@@ -12,8 +12,8 @@ Real parts: the management API server; Cluster API's core, kubeadm bootstrap and
 (webhooks on); the operator; libvirtd; in the guests kubeadm, kubelet, containerd, etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, kube-proxy and CoreDNS, all built here from source. Changed from the generated
 objects, for this machine only: `domainType: qemu` (no KVM here) and machine type `pc`, the machines' sizes (2 vCPUs
-and 2 GiB for the control plane, kubeadm's minimum; 1 vCPU and 1 GiB for the worker), kubeadm's wait for the
-control-plane components (20 minutes instead of 4: the API server starts slowly under TCG), and the endpoint's holder:
+and 2 GiB for the control plane, kubeadm's minimum; 1 vCPU and 1 GiB for the worker), kubeadm's waits
+(KUBEADM_TIMEOUTS: the API server is slow under TCG), and the endpoint's holder:
 keepalived (Debian's, in the node image) in place of the flavor's kube-vip static pod, whose image cannot be pulled
 or built here (devenv/keepalived_holder.py). Stand-ins: the machines' network is a libvirt NAT network in the
 host's namespace on 198.19.10.0/24 (not a private range), and the management side reaches the endpoint through
@@ -61,6 +61,12 @@ WORKER_CPUS, WORKER_MEMORY_MIB = 1, 1024
 ROLLED_WORKER_MEMORY_MIB = 1280  # the day-2 template's
 DISK_GIB = 6
 KUBEADM_WAIT_S = 1200
+# kubeadm's waits, from 1-5 minutes to 20 (API calls and etcd calls: 10): under TCG on 2 cores the control-plane VM's
+# API server stops answering for minutes at a time (CI at 8fb79cc: `kubeadm init` failed in its bootstrap-token phase
+# after a minute of 10-second request timeouts, and the worker's discovery gave up after its 5 minutes).
+KUBEADM_TIMEOUTS = {"controlPlaneComponentHealthCheckSeconds": KUBEADM_WAIT_S, "kubeletHealthCheckSeconds": KUBEADM_WAIT_S,
+                    "discoverySeconds": KUBEADM_WAIT_S, "tlsBootstrapSeconds": KUBEADM_WAIT_S,
+                    "kubernetesAPICallSeconds": 600, "etcdAPICallSeconds": 600}
 CONTROL_PLANE_DEADLINE_S = 1500.0  # boot, kubeadm init with etcd and the API server under TCG on a busy machine
 WORKERS_DEADLINE_S = 1200.0
 DELETE_DEADLINE_S = 600.0
@@ -107,10 +113,11 @@ def cluster_objects(tmp: pathlib.Path, repository: pathlib.Path, namespace: str,
         if document["kind"] == "KubeadmControlPlane":
             spec = document["spec"]["kubeadmConfigSpec"]
             keepalived_holder.replace_kube_vip(spec, endpoint, PORT)
-            # kubeadm waits 4 minutes for the control-plane components by default; under TCG, beside the other test
-            # worker, the API server alone can take that long to start.
             for configuration in ("initConfiguration", "joinConfiguration"):
-                spec[configuration]["timeouts"] = {"controlPlaneComponentHealthCheckSeconds": KUBEADM_WAIT_S}
+                spec[configuration]["timeouts"] = KUBEADM_TIMEOUTS
+        if document["kind"] == "KubeadmConfigTemplate":
+            spec = document["spec"]["template"]["spec"]
+            spec["joinConfiguration"]["timeouts"] = KUBEADM_TIMEOUTS
     return documents
 
 

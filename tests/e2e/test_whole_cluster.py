@@ -216,8 +216,11 @@ async def test_default_flavor_makes_a_whole_cluster_and_deleting_it_leaves_nothi
 
             async def cluster_ready():
                 [cluster] = await list_objects(api_client, namespace, meta.CAPI_GROUP, meta.CAPI_VERSION, "clusters")
-                conditions = {c["type"]: c["status"] for c in (cluster.get("status") or {}).get("conditions", [])}
-                return cluster if conditions.get("Available") == "True" else None
+                conditions = (cluster.get("status") or {}).get("conditions", [])
+                if any(c["type"] == "Available" and c["status"] == "True" for c in conditions):
+                    return cluster
+                return Pending(conditions=[(c["type"], c["status"], c.get("reason"), c.get("message"))
+                                           for c in conditions if c["status"] != "True"])
 
             await wait_until("the Cluster Available", cluster_ready, WORKERS_DEADLINE_S, interval=3.0)
             clock.mark("the Cluster Available")

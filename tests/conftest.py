@@ -1,33 +1,44 @@
 """Test bed wiring: tier markers are mandatory, the fixtures of the real parts are loaded as plugins, the timing report
-(tests/timing_report.py) is on, and under pytest-xdist (`make test` runs `-n 2`) each module runs
-whole on one worker, with every module that boots Linux guests on the same one, so that never more than two such
-guests boot at once on 2 cores while the other worker runs the API-server and iPXE tiers beside them. The group starts
-first, and the whole cluster (the heaviest module: up to three VMs, one of 2 vCPUs) comes last in it, when the other
-worker has run out of modules: its control plane has the 2 cores to itself."""
+(tests/timing_report.py) is on, and under pytest-xdist (`make test` runs `-n 2`) each module runs whole on one worker.
+Linux guests (1 vCPU each under TCG) are held to what 2 cores carry by guest slots (tests/guest_slots.py) that every
+module booting them takes for its run, on whichever worker. The modules that boot two at once run first, as one group
+on one worker, beside the API-server and iPXE tiers on the other; the modules that boot one at a time come last, as
+modules of their own, so both workers share them once the rest is done."""
 
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Iterator
 
 import pytest
+
+import guest_slots
 
 pytest_plugins = ["fixtures_libvirt", "fixtures_control_plane", "fixtures_capi", "timing_report"]
 
 TIERS = ("unit", "integration", "e2e")
 
-# The modules that boot guests of the cached Linux images (the node image, the minimal image): one xdist group, so
-# one worker runs them one after the other (each boots at most two guests at once). iPXE guests cost almost nothing
-# and stay out of it (chaos, host outages, the integration tier).
-LINUX_GUEST_MODULES = frozenset({
-    "test_autoscaler", "test_bridged_addresses", "test_clusterctl_init", "test_clusterctl_move", "test_guest_boot",
-    "test_ipam_pools", "test_kubeadm_join", "test_machine_crash_consistency", "test_machine_lifecycle",
-    "test_machine_shape", "test_move_adoption", "test_operator_image", "test_remote_hosts", "test_whole_cluster",
-})
+# The modules that boot guests of the cached Linux images (the node image, the minimal image), with the most they run
+# at once: each holds that many guest slots for its run. iPXE guests cost almost nothing and are not counted (chaos,
+# host outages, the integration tier).
+LINUX_GUEST_MODULES = {
+    "test_autoscaler": 2, "test_bridged_addresses": 2, "test_kubeadm_join": 2, "test_remote_hosts": 2,
+    "test_whole_cluster": 2, "test_clusterctl_move": 1,
+    "test_clusterctl_init": 1, "test_guest_boot": 1, "test_ipam_pools": 1, "test_machine_crash_consistency": 1,
+    "test_machine_lifecycle": 1, "test_machine_shape": 1, "test_move_adoption": 1, "test_operator_image": 1,
+}
+# Run one after the other on one worker, first: the modules that take both slots (another worker's Linux module would
+# only wait for them), and the clusterctl move bed (one node guest, 270 s) after them.
 LINUX_GUESTS_GROUP = "linux-guests"
-# Scheduled first: the Linux guests' group (about 32 minutes), the run's critical path; everything else fills in on the
-# other worker. Inside the group, the whole cluster comes last. On its own worker beside the group (CI at 51c42f1 and
-# 8fb79cc), and first in the group beside the API-server tier (6c404fb), its control-plane VM's API server was
-# starved: kubeadm init took 400-800 s instead of 124 s and failed on 10-second request timeouts.
+LINUX_GROUP_MODULES = frozenset({
+    "test_autoscaler", "test_bridged_addresses", "test_kubeadm_join", "test_remote_hosts", "test_clusterctl_move",
+    "test_whole_cluster",
+})
+# Scheduled first: the group, the run's critical path; everything else fills in on the other worker, and the
+# one-guest modules come last, for whichever worker is free. Inside the group, the whole cluster comes last (in
+# `make test-whole-cluster`, alone). On its own worker beside the group (CI at 51c42f1 and 8fb79cc), and first in the
+# group beside the API-server tier (6c404fb), its control-plane VM's API server was starved: kubeadm init took
+# 400-800 s instead of 124 s and failed on 10-second request timeouts.
 FIRST_SCOPES = (LINUX_GUESTS_GROUP,)
 LAST_IN_GROUP = "test_whole_cluster"
 
@@ -35,7 +46,7 @@ LAST_IN_GROUP = "test_whole_cluster"
 def xdist_scope(nodeid: str) -> str:
     """The unit of work a worker takes whole: the Linux guests' group, or the test's module."""
     module = nodeid.split("::", 1)[0]
-    return LINUX_GUESTS_GROUP if pathlib.PurePath(module).stem in LINUX_GUEST_MODULES else module
+    return LINUX_GUESTS_GROUP if pathlib.PurePath(module).stem in LINUX_GROUP_MODULES else module
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown to a pytest run without it
@@ -54,12 +65,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def first_scopes_first(nodeid: str) -> tuple[int, bool]:
-    """The sort key that puts FIRST_SCOPES at the head of the collection, in their order, and LAST_IN_GROUP at the
-    end of the group; the rest keep theirs."""
+    """The sort key that puts FIRST_SCOPES at the head of the collection, in their order, LAST_IN_GROUP at the end of
+    the group, and the Linux guest modules outside the group at the end of the collection; the rest keep theirs."""
     scope = xdist_scope(nodeid)
     name = scope if scope == LINUX_GUESTS_GROUP else pathlib.PurePath(scope).stem
     module = pathlib.PurePath(nodeid.split("::", 1)[0]).stem
-    return (FIRST_SCOPES.index(name) if name in FIRST_SCOPES else len(FIRST_SCOPES), module == LAST_IN_GROUP)
+    rank = FIRST_SCOPES.index(name) if name in FIRST_SCOPES else len(FIRST_SCOPES) + (module in LINUX_GUEST_MODULES)
+    return (rank, module == LAST_IN_GROUP)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def linux_guest_slots(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module that boots Linux guests holds its guest slots (tests/guest_slots.py) from before its first fixture
+    to after its last teardown."""
+    module = pathlib.PurePath(str(request.path)).stem
+    count = LINUX_GUEST_MODULES.get(module, 0)
+    if not count:
+        yield
+        return
+    with guest_slots.linux_guest_slots(count, module):
+        yield
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

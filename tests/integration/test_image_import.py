@@ -39,9 +39,11 @@ from devenv.remote_access import RemoteAccess
 from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
 from prereq import require
-from waiting import CONVERGENCE_S, wait_until
+from waiting import CONVERGENCE_S, Pending, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+# Above the longest test's waits (four machines brought up one after another, each within DEADLINE_S), so a machine
+# that does not converge fails with its own wait's message (its Provisioned condition), not pytest-timeout's.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(5 * CONVERGENCE_S)]
 
 HOST, SUBNET, LINK = "image-kvm", "192.168.186.0/24", 186
 TINY_POOL, TINY_SIZE = "image-tiny", "1m"  # smaller than the iPXE image (1.7 MiB as qcow2)
@@ -166,7 +168,11 @@ async def machine(api_client, namespace: str, name: str) -> dict:
 async def running(api_client, namespace: str, name: str) -> dict:
     async def probe():
         body = await machine(api_client, namespace, name)
-        return body if (body.get("status") or {}).get("state") == "running" else None
+        status = body.get("status") or {}
+        if status.get("state") == "running":
+            return body
+        provisioned = {c["type"]: c for c in status.get("conditions", [])}.get("Provisioned") or {}
+        return Pending(state=status.get("state"), provisioned=(provisioned.get("reason"), provisioned.get("message")))
     return await wait_until(f"{namespace}/{name}: its domain running", probe, DEADLINE_S)
 
 

@@ -16,8 +16,6 @@ import pathlib
 import time
 from collections.abc import Iterator
 
-import timing_report
-
 SLOTS = 2  # the machine's cores: each Linux guest is one TCG vCPU, busy while it boots
 SLOT_DIR = pathlib.Path(os.environ.get("CAPI_LIBVIRT_GUEST_SLOTS", "/run/capi-libvirt-test-guest-slots"))
 POLL_S = 1.0
@@ -54,6 +52,8 @@ def linux_guest_slots(count: int, what: str) -> Iterator[None]:
     """Hold `count` (1..SLOTS) slots while the block runs; `what` names the holder in the progress lines."""
     if not 1 <= count <= SLOTS:
         raise ValueError(f"{what}: {count} Linux guests at once; the machine carries 1 to {SLOTS}")
+    import timing_report  # (a plugin of conftest's: imported once pytest has loaded it)
+
     started = said = time.monotonic()
     while not (held := _try_take(count)):
         if time.monotonic() - said >= timing_report.PROGRESS_EVERY_S:

@@ -1,7 +1,8 @@
 """Kubernetes API calls of the reconciles: owners, clusters, bootstrap Secrets, and our objects' spec and status.
 
 asyncio-native (kubernetes_asyncio on aiohttp, like kopf), so no call blocks the event loop. "Not found" is
-recognised by HTTP status 404 and returned as None; every other error propagates.
+recognised by HTTP status 404 and returned as None; every other error propagates. Every request has a deadline
+(REQUEST_TIMEOUT_S): one that never gets an answer ends in asyncio.TimeoutError, and the reconcile retries.
 
 LibvirtMachines, Machines and Clusters are read from the watch-fed cache (kube.cache): `prime()` fills it with one
 LIST of each when the operator starts working, the watches keep it current, and every write's response goes into
@@ -56,6 +57,22 @@ class BootstrapData:
         return f"BootstrapData(format={self.format!r}, value={size})"
 
 
+# How long one API request may take (never a watch: kopf runs those on its own client). aiohttp waits forever by
+# default, and a request on a connection that died without a word (an API server gone without closing it, a load
+# balancer's dropped flow) would hold a reconcile worker, and any creation slot it holds, for the operator's life.
+REQUEST_TIMEOUT_S = 60.0
+
+
+class TimedApiClient(client.ApiClient):
+    """kubernetes_asyncio's ApiClient whose requests end after REQUEST_TIMEOUT_S (asyncio.TimeoutError) unless the
+    call names its own `_request_timeout`."""
+
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = REQUEST_TIMEOUT_S
+        return super().call_api(*args, **kwargs)
+
+
 async def new_api_client() -> client.ApiClient:
     """A client from $KUBECONFIG / ~/.kube/config, or the in-cluster service account."""
     configuration = client.Configuration()
@@ -63,7 +80,7 @@ async def new_api_client() -> client.ApiClient:
         config.load_incluster_config(client_configuration=configuration)
     else:
         await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
-    return client.ApiClient(configuration)
+    return TimedApiClient(configuration)
 
 
 async def _or_none(coroutine: Any) -> Any:
@@ -325,7 +342,7 @@ class WorkloadNodes:
         """Set the Node's providerID when it has none; returns what happened: patched, absent, already-set or other."""
         configuration = client.Configuration()
         await config.load_kube_config_from_dict(kubeconfig, client_configuration=configuration)
-        async with client.ApiClient(configuration) as workload:
+        async with TimedApiClient(configuration) as workload:
             nodes = client.CoreV1Api(workload)
             node = await _or_none(nodes.read_node(node_name))
             if node is None:

@@ -27,26 +27,24 @@ LINUX_GUEST_MODULES = {
     "test_clusterctl_init": 1, "test_guest_boot": 1, "test_ipam_pools": 1, "test_machine_crash_consistency": 1,
     "test_machine_lifecycle": 1, "test_machine_shape": 1, "test_move_adoption": 1, "test_operator_image": 1,
 }
-# Run one after the other on one worker, first: the modules that take both slots (another worker's Linux module would
-# only wait for them), and the clusterctl move bed (one node guest, 270 s) after them.
+# Run one after the other on one worker, first, in this order: the modules that take both slots (another worker's
+# Linux module would only wait for them), then the clusterctl move bed (one node guest, 270 s), then the whole cluster
+# (in `make test-whole-cluster`, alone). At 63de215, in alphabetical order, the move bed came between two-guest
+# modules and the other worker, done with its own modules, waited 5 minutes for slots.
 LINUX_GUESTS_GROUP = "linux-guests"
-LINUX_GROUP_MODULES = frozenset({
-    "test_autoscaler", "test_bridged_addresses", "test_kubeadm_join", "test_remote_hosts", "test_clusterctl_move",
-    "test_whole_cluster",
-})
+LINUX_GROUP_ORDER = ("test_kubeadm_join", "test_autoscaler", "test_remote_hosts", "test_bridged_addresses",
+                     "test_clusterctl_move", "test_whole_cluster")
 # Scheduled first: the group, the run's critical path; everything else fills in on the other worker, and the
-# one-guest modules come last, for whichever worker is free. Inside the group, the whole cluster comes last (in
-# `make test-whole-cluster`, alone). On its own worker beside the group (CI at 51c42f1 and 8fb79cc), and first in the
-# group beside the API-server tier (6c404fb), its control-plane VM's API server was starved: kubeadm init took
-# 400-800 s instead of 124 s and failed on 10-second request timeouts.
+# one-guest modules come last, for whichever worker is free. On its own worker beside the group (CI at 51c42f1 and
+# 8fb79cc), and first in the group beside the API-server tier (6c404fb), the whole cluster's control-plane VM's API
+# server was starved: kubeadm init took 400-800 s instead of 124 s and failed on 10-second request timeouts.
 FIRST_SCOPES = (LINUX_GUESTS_GROUP,)
-LAST_IN_GROUP = "test_whole_cluster"
 
 
 def xdist_scope(nodeid: str) -> str:
     """The unit of work a worker takes whole: the Linux guests' group, or the test's module."""
     module = nodeid.split("::", 1)[0]
-    return LINUX_GUESTS_GROUP if pathlib.PurePath(module).stem in LINUX_GROUP_MODULES else module
+    return LINUX_GUESTS_GROUP if pathlib.PurePath(module).stem in LINUX_GROUP_ORDER else module
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown to a pytest run without it
@@ -64,14 +62,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return ModulesAndLinuxGuests(config, log)
 
 
-def first_scopes_first(nodeid: str) -> tuple[int, bool]:
-    """The sort key that puts FIRST_SCOPES at the head of the collection, in their order, LAST_IN_GROUP at the end of
-    the group, and the Linux guest modules outside the group at the end of the collection; the rest keep theirs."""
+def first_scopes_first(nodeid: str) -> tuple[int, int]:
+    """The sort key that puts FIRST_SCOPES at the head of the collection, in their order (the group's modules in
+    LINUX_GROUP_ORDER), and the Linux guest modules outside the group at the end of the collection; the rest keep
+    theirs."""
     scope = xdist_scope(nodeid)
     name = scope if scope == LINUX_GUESTS_GROUP else pathlib.PurePath(scope).stem
     module = pathlib.PurePath(nodeid.split("::", 1)[0]).stem
     rank = FIRST_SCOPES.index(name) if name in FIRST_SCOPES else len(FIRST_SCOPES) + (module in LINUX_GUEST_MODULES)
-    return (rank, module == LAST_IN_GROUP)
+    return (rank, LINUX_GROUP_ORDER.index(module) if module in LINUX_GROUP_ORDER else 0)
 
 
 @pytest.fixture(scope="module", autouse=True)

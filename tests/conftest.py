@@ -3,7 +3,8 @@
 Linux guests (1 vCPU each under TCG) are held to what 2 cores carry by guest slots (tests/guest_slots.py) that every
 module booting them takes for its run, on whichever worker. The modules that boot two at once run first, as one group
 on one worker, beside the API-server and iPXE tiers on the other; the modules that boot one at a time come last, as
-modules of their own, so both workers share them once the rest is done."""
+modules of their own, so both workers share them once the rest is done. (The whole cluster is not among them in
+`make test`: the Makefile runs it after them, alone.)"""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ LINUX_GUEST_MODULES = {
 }
 # Run one after the other on one worker, first, in this order: the modules that take both slots (another worker's
 # Linux module would only wait for them), then the clusterctl move bed (one node guest, 270 s), then the whole cluster
-# (in `make test-whole-cluster`, alone). At 63de215, in alphabetical order, the move bed came between two-guest
-# modules and the other worker, done with its own modules, waited 5 minutes for slots.
+# (only in a run that names it with the rest: `make test` runs it after them, alone, in a pytest process of its own).
+# At 63de215, in alphabetical order, the move bed came between two-guest modules and the other worker, done with its
+# own modules, waited 5 minutes for slots.
 LINUX_GUESTS_GROUP = "linux-guests"
 LINUX_GROUP_ORDER = ("test_kubeadm_join", "test_autoscaler", "test_remote_hosts", "test_bridged_addresses",
                      "test_clusterctl_move", "test_whole_cluster")

@@ -17,7 +17,9 @@ PROGRESS_EVERY_S while it waits), and xdist's controller, at the terminal, print
 xdist only keeps them there).
 
 Each pytest process (each xdist worker) writes out/timing/tests-<worker>.json; the process that ends the session
-merges them with setup.tsv into out/timing/report.md and prints its summary last. README "Numbers" says how to read it.
+merges them with setup.tsv into out/timing/report.md and prints its summary last. A run with
+CAPI_LIBVIRT_TIMING_APPEND=1 (`make test`'s second run, the whole cluster alone after the rest) keeps the earlier
+run's files and adds its own, so its report covers both. README "Numbers" says how to read it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ PROGRESS_EVERY_S = 30.0
 PROGRESS_LOG = TIMING_DIR / "progress.log"
 LONG_MODULE_S = 20.0  # a module that took longer says when it ended
 LINUX_KINDS = ("node", "minimal")
+APPEND = os.environ.get("CAPI_LIBVIRT_TIMING_APPEND") == "1"  # add to the earlier run's files instead of starting anew
 
 
 def record_boot_profile(image: str, text: str) -> None:
@@ -62,9 +65,9 @@ def progress(message: str) -> None:
         log.write(line)
 
 
-def follow_progress(write_line: Callable[[str], None], stop: threading.Event) -> None:
-    """Print progress.log's lines as the workers append them, until `stop` (then whatever is left)."""
-    offset = 0
+def follow_progress(write_line: Callable[[str], None], stop: threading.Event, offset: int = 0) -> None:
+    """Print progress.log's lines from byte `offset` as the workers append them, until `stop` (then whatever is
+    left)."""
     while True:
         stopping = stop.wait(1.0)
         try:
@@ -224,15 +227,18 @@ class TimingReport:
         self.controller = self.config.pluginmanager.hasplugin("dsession")
         if not hasattr(self.config, "workerinput"):  # the process that ends the session: a fresh set of files
             TIMING_DIR.mkdir(parents=True, exist_ok=True)
-            for old in [*TIMING_DIR.glob("tests-*.json"), *TIMING_DIR.glob("boot-*.txt"), PROGRESS_LOG]:
-                old.unlink(missing_ok=True)
+            if not APPEND:
+                for old in [*TIMING_DIR.glob("tests-*.json"), *TIMING_DIR.glob("boot-*.txt"), PROGRESS_LOG]:
+                    old.unlink(missing_ok=True)
             PROGRESS_LOG.touch()
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-            # xdist's controller prints them; a run without xdist only keeps them in the file (pytest captures what a
-            # test's process writes while the test runs).
-            if self.controller and reporter is not None:
+            # xdist's controller prints them, and so does a run without xdist that captures nothing (`-s`); else they
+            # are only kept in the file (pytest captures what a test's process writes while the test runs).
+            printed = self.controller or self.config.getoption("capture") == "no"
+            if printed and reporter is not None:
                 self.follower = threading.Thread(target=follow_progress, name="timing-report-progress",
-                                                 args=(lambda line: reporter.write_line(line), self.follower_stop),
+                                                 args=(lambda line: reporter.write_line(line), self.follower_stop,
+                                                       PROGRESS_LOG.stat().st_size),
                                                  daemon=True)
                 self.follower.start()
         self.sampler.thread.start()
@@ -289,7 +295,7 @@ class TimingReport:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        report = write_report(wall_s=time.time() - self.session_started, commit=self.commit)
+        report = write_report(ended=time.time(), commit=self.commit)
         terminalreporter.section("where the time went (out/timing/report.md)")
         for line in report.summary:
             terminalreporter.write_line(line)
@@ -329,8 +335,11 @@ def current_commit() -> str:
     return git.stdout.strip() or "unknown"
 
 
-def write_report(wall_s: float, commit: str) -> Report:
+def write_report(ended: float, commit: str) -> Report:
+    """The report of every pytest process's file in TIMING_DIR, the tests' wall time from the first one's start to
+    `ended`."""
     workers = [json.loads(p.read_text()) for p in sorted(TIMING_DIR.glob("tests-*.json"))]
+    wall_s = ended - min((w["started"] for w in workers), default=ended)
     modules = sorted((m for w in workers for m in w["modules"]), key=lambda m: -(m["ended"] - m["started"]))
     setup = read_setup()
     setup_s = sum(seconds for step, seconds, _ in setup if "/" not in step)

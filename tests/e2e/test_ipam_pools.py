@@ -144,7 +144,20 @@ async def test_a_guest_takes_its_address_from_a_pool_and_an_exhausted_pool_waits
             return await asyncio.to_thread(ping, ipam_host, POOL_ADDRESS)
 
         await wait_until(f"a ping answer from {POOL_ADDRESS}", answers, DEADLINE_S, 1.0)
-        assert provisioned_reason(await get("libvirtmachines", second.libvirt_machine))[0] == "WaitingForIPAddress"
+        # Three full runs in a row (cold, warm, CI at 7c5a445) read HostUnreachable here once, a pass whose host call
+        # failed while the first guest booted under load; the next pass (backoff 5 s) waits on the pool again. What
+        # this test claims is the waiting, so it waits for it and prints what it saw meanwhile; the call's message is
+        # now in the operator's log (hypervisor.connection), to find the cause (README "Test tiers").
+        seen: list[tuple[str, str]] = []
+
+        async def still_waits():
+            reason = provisioned_reason(await get("libvirtmachines", second.libvirt_machine))
+            if reason and reason[0] != "WaitingForIPAddress" and reason not in seen:
+                seen.append(reason)
+                print(f"[ipam] the waiting machine read {reason} meanwhile")
+            return reason if reason and reason[0] == "WaitingForIPAddress" else None
+
+        await wait_until("the second machine still waiting on the pool", still_waits, DEADLINE_S, 1.0)
         with ipam_host.connect() as conn:  # the waiting machine made nothing on the host
             domains = [d.name() for d in conn.listAllDomains()]
         assert domains == [naming.domain_name(namespace, first_name, body["metadata"]["uid"])]

@@ -87,6 +87,7 @@ class HostConnection:
         except libvirt.libvirtError as error:
             translated = errors.translate(error, self.host, doing or getattr(fn, "__name__", "call"))
             if isinstance(translated, errors.HostUnreachable):
+                log.warning("host %s: %s; closing that connection", self.host, translated.message)
                 self._drop(conn)
             raise translated from None
         except errors.HypervisorError as error:

@@ -6,7 +6,8 @@ beside it (direct kernel boot). `node`: a Kubernetes node image (containerd, kub
 
 The script keeps the minimal image under paths.guest_image_dir()/<recipe-hash>/, the hash being the start of the
 sha256 of the script itself, and the node image under node-<recipe-hash>/, whose hash also covers the Kubernetes
-version (the script's and hack/image-archive.py's bytes, then `flavor=node` and `kubernetes=<version>` lines). This module hashes the same way, so
+version (the script's, hack/image-archive.py's and api/pod_network.py's bytes, then `flavor=node` and
+`kubernetes=<version>` lines). This module hashes the same way, so
 both agree on which image belongs to the current recipe. The script is found through $CAPI_LIBVIRT_GUEST_IMAGE_SCRIPT,
 else at hack/build-guest-image.sh of the source tree this package is loaded from (an editable install or a checkout on
 PYTHONPATH).
@@ -21,6 +22,7 @@ import os
 import pathlib
 import subprocess
 
+from capi_libvirt.api import pod_network
 from devenv import paths
 
 log = logging.getLogger(__name__)
@@ -90,13 +92,14 @@ def check_flavor(flavor: str) -> None:
 
 
 def recipe_hash(script: pathlib.Path, flavor: str = MINIMAL, kubernetes_version: str | None = None) -> str:
-    """The same hash the script computes: `sha256sum SCRIPT | cut -c1-16` for minimal; for node, of the script and
-    the image-archive.py beside it, followed by `flavor=node` and `kubernetes=VERSION` lines (default:
-    paths.KUBERNETES_VERSION, as the script's)."""
+    """The same hash the script computes: `sha256sum SCRIPT | cut -c1-16` for minimal; for node, of the script, the
+    image-archive.py beside it and the product's api/pod_network.py (the pod network's image references), followed
+    by `flavor=node` and `kubernetes=VERSION` lines (default: paths.KUBERNETES_VERSION, as the script's)."""
     check_flavor(flavor)
     data = script.read_bytes()
     if flavor == NODE:
         data += (script.parent / "image-archive.py").read_bytes()
+        data += pathlib.Path(pod_network.__file__).read_bytes()
         data += f"flavor=node\nkubernetes={kubernetes_version or paths.KUBERNETES_VERSION}\n".encode()
     return hashlib.sha256(data).hexdigest()[:HASH_LENGTH]
 

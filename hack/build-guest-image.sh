@@ -17,7 +17,8 @@
 #
 # Each image lands in $CAPI_LIBVIRT_CACHE/images/ (default cache ~/.cache/capi-libvirt): minimal in <recipe-hash>/,
 # node in node-<recipe-hash>/. The minimal recipe hash is the start of the sha256 of this very file; the node one is
-# that of this file and hack/image-archive.py followed by the lines `flavor=node` and `kubernetes=$KUBERNETES_VERSION`,
+# that of this file, hack/image-archive.py and src/capi_libvirt/api/pod_network.py (the pod network's images) followed
+# by the lines `flavor=node` and `kubernetes=$KUBERNETES_VERSION`,
 # so a new Kubernetes version builds a new image. Any change to the recipe below builds new images; an unchanged recipe only checks the
 # cache. src/capi_libvirt/devenv/guest_image.py computes the same hashes. `--folder` prints the folder of the current
 # recipe and builds nothing.
@@ -62,7 +63,7 @@ sandbox_image="registry.k8s.io/pause:$pause_version"
 : "${COREDNS_VERSION:=v1.13.1}"     # kubeadm 1.35's CoreDNS (constants.CoreDNSVersion), as hack/build-upstream.sh
 etcd_image="registry.k8s.io/etcd:${NODE_ETCD_VERSION#v}-0"
 coredns_image="registry.k8s.io/coredns/coredns:$COREDNS_VERSION"
-pod_subnet=100.96.0.0/24   # not a private range; every node may use the same one (pods only run locally)
+pod_subnet=100.96.0.0/24   # the bridge stand-in's: not a private range; every node may use the same one
 # extlinux (syslinux 6.04) reads ext4, but not these newer features of bookworm's mke2fs.
 node_fs_features='^64bit,^metadata_csum_seed,^orphan_file'
 mbr_code=/usr/lib/syslinux/mbr/mbr.bin
@@ -73,8 +74,14 @@ die() { log "$*"; exit 1; }
 script=$(readlink -f "${BASH_SOURCE[0]}")
 image_archive="$(dirname "$script")/image-archive.py"
 images="$CAPI_LIBVIRT_CACHE/images"
+# The pod network's images carry the references the flavors' flannel manifest names (src/capi_libvirt/api/pod_network.py).
+repo=$(cd "$(dirname "$script")/.." && pwd)
+pod_network="$repo/src/capi_libvirt/api/pod_network.py"
+read -r flannel_version flannel_image cni_plugin_image < <(PYTHONPATH="$repo/src" python3 -c \
+  'from capi_libvirt.api import pod_network as p; print(p.FLANNEL_VERSION, p.FLANNEL_IMAGE, p.CNI_PLUGIN_IMAGE)')
 if [ "$flavor" = node ]; then
-  recipe_hash=$({ cat "$script" "$image_archive"; printf 'flavor=node\nkubernetes=%s\n' "$KUBERNETES_VERSION"; } | sha256sum | cut -c1-16)
+  recipe_hash=$({ cat "$script" "$image_archive" "$pod_network"; printf 'flavor=node\nkubernetes=%s\n' "$KUBERNETES_VERSION"; } \
+    | sha256sum | cut -c1-16)
   out="$images/node-$recipe_hash"
 else
   recipe_hash=$(sha256sum "$script" | cut -c1-16)
@@ -90,6 +97,11 @@ kubelet_binary="$CAPI_LIBVIRT_CACHE/bin/kubelet-$KUBERNETES_VERSION"
 kubeadm_binary="$CAPI_LIBVIRT_CACHE/bin/kubeadm-$KUBERNETES_VERSION"
 etcd_binary="$CAPI_LIBVIRT_CACHE/bin/etcd-$NODE_ETCD_VERSION"
 coredns_binary="$CAPI_LIBVIRT_CACHE/bin/coredns-$COREDNS_VERSION"
+flanneld_binary="$CAPI_LIBVIRT_CACHE/bin/flanneld-$flannel_version"
+install_conf_binary="$CAPI_LIBVIRT_CACHE/bin/flannel-install-conf-$flannel_version"
+cni_plugin_binary="$CAPI_LIBVIRT_CACHE/bin/flannel-cni-plugin"
+agnhost_binary="$CAPI_LIBVIRT_CACHE/bin/agnhost-$KUBERNETES_VERSION"
+agnhost_version_file="$CAPI_LIBVIRT_CACHE/kubernetes-$KUBERNETES_VERSION/test/images/agnhost/VERSION"
 control_plane_binaries=()
 for command in kube-apiserver kube-controller-manager kube-scheduler kube-proxy; do
   control_plane_binaries+=("$CAPI_LIBVIRT_CACHE/bin/$command-$KUBERNETES_VERSION")
@@ -98,10 +110,13 @@ pause_source="$CAPI_LIBVIRT_CACHE/kubernetes-$KUBERNETES_VERSION/build/pause/lin
 if [ "$flavor" = node ]; then
   # Fail before any work when an input is missing, and say where it comes from.
   missing=()
-  for input in "$kubelet_binary" "$kubeadm_binary" "$etcd_binary" "$coredns_binary" "${control_plane_binaries[@]}"; do
+  for input in "$kubelet_binary" "$kubeadm_binary" "$etcd_binary" "$coredns_binary" "${control_plane_binaries[@]}" \
+      "$flanneld_binary" "$install_conf_binary" "$cni_plugin_binary" "$agnhost_binary"; do
     [ -x "$input" ] || missing+=("$input (hack/build-upstream.sh builds it)")
   done
-  [ -f "$pause_source" ] || missing+=("$pause_source (hack/build-upstream.sh links the k8s.io/kubernetes module there)")
+  for input in "$pause_source" "$agnhost_version_file"; do
+    [ -f "$input" ] || missing+=("$input (hack/build-upstream.sh links the k8s.io/kubernetes module there)")
+  done
   for tool in gcc extlinux sfdisk losetup; do
     command -v "$tool" >/dev/null || missing+=("$tool (hack/install-system-deps.sh installs it)")
   done
@@ -295,8 +310,11 @@ ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELE
 EOF
 
   # containerd: the systemd cgroup driver (kubeadm configures the kubelet with it), the sandbox image this image
-  # carries, Debian's CNI plugin folder. AppArmor off for containers: the image has no apparmor_parser to load
+  # carries, the CNI plugins in /opt/cni/bin as image-builder's images have them (Debian's, linked there; a CNI add-on
+  # puts its own plugin beside them). AppArmor off for containers: the image has no apparmor_parser to load
   # containerd's default profile with.
+  mkdir -p "$root/opt/cni/bin"
+  for plugin in "$root"/usr/lib/cni/*; do ln -sfn "/usr/lib/cni/$(basename "$plugin")" "$root/opt/cni/bin/"; done
   mkdir -p "$root/etc/containerd"
   cat >"$root/etc/containerd/config.toml" <<EOF
 version = 2
@@ -315,14 +333,16 @@ version = 2
         SystemdCgroup = true
 
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = "/opt/cni/bin"
     conf_dir = "/etc/cni/net.d"
 EOF
 
-  # One node-local bridge network: containerd reports the pod network ready, so the Node becomes Ready without a
-  # CNI add-on. Pods reach the outside masqueraded behind the node's address.
-  mkdir -p "$root/etc/cni/net.d"
-  cat >"$root/etc/cni/net.d/10-capi-libvirt-bridge.conflist" <<EOF
+  # No CNI configuration in /etc/cni/net.d, as on image-builder's images: the cluster's CNI add-on writes it (the
+  # flavors' flannel). For the test bed's clusters that have none (their control plane is the test API server), a
+  # node-local bridge network they copy there (tests/kubeadm_workers.py): containerd then reports the pod network
+  # ready, so the Node becomes Ready. Pods reach the outside masqueraded behind the node's address.
+  mkdir -p "$root/etc/cni/net.d" "$root/etc/capi-libvirt"
+  cat >"$root/etc/capi-libvirt/bridge-cni.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "capi-libvirt-pods",
@@ -410,6 +430,16 @@ make_node_images() {
   # CoreDNS runs as root here: upstream's image is non-root with cap_net_bind_service on the binary, a file
   # capability this layer does not carry (kubeadm's Deployment adds NET_BIND_SERVICE either way).
   node_image "$archives/coredns.tar" "$coredns_image" --add "$coredns_binary=/coredns" --entrypoint '["/coredns"]'
+  # flannel as its images lay it out: flanneld and install-conf in /opt/bin, iptables (as kube-proxy's) for its
+  # masquerading; the CNI plugin image holds /flannel and the `cp` its init container runs.
+  node_image "$archives/flannel.tar" "$flannel_image" --add "$flanneld_binary=/opt/bin/flanneld" \
+    --add "$install_conf_binary=/opt/bin/install-conf" --entrypoint '["/opt/bin/flanneld"]' \
+    --root "$root" "${copies[@]}" --copy /etc/protocols --copy-dir /usr/lib/x86_64-linux-gnu/xtables
+  node_image "$archives/flannel-cni-plugin.tar" "$cni_plugin_image" --add "$cni_plugin_binary=/flannel" \
+    --root "$root" --copy /usr/bin/cp --entrypoint '["/usr/bin/cp"]'
+  # agnhost, for the tests' pods (netexec) that prove the pod network and Services, tagged as Kubernetes' e2e tests
+  # name it (its VERSION file).
+  node_image "$archives/agnhost.tar" "registry.k8s.io/e2e-test-images/agnhost:$(cat "$agnhost_version_file")" --add "$agnhost_binary=/agnhost" --entrypoint '["/agnhost"]'
   import_node_images "$archives"
   rm -rf "$archives" "$work/pause"
   log "images in the node image's containerd: $(tr '\n' ' ' <"$work/images.txt")"

@@ -112,11 +112,14 @@ install_from() { mv "$1/$2" "$3"; }
 # kubeadm's `init phase` commands prepare the test API server for joining nodes as `kubeadm init` would.
 # kube-proxy runs only in the node image's control-plane images (the kube-proxy DaemonSet of `kubeadm init`).
 kube_commands=(kube-apiserver kube-scheduler kube-controller-manager kube-proxy kubelet kubeadm)
-build_kubernetes_commands() {
+kubernetes_staging_replaces() {  # one line per k8s.io staging module: its replace by the released v0.x module
   local gomod; gomod=$(module_field "k8s.io/kubernetes@$KUBERNETES_VERSION" GoMod)
   local staging_version="v0.${KUBERNETES_VERSION#v1.}"
-  local replaces; mapfile -t replaces < <(awk '$2=="=>" && $3 ~ /^\.\/staging\// {print $1" => "$1" '"$staging_version"'"}' "$gomod")
-  [ "${#replaces[@]}" -gt 0 ] || { echo "no staging replaces found in $gomod"; exit 1; }
+  awk '$2=="=>" && $3 ~ /^\.\/staging\// {print $1" => "$1" '"$staging_version"'"}' "$gomod"
+}
+build_kubernetes_commands() {
+  local replaces; mapfile -t replaces < <(kubernetes_staging_replaces)
+  [ "${#replaces[@]}" -gt 0 ] || { echo "no staging replaces found in k8s.io/kubernetes@$KUBERNETES_VERSION"; exit 1; }
   local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
   local version_flags="" pkg command packages=()
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -191,10 +194,58 @@ build_etcd() {
   ln -sfn "$etcd" "$bin/etcd"
 }
 
-# What the node image's control-plane images carry besides the Kubernetes commands: etcd and CoreDNS at the versions
-# kubeadm asks for (the test bed's own etcd, $ETCD_VERSION, may differ).
+# flannel, the shipped flavors' pod network, at the version src/capi_libvirt/api/pod_network.py names: flanneld and
+# install-conf from its module, in a scratch module whose main.go is flannel's own minus two backends the flavors do
+# not use: tencentvpc (the proxy refuses its Tencent Cloud SDK modules) and udp (its C proxy needs cgo; upstream's
+# image links it with musl). Its CNI plugin: flannel-io/cni-plugin is refused by the proxy, so the same plugin from
+# containernetworking/plugins v0.9.1, its home before it moved there (README "Stand-ins").
+flannel_version=$(PYTHONPATH="$repo/src" python3 -c 'from capi_libvirt.api import pod_network; print(pod_network.FLANNEL_VERSION)')
+flannel_cni_plugin_source=v0.9.1
+flannel_build() {
+  local out=$1 scratch module=github.com/flannel-io/flannel dir
+  scratch=$(mktemp -d)
+  dir=$(module_field "$module@$flannel_version" Dir)
+  (
+    cd "$scratch"
+    go mod init capi-libvirt.local/flanneld
+    go mod edit -require="$module@$flannel_version"
+    grep -v -e '"github.com/flannel-io/flannel/pkg/backend/tencentvpc"' -e '"github.com/flannel-io/flannel/pkg/backend/udp"' \
+      "$dir/main.go" >main.go
+    go mod tidy
+    go build -trimpath -ldflags "-s -w -X $module/pkg/version.Version=$flannel_version" -o "$out/flanneld" .
+    go build -trimpath -ldflags "-s -w" -o "$out/install-conf" "$module/cmd/install_conf"
+  )
+  rm -rf "$scratch"
+}
+flannel_cni_plugin_build() {
+  go_install "$flannel_cni_plugin_source" "" "$1" github.com/containernetworking/plugins/plugins/meta/flannel
+}
+
+# agnhost, Kubernetes' own e2e test program (test/images/agnhost of the same module): the whole cluster's pods that
+# prove the pod network (`agnhost netexec`: an HTTP server whose /dial makes it call another pod or a Service).
+agnhost_build() {
+  local replaces; mapfile -t replaces < <(kubernetes_staging_replaces)
+  go_build_in_scratch k8s.io/kubernetes "$KUBERNETES_VERSION" "" "$1" k8s.io/kubernetes/test/images/agnhost \
+    -- "${replaces[@]}"
+}
+
+# What the node image's images carry besides the Kubernetes commands: etcd and CoreDNS at the versions kubeadm asks for
+# (the test bed's own etcd, $ETCD_VERSION, may differ), and flannel.
 build_node_image_inputs() {
   local etcd="$bin/etcd-$NODE_ETCD_VERSION" coredns="$bin/coredns-$COREDNS_VERSION"
+  local flanneld="$bin/flanneld-$flannel_version" install_conf="$bin/flannel-install-conf-$flannel_version"
+  local cni_plugin="$bin/flannel-cni-plugin-$flannel_cni_plugin_source" out
+  if [ ! -x "$flanneld" ] || [ ! -x "$install_conf" ]; then
+    out=$(mktemp -d)
+    build flannel "flanneld and install-conf $flannel_version for the node image (a minute or two on 2 cores, once)" \
+      flannel_build "$out"
+    mv "$out/flanneld" "$flanneld"; mv "$out/install-conf" "$install_conf"; rm -rf "$out"
+  fi
+  [ -x "$cni_plugin" ] || build flannel-cni-plugin "the flannel CNI plugin (containernetworking/plugins $flannel_cni_plugin_source; seconds, once)" \
+    build_single "$cni_plugin" flannel_cni_plugin_build
+  ln -sfn "$cni_plugin" "$bin/flannel-cni-plugin"
+  [ -x "$bin/agnhost-$KUBERNETES_VERSION" ] || build agnhost "agnhost of Kubernetes $KUBERNETES_VERSION for the node image (a few minutes on 2 cores, once)" \
+    build_single "$bin/agnhost-$KUBERNETES_VERSION" agnhost_build
   [ -x "$etcd" ] || build node-etcd "etcd $NODE_ETCD_VERSION for the node image (a minute or two on 2 cores, once)" \
     build_single "$etcd" node_etcd_build
   [ -x "$coredns" ] || build coredns "CoreDNS $COREDNS_VERSION for the node image (a few minutes on 2 cores, once)" \

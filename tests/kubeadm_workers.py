@@ -3,7 +3,10 @@
 The objects are the release's own cluster template run through the real clusterctl (`generate cluster`): the workers'
 KubeadmConfigTemplate (the kubelet's providerID and the node's name from the NoCloud meta-data, through cloud-init's
 Jinja), LibvirtMachineTemplate and MachineDeployment. One thing is changed for this machine: its guests run under
-TCG (`domainType: qemu`, machine type `pc`), as there is no hardware virtualization here.
+TCG (`domainType: qemu`, machine type `pc`), as there is no hardware virtualization here. And one is added: these
+clusters' control plane is the test API server, which runs no CNI add-on (the flavors' flannel needs a workload
+cluster of its own: tests/e2e/test_whole_cluster.py), so the workers copy the node image's bridge stand-in into
+/etc/cni/net.d before `kubeadm join`; their Nodes become Ready on it.
 
 And what proves that a Node was registered by a real kubelet through `kubeadm join`: the kubelet's own version and
 runtime in the Node's status, and the CSR of its client certificate, posted with the bootstrap token the kubeadm
@@ -25,12 +28,16 @@ WORKER_MEMORY_MIB = 1024  # containerd, the kubelet and cloud-init side by side
 DISK_GIB = 5  # at least the node image's own size
 KUBELET_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
+# The node image's node-local bridge network, kept out of /etc/cni/net.d (hack/build-guest-image.sh).
+BRIDGE_CNI = "/etc/capi-libvirt/bridge-cni.conflist"
+USE_BRIDGE_CNI = f"cp {BRIDGE_CNI} /etc/cni/net.d/10-capi-libvirt-bridge.conflist"
 
 
 def worker_objects(tmp: pathlib.Path, repository: pathlib.Path, flavor: str, cluster: str, namespace: str,
                    endpoint: tuple[str, int], host, base_volume: str, replicas: int = 0) -> list[dict]:
     """The flavor's worker objects (`<cluster>-md-0`: KubeadmConfigTemplate, LibvirtMachineTemplate,
-    MachineDeployment) as `clusterctl generate cluster` makes them for this host, with the TCG change."""
+    MachineDeployment) as `clusterctl generate cluster` makes them for this host, with the TCG change and the
+    bridge stand-in."""
     variables = {
         "KUBERNETES_VERSION": paths.KUBERNETES_VERSION,
         "CONTROL_PLANE_MACHINE_COUNT": "1",
@@ -51,6 +58,8 @@ def worker_objects(tmp: pathlib.Path, repository: pathlib.Path, flavor: str, clu
     for document in workers:
         if document["kind"] == "LibvirtMachineTemplate":
             document["spec"]["template"]["spec"].update(domainType="qemu", machineType="pc")
+        if document["kind"] == "KubeadmConfigTemplate":
+            document["spec"]["template"]["spec"].setdefault("preKubeadmCommands", []).append(USE_BRIDGE_CNI)
     return workers
 
 

@@ -4,21 +4,23 @@ control-plane image preloaded, nothing pulled); the control-plane endpoint is a 
 held on the control-plane machine; Cluster API writes `<cluster>-kubeconfig` for it and reaches the workload API
 server through it from the management side; the worker joins through it; every Node is Ready with its
 LibvirtMachine's providerID. Day 2 on it (tests/day2_rollouts.py): the MachineDeployment rolls to a new
-LibvirtMachineTemplate; `clusterctl describe cluster` shows it all Ready. Deleting the Cluster leaves nothing on the
-host. Reads of the workload API server retry while it does not answer (its API server restarts when the machine is
+LibvirtMachineTemplate; `clusterctl describe cluster` shows it all Ready. The pod network is the flavor's own:
+flannel, applied by the flavor's ClusterResourceSet through the real core manager, proven by pods on the two Nodes
+calling each other and a Service through kube-proxy and CoreDNS (tests/pod_network_checks.py). Deleting the Cluster
+leaves nothing on the host. Reads of the workload API server retry while it does not answer (its API server restarts when the machine is
 starved under TCG), each failure kept as the wait's last-seen state.
 
 Real parts: the management API server; Cluster API's core, kubeadm bootstrap and kubeadm control-plane managers
 (webhooks on); the operator; libvirtd; in the guests kubeadm, kubelet, containerd, etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, kube-proxy and CoreDNS, all built here from source. Changed from the generated
+kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS, flannel and agnhost, all built here from source. Changed from the generated
 objects, for this machine only: `domainType: qemu` (no KVM here) and machine type `pc`, the machines' sizes (2 vCPUs
 and 2 GiB for the control plane, kubeadm's minimum; 1 vCPU and 1 GiB for the worker), kubeadm's waits
 (KUBEADM_TIMEOUTS: the API server is slow under TCG), and the endpoint's holder:
 keepalived (Debian's, in the node image) in place of the flavor's kube-vip static pod, whose image cannot be pulled
 or built here (devenv/keepalived_holder.py). Stand-ins: the machines' network is a libvirt NAT network in the
 host's namespace on 198.19.10.0/24 (not a private range), and the management side reaches the endpoint through
-devenv.api_gateway.EndpointRelay (the address on `lo`, relayed into the host's namespace); pods still use the node
-image's bridge CNI configuration (no pod traffic across nodes).
+devenv.api_gateway.EndpointRelay (the address on `lo`, relayed into the host's namespace); flannel's CNI plugin is
+the same plugin's older build (containernetworking/plugins v0.9.1: flannel-io/cni-plugin is not served here).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from devenv.api_gateway import EndpointRelay
 from devenv.libvirt_host import LibvirtHost
 from guests import provider_objects
 from kubeadm_workers import is_ready, libvirt_machines, list_objects, machines
+from pod_network_checks import prove_the_pod_network
 
 from fixtures_control_plane import operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
@@ -106,7 +109,8 @@ def cluster_objects(tmp: pathlib.Path, repository: pathlib.Path, namespace: str,
     documents = generate_cluster(tmp, repository, "", CLUSTER, namespace, variables)
     kinds = sorted(d["kind"] for d in documents)
     assert kinds == sorted(["Cluster", "LibvirtCluster", "KubeadmControlPlane", "LibvirtMachineTemplate",
-                            "LibvirtMachineTemplate", "MachineDeployment", "KubeadmConfigTemplate", "RoleBinding"]), kinds
+                            "LibvirtMachineTemplate", "MachineDeployment", "KubeadmConfigTemplate", "RoleBinding",
+                            "ConfigMap", "ClusterResourceSet"]), kinds
     for document in documents:
         if document["kind"] == "LibvirtMachineTemplate":
             document["spec"]["template"]["spec"].update(domainType="qemu", machineType="pc")
@@ -124,7 +128,7 @@ def cluster_objects(tmp: pathlib.Path, repository: pathlib.Path, namespace: str,
 async def apply(api: client.ApiClient, plane, documents: list[dict]) -> None:
     objects = client.CustomObjectsApi(api)
     for document in documents:
-        if document["kind"] == "RoleBinding":
+        if document["apiVersion"] in ("v1", "rbac.authorization.k8s.io/v1"):  # the ConfigMap, the RoleBinding
             plane.apply_objects([document])
             continue
         group, version = document["apiVersion"].split("/")
@@ -213,6 +217,15 @@ async def test_default_flavor_makes_a_whole_cluster_and_deleting_it_leaves_nothi
                 static = sorted(p.metadata.labels["component"] for p in pods.items
                                 if (p.metadata.labels or {}).get("tier") == "control-plane")
                 assert static == ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"], static
+                [resource_set] = await list_objects(api_client, namespace, templates.ADDONS_GROUP, meta.CAPI_VERSION,
+                                                    "clusterresourcesets")
+                applied = [c for c in resource_set["status"]["conditions"] if c["type"] == "ResourcesApplied"]
+                assert [c["status"] for c in applied] == ["True"], resource_set["status"]
+                [control_plane_node] = [n.metadata.name for n in control_plane_nodes]
+                [worker_node] = [n.metadata.name for n in nodes if n.metadata.name != control_plane_node]
+                answers = await prove_the_pod_network(workload_api, control_plane_node, worker_node, clock)
+                print("\n[numbers] the pod network (flannel from the flavor's ClusterResourceSet):\n" +
+                      "\n".join(f"  {what}: answered by {who}" for what, who in answers.items()))
 
             async def cluster_ready():
                 [cluster] = await list_objects(api_client, namespace, meta.CAPI_GROUP, meta.CAPI_VERSION, "clusters")

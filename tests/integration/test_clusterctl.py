@@ -231,15 +231,18 @@ FLAVOR_OPTIONAL = {
 }
 REQUIRED = ["CONTROL_PLANE_ENDPOINT_HOST", "KUBERNETES_VERSION", "LIBVIRT_BASE_IMAGE"]
 FLAVOR_REQUIRED = {"static-ip": ["LIBVIRT_IP_POOL_END", "LIBVIRT_IP_POOL_GATEWAY", "LIBVIRT_IP_POOL_START"]}
+POD_NETWORK_KINDS = {"ConfigMap": 1, "ClusterResourceSet": 1}  # flannel's manifest and what applies it
 FLAVOR_KINDS = {
     "": {"Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
-         "MachineDeployment": 1, "KubeadmConfigTemplate": 1, "RoleBinding": 1},
+         "MachineDeployment": 1, "KubeadmConfigTemplate": 1, "RoleBinding": 1, **POD_NETWORK_KINDS},
     "autoscaler": {"Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
-                   "MachineDeployment": 1, "KubeadmConfigTemplate": 1, "RoleBinding": 1},
+                   "MachineDeployment": 1, "KubeadmConfigTemplate": 1, "RoleBinding": 1, **POD_NETWORK_KINDS},
     "static-ip": {"Cluster": 1, "LibvirtCluster": 1, "KubeadmControlPlane": 1, "LibvirtMachineTemplate": 2,
-                  "MachineDeployment": 1, "KubeadmConfigTemplate": 1, "RoleBinding": 1, "InClusterIPPool": 1},
+                  "MachineDeployment": 1, "KubeadmConfigTemplate": 1, "RoleBinding": 1, "InClusterIPPool": 1,
+                  **POD_NETWORK_KINDS},
     "clusterclass": {"ClusterClass": 1, "LibvirtClusterTemplate": 1, "KubeadmControlPlaneTemplate": 1,
-                     "LibvirtMachineTemplate": 2, "KubeadmConfigTemplate": 1, "Cluster": 1, "RoleBinding": 1},
+                     "LibvirtMachineTemplate": 2, "KubeadmConfigTemplate": 1, "Cluster": 1, "RoleBinding": 1,
+                     **POD_NETWORK_KINDS},
 }
 
 

@@ -40,10 +40,11 @@ def test_minimal_hash_is_the_scripts_sha256() -> None:
     assert gi.recipe_hash(SCRIPT, gi.MINIMAL) == gi.recipe_hash(SCRIPT)
 
 
-def test_node_hash_covers_the_script_its_image_tool_and_the_kubernetes_version() -> None:
+def test_node_hash_covers_the_script_its_image_tool_the_pod_network_and_the_kubernetes_version() -> None:
     tool = SCRIPT.parent / "image-archive.py"
-    expected = hashlib.sha256(SCRIPT.read_bytes() + tool.read_bytes() + b"flavor=node\nkubernetes=v1.35.4\n"
-                              ).hexdigest()[:16]
+    pod_network = SCRIPT.parent.parent / "src" / "capi_libvirt" / "api" / "pod_network.py"
+    expected = hashlib.sha256(SCRIPT.read_bytes() + tool.read_bytes() + pod_network.read_bytes()
+                              + b"flavor=node\nkubernetes=v1.35.4\n").hexdigest()[:16]
     assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.4") == expected
     assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.5") != expected
     assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.4") != gi.recipe_hash(SCRIPT)

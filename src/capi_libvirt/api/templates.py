@@ -8,21 +8,24 @@ data starts with `## template: jinja`).
 
 The control-plane endpoint is an address the user gives: a virtual IP on the machines' network, which kube-vip holds
 on the control-plane machines (api.endpoint_holder), or a load balancer's in front of them (then drop kube-vip's file
-and commands from the KubeadmControlPlane).
+and commands from the KubeadmControlPlane). Every flavor brings its pod network (api.pod_network: flannel) as a
+ConfigMap that a ClusterResourceSet applies to the workload cluster, selecting its Cluster by the `cni` label.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from capi_libvirt.api import endpoint_holder, meta
-from capi_libvirt.api.quoting import Quoted
+from capi_libvirt.api import endpoint_holder, meta, pod_network
+from capi_libvirt.api.quoting import Quoted, dump
 
 BOOTSTRAP_GROUP = "bootstrap.cluster.x-k8s.io"
 CONTROLPLANE_GROUP = "controlplane.cluster.x-k8s.io"
+ADDONS_GROUP = "addons.cluster.x-k8s.io"
 CAPI = f"{meta.CAPI_GROUP}/{meta.CAPI_VERSION}"
 BOOTSTRAP = f"{BOOTSTRAP_GROUP}/{meta.CAPI_VERSION}"
 CONTROLPLANE = f"{CONTROLPLANE_GROUP}/{meta.CAPI_VERSION}"
+ADDONS = f"{ADDONS_GROUP}/{meta.CAPI_VERSION}"
 
 PROVIDER_ID_FROM_METADATA = "{{ ds.meta_data.provider_id }}"
 HOSTNAME_FROM_METADATA = "{{ ds.meta_data.local_hostname }}"
@@ -71,8 +74,10 @@ def _template_ref(api_version: str, kind: str, name: str) -> dict[str, Any]:
 
 
 def _object(api_version: str, kind: str, name: str, spec: dict[str, Any],
-            annotations: dict[str, Any] | None = None) -> dict[str, Any]:
+            annotations: dict[str, Any] | None = None, labels: dict[str, Any] | None = None) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": name, "namespace": NAMESPACE}
+    if labels:
+        metadata["labels"] = labels
     if annotations:
         metadata["annotations"] = annotations
     return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
@@ -126,6 +131,26 @@ def _cluster_network() -> dict[str, Any]:
     return {"pods": {"cidrBlocks": [POD_CIDR]}, "services": {"cidrBlocks": [SERVICE_CIDR]}}
 
 
+# The pod network: a ConfigMap of flannel's manifest and the ClusterResourceSet that applies it (once: a
+# ClusterResourceSet never deletes what it applied) to the Clusters labelled `cni: <cluster>-pod-network`.
+POD_NETWORK = f"{CLUSTER_NAME}-pod-network"
+POD_NETWORK_LABELS = {"cni": POD_NETWORK}
+POD_NETWORK_KEY = "flannel.yaml"
+
+
+def pod_network_objects() -> list[dict[str, Any]]:
+    """The ConfigMap holding flannel's objects as one YAML stream, and the ClusterResourceSet naming it."""
+    stream = "".join("---\n" + dump(document) for document in pod_network.manifest(POD_CIDR))
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap",
+                  "metadata": {"name": POD_NETWORK, "namespace": NAMESPACE}, "data": {POD_NETWORK_KEY: stream}}
+    resource_set = _object(ADDONS, "ClusterResourceSet", POD_NETWORK, {
+        "clusterSelector": {"matchLabels": POD_NETWORK_LABELS},
+        "resources": [{"name": POD_NETWORK, "kind": "ConfigMap"}],
+        "strategy": "ApplyOnce",
+    })
+    return [config_map, resource_set]
+
+
 def secrets_binding() -> dict[str, Any]:
     """The provider may read this namespace's Secrets (bootstrap data, `<cluster>-kubeconfig`): a RoleBinding of its
     ClusterRole to its ServiceAccount, in the cluster's namespace only (never a ClusterRoleBinding: README "Tenants").
@@ -158,8 +183,8 @@ def _machine_deployment(name: str, replicas: str | None, annotations: dict[str, 
 
 def cluster_template(worker_annotations: dict[str, Any] | None = None,
                      worker_replicas: str | None = WORKER_MACHINE_COUNT) -> list[dict[str, Any]]:
-    """The default flavor: a Cluster on a LibvirtCluster, a KubeadmControlPlane of LibvirtMachines and one
-    MachineDeployment of workers."""
+    """The default flavor: a Cluster on a LibvirtCluster, a KubeadmControlPlane of LibvirtMachines, one
+    MachineDeployment of workers and the pod network."""
     control_plane = f"{CLUSTER_NAME}-control-plane"
     workers = f"{CLUSTER_NAME}-md-0"
     return [
@@ -167,7 +192,7 @@ def cluster_template(worker_annotations: dict[str, Any] | None = None,
             "clusterNetwork": _cluster_network(),
             "infrastructureRef": _ref(meta.GROUP, "LibvirtCluster", CLUSTER_NAME),
             "controlPlaneRef": _ref(CONTROLPLANE_GROUP, "KubeadmControlPlane", control_plane),
-        }),
+        }, labels=POD_NETWORK_LABELS),
         # The provider supplies the endpoint (Cluster API copies it to the Cluster).
         _object(meta.API_VERSION, "LibvirtCluster", CLUSTER_NAME, {"controlPlaneEndpoint": _endpoint()}),
         _object(CONTROLPLANE, "KubeadmControlPlane", control_plane, {
@@ -182,6 +207,7 @@ def cluster_template(worker_annotations: dict[str, Any] | None = None,
         _machine_deployment(workers, worker_replicas, worker_annotations),
         _worker_bootstrap_template(workers),
         _machine_template(workers, WORKER_CPUS, WORKER_MEMORY_MIB),
+        *pod_network_objects(),
         secrets_binding(),
     ]
 
@@ -305,8 +331,8 @@ def clusterclass_template() -> list[dict[str, Any]]:
                 {"name": "baseImage", "value": LIBVIRT_BASE_IMAGE},
             ],
         },
-    })
-    return [*cluster_class(), cluster, secrets_binding()]
+    }, labels=POD_NETWORK_LABELS)
+    return [*cluster_class(), cluster, *pod_network_objects(), secrets_binding()]
 
 
 # Flavor name ("" is the default) -> the objects of `cluster-template[-<flavor>].yaml`.

@@ -23,7 +23,7 @@ help:
 	@echo "make run        run the operator (against your cluster, or a local API server + libvirt host)"
 	@echo "make test       install everything needed, then run every test tier (unit, integration, e2e; the whole cluster last, alone)"
 	@echo "make test-fast  the unit tier only"
-	@echo "make test-whole-cluster  the whole cluster from the default flavor, alone (8-15 minutes)"
+	@echo "make test-whole-cluster  whole clusters from the default and clusterclass flavors, alone (25-40 minutes)"
 	@echo "make manifests  regenerate config/crd from the API models"
 	@echo "make image      build the operator image from the Dockerfile (buildah; no Docker engine needed)"
 	@echo "make bench      provisioning speed, idle cost and API traffic at N = 1, 10, 50, against the bare libvirt floor"

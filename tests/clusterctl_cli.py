@@ -9,7 +9,7 @@ import subprocess
 
 import yaml
 
-from capi_libvirt.api import release, templates
+from capi_libvirt.api import release
 from devenv import paths
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -46,9 +46,15 @@ def clusterctl(tmp: pathlib.Path, repository: pathlib.Path, *args: str, config: 
 
 
 def generate_cluster(tmp: pathlib.Path, repository: pathlib.Path, flavor: str, name: str, namespace: str,
-                     variables: dict[str, str]) -> list[dict]:
-    """`clusterctl generate cluster NAME --from <the flavor's template> --target-namespace NAMESPACE`, its objects."""
-    out = clusterctl(tmp, repository, "generate", "cluster", name, "--from",
-                     str(repository / templates.file_name(flavor)), "--target-namespace", namespace,
-                     env=variables).stdout
+                     variables: dict[str, str], *extra: str) -> list[dict]:
+    """`clusterctl generate cluster NAME --infrastructure libvirt:VERSION [--flavor FLAVOR] --target-namespace
+    NAMESPACE` from the repository, as a user runs it (for the clusterclass flavor clusterctl adds the class's file
+    from the repository: no management cluster answers here, so it has none), its objects."""
+    out = clusterctl(tmp, repository, "generate", "cluster", name, *source_arguments(flavor),
+                     "--target-namespace", namespace, *extra, env=variables).stdout
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+def source_arguments(flavor: str) -> list[str]:
+    """Where `generate cluster` takes the flavor from: our provider's repository, at this release."""
+    return ["--infrastructure", f"libvirt:{VERSION}", *(["--flavor", flavor] if flavor else [])]

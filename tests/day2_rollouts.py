@@ -1,5 +1,5 @@
-"""Day 2 on a whole cluster (tests/e2e/test_whole_cluster.py): a MachineDeployment rollout to a new
-LibvirtMachineTemplate, waiting on 1-second snapshots of the Machines and the workload Nodes and asserting the order
+"""Day 2 on a whole cluster (tests/e2e/test_whole_cluster.py): a MachineDeployment rollout (to a new
+LibvirtMachineTemplate, or from a changed ClusterClass variable), waiting on 1-second snapshots of the Machines and the workload Nodes and asserting the order
 Cluster API promises (the new machine serves before the old one is deleted); and the workload reads those snapshots
 are made of, which say what they saw (a Pending) while the workload API server does not answer through the endpoint."""
 
@@ -10,7 +10,7 @@ import pathlib
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import aiohttp
@@ -92,63 +92,89 @@ def _node_of(machine: dict) -> str | None:
     return ((machine.get("status") or {}).get("nodeRef") or {}).get("name")
 
 
-async def roll_the_workers(api: client.ApiClient, workload_api: client.ApiClient, namespace: str, cluster: str,
-                           memory_mib: int, host: LibvirtHost, base_volume: str, clock: Clock) -> str:
-    """The MachineDeployment's infrastructure template replaced by a new LibvirtMachineTemplate of `memory_mib`
-    (templates are immutable, so a new shape is a new template). A new Machine of the new template joins and its Node
-    is Ready while the old Machine is not yet being deleted, then the old Machine, its Node and its VM go, leaving
-    nothing on the host. Returns the phases."""
-    objects = client.CustomObjectsApi(api)
-    workers = f"{cluster}-md-0"
+async def _new_template(objects: client.CustomObjectsApi, namespace: str, name: str, changes: dict) -> str:
+    """A copy `<name>-v2` of the LibvirtMachineTemplate `name` with `changes` in its machine spec (templates are
+    immutable, so a new shape is a new template); its name."""
     old = await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachinetemplates",
-                                                     workers)
+                                                     name)
     spec = old["spec"]
-    spec["template"]["spec"]["memoryMiB"] = memory_mib
+    spec["template"]["spec"].update(changes)
     await objects.create_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachinetemplates", {
         "apiVersion": meta.API_VERSION, "kind": "LibvirtMachineTemplate",
-        "metadata": {"name": f"{workers}-v2", "namespace": namespace}, "spec": spec})
+        "metadata": {"name": f"{name}-v2", "namespace": namespace}, "spec": spec})
+    return f"{name}-v2"
 
+
+def a_new_template(api: client.ApiClient, namespace: str, deployment: str,
+                   memory_mib: int) -> Callable[[], Awaitable[None]]:
+    """The change that rolls a MachineDeployment of our own: a new LibvirtMachineTemplate of `memory_mib`, and the
+    MachineDeployment pointed at it."""
+    objects = client.CustomObjectsApi(api)
+
+    async def change() -> None:
+        name = await _new_template(objects, namespace, deployment, {"memoryMiB": memory_mib})
+        await objects.patch_namespaced_custom_object(
+            meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machinedeployments", deployment,
+            {"spec": {"template": {"spec": {"infrastructureRef": {"name": name}}}}},
+            _content_type="application/merge-patch+json")
+
+    return change
+
+
+async def roll_the_workers(api: client.ApiClient, workload_api: client.ApiClient, namespace: str, deployment: str,
+                           change: Callable[[], Awaitable[None]], memory_mib: int, host: LibvirtHost,
+                           base_volume: str, clock: Clock) -> str:
+    """`change` made (a new template, or a ClusterClass variable), the MachineDeployment `deployment` rolls: a new
+    Machine joins, of `memory_mib`, and its Node is Ready while the old Machine is not yet being deleted, then the old
+    Machine, its Node and its VM go, leaving nothing on the host. Returns the phases."""
     def of_deployment(found: list[dict]) -> list[dict]:
-        return [m for m in found if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == workers]
+        return [m for m in found if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == deployment]
 
     [before] = of_deployment(await machines(api, namespace))
-    old_node, old_uid = _node_of(before), before["metadata"]["uid"]
     old_infra = before["spec"]["infrastructureRef"]["name"]  # the LibvirtMachine, whose name its VM and files carry
-    await objects.patch_namespaced_custom_object(
-        meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machinedeployments", workers,
-        {"spec": {"template": {"spec": {"infrastructureRef": {"name": f"{workers}-v2"}}}}},
-        _content_type="application/merge-patch+json")
+    await change()
     rolled = Clock()
+    rolled_out = _replacement(api, workload_api, namespace, of_deployment, before, rolled)
+    replaced = await wait_until("the workers rolled", rolled_out, ROLLOUT_DEADLINE_S, interval=1.0)
+    infra = {m["metadata"]["name"]: m for m in await libvirt_machines(api, namespace)}
+    assert infra[replaced["spec"]["infrastructureRef"]["name"]]["spec"]["memoryMiB"] == memory_mib
+    await _wait_vm_gone(host, base_volume, old_infra, "the old worker's VM gone from the host")
+    rolled.mark("the old worker's VM, disk and ISO gone from the host")
+    clock.mark("the workers rolled")
+    return rolled.report()
 
-    async def rolled_out():
-        found = of_deployment(await machines(api, namespace))
+
+def _replacement(api: client.ApiClient, workload_api: client.ApiClient, namespace: str,
+                 select: Callable[[list[dict]], list[dict]], before: dict,
+                 rolled: Clock) -> Callable[[], Awaitable[dict | Pending]]:
+    """The poll of a rollout of one worker among those `select` picks: the new Machine once it serves (Running, its
+    Node Ready) and the old Machine and Node are gone. Asserts that the old one was not being deleted before the new
+    one served; marks the phases on `rolled`."""
+    old_uid, old_node = before["metadata"]["uid"], _node_of(before)
+
+    async def poll() -> dict | Pending:
+        found = select(await machines(api, namespace))
         snapshot = await workload_snapshot(workload_api)
         if isinstance(snapshot, Pending):
             return snapshot
         nodes, _ = snapshot
         new = [m for m in found if m["metadata"]["uid"] != old_uid]
-        new_ready = [m for m in new if (m.get("status") or {}).get("phase") == "Running"
-                     and _node_of(m) in nodes and is_ready(nodes[_node_of(m)])]
+        serving = [m for m in new if (m.get("status") or {}).get("phase") == "Running" and _node_of(m) in nodes
+                   and is_ready(nodes[_node_of(m)])]
         if new:
-            rolled.mark("a new worker Machine of the new template")
-        if new_ready:
+            rolled.mark("a new worker Machine")
+        if serving:
             rolled.mark("its Node Ready (joined through the endpoint)")
         old_left = [m for m in found if m["metadata"]["uid"] == old_uid]
         if not old_left or old_left[0]["metadata"].get("deletionTimestamp"):
-            assert new_ready, "the old worker was being deleted before the new one's Node was Ready"
+            assert serving, "the old worker was being deleted before the new one's Node was Ready"
             rolled.mark("the old Machine being deleted")
-        if old_left or old_node in nodes or len(new_ready) != 1:
+        if old_left or old_node in nodes or len(serving) != 1:
             return Pending(machines=machine_states(found, nodes))
         rolled.mark("the old Machine and Node gone")
-        return new_ready[0]
+        return serving[0]
 
-    replaced = await wait_until("the workers rolled to the new template", rolled_out, ROLLOUT_DEADLINE_S, interval=1.0)
-    infra = {m["metadata"]["name"]: m for m in await libvirt_machines(api, namespace)}
-    assert infra[replaced["spec"]["infrastructureRef"]["name"]]["spec"]["memoryMiB"] == memory_mib
-    await _wait_vm_gone(host, base_volume, old_infra, "the old worker's VM gone from the host")
-    rolled.mark("the old worker's VM, disk and ISO gone from the host")
-    clock.mark("MachineDeployment rolled to a new template")
-    return rolled.report()
+    return poll
 
 
 async def _wait_vm_gone(host: LibvirtHost, base_volume: str, infra_name: str, what: str) -> None:

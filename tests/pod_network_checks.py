@@ -55,6 +55,14 @@ async def _flannel_ready(workload_api: client.ApiClient, nodes: list[str]):
     return cidrs
 
 
+async def _default_service_account(workload_api: client.ApiClient):
+    listed = await workload_read(client.CoreV1Api(workload_api).list_namespaced_service_account(
+        NAMESPACE, _request_timeout=10))
+    if isinstance(listed, Pending):
+        return listed
+    return any(account.metadata.name == "default" for account in listed.items) or None
+
+
 async def _pod_ip(workload_api: client.ApiClient, name: str):
     pod = await workload_read(client.CoreV1Api(workload_api).read_namespaced_pod(name, NAMESPACE,
                                                                                  _request_timeout=10))
@@ -103,6 +111,9 @@ async def prove_the_pod_network(workload_api: client.ApiClient, control_plane_no
     agnhost = await _agnhost_image(workload_api, control_plane_node)
     assert agnhost, f"the Node {control_plane_node} reports no agnhost image (the node image preloads it)"
     await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)), _request_timeout=20)
+    # Pods are admitted once the namespace's `default` ServiceAccount exists (kube-controller-manager makes it).
+    await wait_until(f"the ServiceAccount {NAMESPACE}/default", lambda: _default_service_account(workload_api),
+                     DEADLINE_S, interval=2.0)
     server, caller = "netexec-worker", "netexec-control-plane"
     for name, node, side in ((caller, control_plane_node, "control-plane"), (server, worker_node, "worker")):
         await core.create_namespaced_pod(NAMESPACE, _netexec_pod(name, node, agnhost, side), _request_timeout=20)

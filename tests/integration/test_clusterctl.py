@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from capi_libvirt.api import meta, release, templates
-from clusterctl_cli import REPO, VERSION, clusterctl, generate_cluster
+from clusterctl_cli import REPO, VERSION, clusterctl, generate_cluster, source_arguments
 from devenv import control_plane as cp
 from devenv import ipam_stand_in, paths
 
@@ -223,6 +223,11 @@ COMMON_OPTIONAL = {
     "KUBE_VIP_IMAGE": '"ghcr.io/kube-vip/kube-vip:v1.0.1"',  # the endpoint's holder on the control-plane machines
     "KUBE_VIP_INTERFACE": '"enp1s0"',
 }
+# clusterctl 1.12's `--list-variables` lists the flavor file's variables only, not those of the ClusterClass file it
+# adds from the repository (it substitutes them all the same: test_generated_cluster_applies_to_the_api_server).
+CLASS_FILE_ONLY = {"LIBVIRT_STORAGE_POOL", "LIBVIRT_NETWORK", "LIBVIRT_CONTROL_PLANE_CPUS",
+                   "LIBVIRT_CONTROL_PLANE_MEMORY_MIB", "LIBVIRT_WORKER_CPUS", "LIBVIRT_DISK_GIB", "KUBE_VIP_IMAGE",
+                   "KUBE_VIP_INTERFACE"}
 FLAVOR_OPTIONAL = {
     "": {"WORKER_MACHINE_COUNT": "0"},
     "clusterclass": {"WORKER_MACHINE_COUNT": "0"},
@@ -252,14 +257,14 @@ def test_every_flavor_is_released() -> None:
 
 @pytest.mark.parametrize("flavor", sorted(templates.FLAVORS))
 def test_cluster_template_variables(flavor: str, repository: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    out = clusterctl(tmp_path, repository, "generate", "cluster", "demo", "--from",
-                     str(repository / templates.file_name(flavor)), "--target-namespace", "demo",
-                     "--list-variables").stdout
+    out = clusterctl(tmp_path, repository, "generate", "cluster", "demo", *source_arguments(flavor),
+                     "--target-namespace", "demo", "--list-variables").stdout
     required = out.split("Required Variables:")[1].split("Optional Variables:")[0].split()
     assert [v for v in required if v != "-"] == sorted(REQUIRED + FLAVOR_REQUIRED.get(flavor, []))
     optional = {line.split()[1]: line.split("(defaults to ")[1].rstrip(")")
                 for line in out.split("Optional Variables:")[1].splitlines() if line.strip().startswith("-")}
-    assert optional == {**COMMON_OPTIONAL, **FLAVOR_OPTIONAL[flavor]}
+    common = {k: v for k, v in COMMON_OPTIONAL.items() if flavor != "clusterclass" or k not in CLASS_FILE_ONLY}
+    assert optional == {**common, **FLAVOR_OPTIONAL[flavor]}
 
 
 def _refs(value: Any) -> Iterator[dict]:
@@ -369,20 +374,22 @@ def test_static_ip_flavor_makes_a_pool_the_machines_take_addresses_from(reposito
 
 
 def test_clusterclass_flavor_patches_variables_in(repository: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    """The Cluster's topology names the class and gives the endpoint and image variables; each variable the class
-    declares has a patch that writes it into a template."""
+    """The Cluster's topology names the class (which clusterctl added from its own file in the repository) and gives
+    the endpoint, image and worker-memory variables; each variable the class declares has a patch that writes it into
+    a template."""
     documents = _generate("clusterclass", repository, tmp_path, "demo")
     [cluster] = [d for d in documents if d["kind"] == "Cluster"]
     [cluster_class] = [d for d in documents if d["kind"] == "ClusterClass"]
     topology = cluster["spec"]["topology"]
     assert topology["classRef"] == {"name": cluster_class["metadata"]["name"]}
     assert {v["name"]: v["value"] for v in topology["variables"]} == {
-        "controlPlaneEndpoint": {"host": "192.0.2.10", "port": 6443}, "baseImage": "ubuntu-24.04.qcow2"}
+        "controlPlaneEndpoint": {"host": "192.0.2.10", "port": 6443}, "baseImage": "ubuntu-24.04.qcow2",
+        "workerMemoryMiB": 4096}
     assert topology["workers"]["machineDeployments"][0]["replicas"] == 2
     declared = {v["name"] for v in cluster_class["spec"]["variables"]}
     patched = {j["valueFrom"]["variable"] for p in cluster_class["spec"]["patches"] for d in p["definitions"]
                for j in d["jsonPatches"]}
-    assert declared == patched == {"controlPlaneEndpoint", "baseImage"}
+    assert declared == patched == {"controlPlaneEndpoint", "baseImage", "workerMemoryMiB"}
 
 
 # -- with Cluster API's own webhooks and controllers (last in this module: they stay on once started) ----------------
@@ -413,7 +420,7 @@ def test_clusterclass_flavor_passes_cluster_apis_webhooks_and_controller(
                 break
             time.sleep(1)
         assert ready and ready["status"] == "True", status
-        assert {v["name"] for v in status["variables"]} == {"controlPlaneEndpoint", "baseImage"}
+        assert {v["name"] for v in status["variables"]} == {"controlPlaneEndpoint", "baseImage", "workerMemoryMiB"}
 
         [cluster] = [d for d in documents if d["kind"] == "Cluster"]
         applied = apply(control_plane, cluster, cache)

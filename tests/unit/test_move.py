@@ -17,6 +17,7 @@ from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile.machine import DELETE_FOR_MOVE_ANNOTATION, FINALIZER, IDENTITY_ANNOTATION
 from capi_libvirt.reconcile.machine import DOMAIN_RECORD_ANNOTATION as DOMAIN_RECORD
 
+NOW = "2026-12-04T00:00:00Z"
 pytestmark = pytest.mark.unit
 
 SOURCE_UID = "11111111-1111-4111-8111-111111111111"
@@ -260,12 +261,29 @@ async def test_deleting_when_the_provider_id_names_no_domain_of_this_machine_lea
 def test_a_template_copy_without_status_gets_capacity_and_node_info_and_a_current_one_nothing() -> None:
     spec = machine_reconcile.v1alpha1.LibvirtMachineTemplateSpec.model_validate(
         {"template": {"spec": {"image": {"volume": "base.qcow2"}, "cpus": 2, "memoryMiB": 4096}}})
-    wanted = capacity.template_status_update(spec, None)
+    wanted = capacity.template_status_update(spec, None, 1, NOW)
     assert wanted == {"capacity": {"cpu": "2", "memory": "4096Mi", "ephemeral-storage": "20Gi"},
                       "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"}}
-    assert capacity.template_status_update(spec, {**wanted, "other": 1}) is None  # its own write ends the loop
-    assert capacity.template_status_update(spec, {**wanted, "capacity": {"cpu": "1"}}) == {
+    assert capacity.template_status_update(spec, {**wanted, "other": 1}, 1, NOW) is None  # its own write ends the loop
+    assert capacity.template_status_update(spec, {**wanted, "capacity": {"cpu": "1"}}, 1, NOW) == {
         "capacity": wanted["capacity"]}
+
+
+def test_a_template_edited_in_place_says_so_once_per_generation() -> None:
+    spec = machine_reconcile.v1alpha1.LibvirtMachineTemplateSpec.model_validate(
+        {"template": {"spec": {"image": {"volume": "base.qcow2"}, "cpus": 8, "memoryMiB": 4096}}})
+    current = {"capacity": {"cpu": "2", "memory": "4096Mi", "ephemeral-storage": "20Gi"},
+               "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"}}
+    changed = capacity.template_status_update(spec, current, 2, NOW)
+    assert changed is not None and changed["capacity"]["cpu"] == "8"
+    [edited] = changed["conditions"]
+    assert (edited["type"], edited["status"], edited["reason"], edited["observedGeneration"]) == (
+        "EditedInPlace", "True", "EditedInPlace", 2)
+    assert "generation 2" in edited["message"] and "create a new LibvirtMachineTemplate" in edited["message"]
+    assert capacity.template_status_update(spec, {**current, **changed}, 2, NOW) is None
+    again = capacity.template_status_update(spec, {**current, **changed}, 3, "2026-12-05T00:00:00Z")
+    assert again is not None and again["conditions"][0]["observedGeneration"] == 3
+    assert again["conditions"][0]["lastTransitionTime"] == NOW  # still True: the time it first became so
 
 
 async def test_hosts_missing_from_the_inventory_are_added_each_round_known_and_deleting_ones_are_not(

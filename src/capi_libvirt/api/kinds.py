@@ -106,7 +106,6 @@ LIBVIRT_MACHINE_TEMPLATE = Kind(
         PrinterColumn("Memory", ".status.capacity.memory", "string", "Memory of one machine"),
         AGE,
     ),
-    spec_validations=v1alpha1.template_spec_immutability,
 )
 
 LIBVIRT_HOST = Kind(

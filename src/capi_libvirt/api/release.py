@@ -150,6 +150,8 @@ def rendered(config_dir: pathlib.Path, version: str) -> dict[str, str]:
         COMPONENTS: _dump_all(components(config_dir, version)),
         METADATA: HEADER + yaml.safe_dump(metadata(version), sort_keys=False),
         **{templates.file_name(flavor): _dump_all(build()) for flavor, build in templates.FLAVORS.items()},
+        **{templates.cluster_class_file_name(name): _dump_all(build())
+           for name, build in templates.CLUSTER_CLASSES.items()},
     }
 
 

@@ -61,6 +61,7 @@ DISK_GIB = "${LIBVIRT_DISK_GIB:=20}"
 PROVIDER_NAMESPACE = f"${{CAPI_LIBVIRT_NAMESPACE:={meta.PROVIDER_NAMESPACE}}}"  # where `clusterctl init` put us
 
 CLUSTER_CLASS = "libvirt-kubeadm-v0.1.0"  # versioned, so a changed class is a new class clusters move to
+WORKER_MEMORY_VARIABLE = "workerMemoryMiB"
 
 
 def _ref(group: str, kind: str, name: str) -> dict[str, Any]:
@@ -260,7 +261,8 @@ def _patch(name: str, api_version: str, kind: str, match: dict[str, Any], path: 
 
 def cluster_class() -> list[dict[str, Any]]:
     """A ClusterClass of a kubeadm control plane and a `default-worker` MachineDeployment class on libvirt, its
-    templates, and two variables: the control-plane endpoint and the base image volume (patched in)."""
+    templates, and three variables: the control-plane endpoint, the base image volume and the workers' memory (patched
+    in; changing a Cluster's `workerMemoryMiB` rolls its workers to a new template)."""
     name = CLUSTER_CLASS
     control_plane, worker = f"{name}-control-plane", f"{name}-default-worker"
     machine = {"controlPlane": True}
@@ -287,6 +289,8 @@ def cluster_class() -> list[dict[str, Any]]:
                 }),
                 _variable("baseImage", {"type": "string", "minLength": 1, "maxLength": 255,
                                         "description": "The libvirt volume the machines' disks are overlays of."}),
+                _variable(WORKER_MEMORY_VARIABLE, {"type": "integer", "minimum": 256,
+                                                   "description": "Each worker machine's memory in MiB."}),
             ],
             "patches": [
                 _patch("controlPlaneEndpoint", meta.API_VERSION, "LibvirtClusterTemplate",
@@ -295,6 +299,8 @@ def cluster_class() -> list[dict[str, Any]]:
                 _patch("controlPlaneImage", meta.API_VERSION, "LibvirtMachineTemplate", machine, image_path,
                        "baseImage"),
                 _patch("workerImage", meta.API_VERSION, "LibvirtMachineTemplate", workers, image_path, "baseImage"),
+                _patch("workerMemory", meta.API_VERSION, "LibvirtMachineTemplate", workers,
+                       "/spec/template/spec/memoryMiB", WORKER_MEMORY_VARIABLE),
             ],
         }),
         # The endpoint and image are patched in from the Cluster's variables; the templates carry placeholders
@@ -316,7 +322,9 @@ def _class_machine_template(name: str, cpus: str, memory_mib: str) -> dict[str, 
 
 
 def clusterclass_template() -> list[dict[str, Any]]:
-    """The ClusterClass flavor: the class and its templates, and a Cluster whose topology uses it."""
+    """The ClusterClass flavor: a Cluster whose topology uses the class, its pod network and the Secrets binding. The
+    class is a release file of its own (CLUSTER_CLASSES), which `clusterctl generate cluster --flavor clusterclass`
+    adds to the output from the provider's repository when the management cluster does not have it yet."""
     cluster = _object(CAPI, "Cluster", CLUSTER_NAME, {
         "clusterNetwork": _cluster_network(),
         "topology": {
@@ -329,10 +337,11 @@ def clusterclass_template() -> list[dict[str, Any]]:
             "variables": [
                 {"name": "controlPlaneEndpoint", "value": _endpoint()},
                 {"name": "baseImage", "value": LIBVIRT_BASE_IMAGE},
+                {"name": WORKER_MEMORY_VARIABLE, "value": WORKER_MEMORY_MIB},
             ],
         },
     }, labels=POD_NETWORK_LABELS)
-    return [*cluster_class(), cluster, *pod_network_objects(), secrets_binding()]
+    return [cluster, *pod_network_objects(), secrets_binding()]
 
 
 # Flavor name ("" is the default) -> the objects of `cluster-template[-<flavor>].yaml`.
@@ -346,3 +355,12 @@ FLAVORS = {
 
 def file_name(flavor: str) -> str:
     return f"cluster-template-{flavor}.yaml" if flavor else "cluster-template.yaml"
+
+
+# ClusterClass name -> the objects of `clusterclass-<name>.yaml`, the file clusterctl looks for in the provider's
+# repository when a template's Cluster names a class the management cluster does not have.
+CLUSTER_CLASSES = {CLUSTER_CLASS: cluster_class}
+
+
+def cluster_class_file_name(name: str) -> str:
+    return f"clusterclass-{name}.yaml"

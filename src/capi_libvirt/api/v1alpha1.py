@@ -571,15 +571,17 @@ class LibvirtHostStatus(meta.Model):
     """Conditions: Ready (reachable and probed)."""
 
 
-TEMPLATE_IMMUTABLE = ("spec.template is immutable: Cluster API rolls machines out from a new template; create a new "
-                      "LibvirtMachineTemplate and point the MachineDeployment or KubeadmControlPlane at it")
+# A LibvirtMachineTemplate's spec may change (Cluster API's topology controller dry-runs its desired template onto the
+# current one to decide whether to make a new one, so an immutability rule the API server enforces breaks ClusterClass
+# rollouts), but a change in place rolls nothing: the template's EditedInPlace condition says so.
+TEMPLATE_EDITED_IN_PLACE = "EditedInPlace"
 
 
-def template_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:
-    """CEL: a machine template never changes (Cluster API compares templates by name, so an edit in place would
-    change what new machines get without rolling the old ones)."""
-    del schema
-    return [{"rule": "self.template == oldSelf.template", "message": TEMPLATE_IMMUTABLE}]
+def template_edited_message(generation: int) -> str:
+    return (f"spec.template was edited in place (generation {generation}): machines made from it keep the shape they "
+            "were made with, and Cluster API rolls machines only when their MachineDeployment or KubeadmControlPlane "
+            "points at a new template (a ClusterClass's topology makes one itself); create a new "
+            "LibvirtMachineTemplate and point them at it")
 
 
 def host_spec_immutability(schema: dict[str, Any]) -> list[dict[str, Any]]:

@@ -432,7 +432,8 @@ async def host_deleted(name: str, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.event(meta.GROUP, meta.VERSION, kinds.LIBVIRT_MACHINE_TEMPLATE.plural)
 def reconcile_machine_template(event: kopf.RawEvent, patch: kopf.Patch, **_: Any) -> None:
-    """Keep status.capacity and status.nodeInfo in step with the template, for scale-from-zero.
+    """Keep status.capacity and status.nodeInfo in step with the template, for scale-from-zero, and say when its spec
+    was edited in place (the EditedInPlace condition and a warning log line: such an edit rolls no machine).
 
     Level-triggered on every event, not on kopf's create/resume/update: a copy clusterctl move makes carries kopf's
     diff-base annotation of the source, so kopf would take it for handled and never run a create handler, and the copy
@@ -446,6 +447,11 @@ def reconcile_machine_template(event: kopf.RawEvent, patch: kopf.Patch, **_: Any
         log.warning("LibvirtMachineTemplate %s/%s: invalid template spec: %s", body["metadata"].get("namespace"),
                     body["metadata"].get("name"), error)
         return
-    changed = capacity.template_status_update(template, body.get("status"))
+    found = body["metadata"].get("generation")
+    generation = found if isinstance(found, int) else 1
+    changed = capacity.template_status_update(template, body.get("status"), generation, machine_reconcile.utc_now())
+    if changed and "conditions" in changed:
+        log.warning("LibvirtMachineTemplate %s/%s: %s", body["metadata"].get("namespace"), body["metadata"].get("name"),
+                    v1alpha1.template_edited_message(generation))
     for key, value in (changed or {}).items():
         patch.status[key] = value

@@ -1,0 +1,211 @@
+"""What the whole-cluster tests (tests/e2e/test_whole_cluster.py) share: the flavors' objects as `clusterctl generate
+cluster` writes them, with this machine's changes; applying them; and the waits of a cluster's life on libvirt (the
+control plane up behind its endpoint, every Node Ready, the Cluster Available, the Cluster gone), each marking its
+phases on a Clock.
+
+This machine's changes, and why: `domainType: qemu` (no KVM) and machine type `pc`; the machines' sizes (2 vCPUs and
+2 GiB for the control plane, kubeadm init's minimum; 1 vCPU and 1 GiB for a worker); kubeadm's waits
+(KUBEADM_TIMEOUTS); and the endpoint's holder, keepalived (Debian's, in
+the node image) in place of the flavors' kube-vip static pod, whose image cannot be pulled or built here
+(devenv/keepalived_holder.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import pathlib
+
+from kubernetes_asyncio import client
+
+from capi_libvirt.api import meta, templates
+from clusterctl_cli import generate_cluster
+from day2_rollouts import endpoint_answers, machine_states, workload_snapshot
+from devenv import keepalived_holder, paths
+from devenv.libvirt_host import LibvirtHost
+from guests import provider_objects
+from kubeadm_workers import is_ready, libvirt_machines, list_objects, machines
+
+from waiting import Clock, Pending, wait_until
+
+SUBNET = "198.19.10.0/24"  # the benchmarking range, not a private one: the management side may send to it
+RESERVED = 4  # the subnet's last addresses, out of DHCP; the endpoint is the first of them
+PORT = 6443
+CONTROL_PLANE_CPUS, CONTROL_PLANE_MEMORY_MIB = 2, 2048  # kubeadm init's preflight minimums
+WORKER_CPUS, WORKER_MEMORY_MIB = 1, 1024
+ROLLED_WORKER_MEMORY_MIB = 1280  # the day-2 template's, or the ClusterClass variable's new value
+DISK_GIB = 6
+KUBEADM_WAIT_S = 1200
+# kubeadm's waits, from 1-5 minutes to 20 (API calls and etcd calls: 10): under TCG on 2 cores the control-plane VM's
+# API server stops answering for minutes at a time (CI at 8fb79cc: `kubeadm init` failed in its bootstrap-token phase
+# after a minute of 10-second request timeouts, and the worker's discovery gave up after its 5 minutes).
+KUBEADM_TIMEOUTS = {"controlPlaneComponentHealthCheckSeconds": KUBEADM_WAIT_S, "kubeletHealthCheckSeconds": KUBEADM_WAIT_S,
+                    "discoverySeconds": KUBEADM_WAIT_S, "tlsBootstrapSeconds": KUBEADM_WAIT_S,
+                    "kubernetesAPICallSeconds": 600, "etcdAPICallSeconds": 600}
+CONTROL_PLANE_DEADLINE_S = 1500.0  # boot, kubeadm init with etcd and the API server under TCG on a busy machine
+WORKERS_DEADLINE_S = 1200.0
+DELETE_DEADLINE_S = 600.0
+CLUSTER_KINDS = [(meta.CAPI_GROUP, meta.CAPI_VERSION, plural)
+                 for plural in ("clusters", "machinedeployments", "machinesets", "machines")] + [
+                (templates.CONTROLPLANE_GROUP, meta.CAPI_VERSION, "kubeadmcontrolplanes"),
+                (meta.GROUP, meta.VERSION, "libvirtmachines"), (meta.GROUP, meta.VERSION, "libvirtclusters")]
+
+
+def cluster_variables(host: LibvirtHost, base_volume: str, endpoint: str) -> dict[str, str]:
+    """clusterctl's variables for a cluster of 1 control-plane machine and 1 worker on this host."""
+    return {
+        "KUBERNETES_VERSION": paths.KUBERNETES_VERSION,
+        "CONTROL_PLANE_MACHINE_COUNT": "1",
+        "WORKER_MACHINE_COUNT": "1",
+        "CONTROL_PLANE_ENDPOINT_HOST": endpoint,
+        "LIBVIRT_BASE_IMAGE": base_volume,
+        "LIBVIRT_STORAGE_POOL": host.pool_name,
+        "LIBVIRT_NETWORK": host.network_name,
+        "LIBVIRT_CONTROL_PLANE_CPUS": str(CONTROL_PLANE_CPUS),
+        "LIBVIRT_CONTROL_PLANE_MEMORY_MIB": str(CONTROL_PLANE_MEMORY_MIB),
+        "LIBVIRT_WORKER_CPUS": str(WORKER_CPUS),
+        "LIBVIRT_WORKER_MEMORY_MIB": str(WORKER_MEMORY_MIB),
+        "LIBVIRT_DISK_GIB": str(DISK_GIB),
+    }
+
+
+def _adapt_control_plane(spec: dict, endpoint: str) -> None:
+    """A kubeadmConfigSpec of the control plane (a KubeadmControlPlane's, or its template's)."""
+    keepalived_holder.replace_kube_vip(spec, endpoint, PORT)
+    for configuration in ("initConfiguration", "joinConfiguration"):
+        spec[configuration]["timeouts"] = KUBEADM_TIMEOUTS
+
+
+def generated_objects(tmp: pathlib.Path, repository: pathlib.Path, flavor: str, cluster: str, namespace: str,
+                      host: LibvirtHost, base_volume: str, endpoint: str) -> list[dict]:
+    """The flavor as `clusterctl generate cluster` writes it from the repository for this host, with this machine's
+    changes (the module docstring)."""
+    documents = generate_cluster(tmp, repository, flavor, cluster, namespace,
+                                 cluster_variables(host, base_volume, endpoint))
+    for document in documents:
+        kind, spec = document["kind"], document.get("spec", {})
+        if kind == "LibvirtMachineTemplate":
+            spec["template"]["spec"].update(domainType="qemu", machineType="pc")
+        elif kind == "KubeadmControlPlane":
+            _adapt_control_plane(spec["kubeadmConfigSpec"], endpoint)
+        elif kind == "KubeadmControlPlaneTemplate":
+            _adapt_control_plane(spec["template"]["spec"]["kubeadmConfigSpec"], endpoint)
+        elif kind == "KubeadmConfigTemplate":
+            spec["template"]["spec"]["joinConfiguration"]["timeouts"] = KUBEADM_TIMEOUTS
+    return documents
+
+
+async def apply(api: client.ApiClient, plane, documents: list[dict]) -> None:
+    """Each object created, in the order generated (`kubectl apply -f` of the output)."""
+    objects = client.CustomObjectsApi(api)
+    for document in documents:
+        if document["apiVersion"] in ("v1", "rbac.authorization.k8s.io/v1"):  # the ConfigMap, the RoleBinding
+            plane.apply_objects([document])
+            continue
+        group, version = document["apiVersion"].split("/")
+        kind = document["kind"].lower()
+        await objects.create_namespaced_custom_object(group, version, document["metadata"]["namespace"],
+                                                      kind + ("es" if kind.endswith("s") else "s"), document)
+
+
+async def workload_kubeconfig(api: client.ApiClient, namespace: str, cluster: str,
+                              path: pathlib.Path) -> pathlib.Path | None:
+    """The `<cluster>-kubeconfig` Cluster API wrote, saved to `path` (None while it does not exist)."""
+    try:
+        secret = await client.CoreV1Api(api).read_namespaced_secret(f"{cluster}-kubeconfig", namespace)
+    except client.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    await asyncio.to_thread(path.write_bytes, base64.b64decode(secret.data["value"]))
+    return path
+
+
+async def control_plane_up(api: client.ApiClient, namespace: str, cluster: str, path: pathlib.Path,
+                           clock: Clock) -> pathlib.Path:
+    """Until the KubeadmControlPlane is initialized (`kubeadm init` done on its VM) and the workload API server
+    answers through the endpoint with the `<cluster>-kubeconfig` Cluster API wrote; returns that kubeconfig."""
+    async def up():
+        infra = await libvirt_machines(api, namespace)
+        if any(m.get("spec", {}).get("providerID") for m in infra):
+            clock.mark("control-plane VM running (providerID set)")
+        if any((m.get("status") or {}).get("initialization", {}).get("provisioned") for m in infra):
+            clock.mark("control-plane VM provisioned (booted, address)")
+        kcps = await list_objects(api, namespace, templates.CONTROLPLANE_GROUP, meta.CAPI_VERSION,
+                                  "kubeadmcontrolplanes")
+        if not kcps:  # a topology Cluster's comes from its ClusterClass, once the topology controller gets to it
+            return Pending(kubeadm_control_plane="not made yet")
+        [kcp] = kcps
+        if not (kcp.get("status") or {}).get("initialization", {}).get("controlPlaneInitialized"):
+            return None
+        clock.mark("kubeadm init done (KubeadmControlPlane initialized)")
+        written = await workload_kubeconfig(api, namespace, cluster, path)
+        if written is None or not await asyncio.to_thread(endpoint_answers, written):
+            return None
+        clock.mark("the endpoint answers (workload API server through the VIP)")
+        return written
+
+    return await wait_until("kubeadm init on the control-plane VM and the endpoint answering", up,
+                            CONTROL_PLANE_DEADLINE_S, interval=3.0)
+
+
+async def nodes_ready(api: client.ApiClient, workload_api: client.ApiClient, namespace: str, count: int,
+                      clock: Clock) -> tuple[list[dict], list[client.V1Node]]:
+    """Until `count` Machines are Running with their Nodes Ready (the pod network up on each); the Machines and Nodes."""
+    async def ready():
+        found = await machines(api, namespace)
+        snapshot = await workload_snapshot(workload_api)
+        if isinstance(snapshot, Pending):
+            return snapshot
+        nodes, _ = snapshot
+        names = {name for name, node in nodes.items() if is_ready(node)}
+        if names:
+            clock.mark("the first Node Ready")
+        running = [m for m in found if (m.get("status") or {}).get("phase") == "Running"
+                   and (m["status"].get("nodeRef") or {}).get("name") in names]
+        if len(found) == len(running) == len(names) == count:
+            return found, list(nodes.values())
+        return Pending(machines=machine_states(found, nodes))
+
+    result = await wait_until(f"{count} Machines Running with Ready Nodes", ready, WORKERS_DEADLINE_S, interval=3.0)
+    clock.mark(f"the worker joined through the endpoint: {count} Nodes Ready, {count} Machines Running")
+    return result
+
+
+def assert_nodes_are_the_machines(found: list[dict], nodes: list[client.V1Node], infra: list[dict]) -> None:
+    """Each Machine's Node carries its LibvirtMachine's providerID and runs the cluster's kubelet."""
+    by_infra = {m["metadata"]["name"]: m for m in infra}
+    by_name = {n.metadata.name: n for n in nodes}
+    for machine in found:
+        node = by_name[machine["status"]["nodeRef"]["name"]]
+        provider_id = by_infra[machine["spec"]["infrastructureRef"]["name"]]["spec"]["providerID"]
+        assert node.spec.provider_id == provider_id == machine["spec"]["providerID"]
+        assert node.status.node_info.kubelet_version == paths.KUBERNETES_VERSION
+
+
+async def cluster_available(api: client.ApiClient, namespace: str, clock: Clock) -> dict:
+    async def available():
+        [cluster] = await list_objects(api, namespace, meta.CAPI_GROUP, meta.CAPI_VERSION, "clusters")
+        conditions = (cluster.get("status") or {}).get("conditions", [])
+        if any(c["type"] == "Available" and c["status"] == "True" for c in conditions):
+            return cluster
+        return Pending(conditions=[(c["type"], c["status"], c.get("reason"), c.get("message"))
+                                   for c in conditions if c["status"] != "True"])
+
+    cluster = await wait_until("the Cluster Available", available, WORKERS_DEADLINE_S, interval=3.0)
+    clock.mark("the Cluster Available")
+    return cluster
+
+
+async def delete_the_cluster(api: client.ApiClient, namespace: str, cluster: str, host: LibvirtHost,
+                             base_volume: str) -> None:
+    """The Cluster deleted; until every object of it is gone and nothing of it is left on the host."""
+    await client.CustomObjectsApi(api).delete_namespaced_custom_object(
+        meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "clusters", cluster)
+
+    async def gone():
+        left = [item for group, version, plural in CLUSTER_KINDS
+                for item in await list_objects(api, namespace, group, version, plural)]
+        return not left and provider_objects(host, base_volume) == []
+
+    await wait_until("the Cluster and everything of it gone, host clean", gone, DELETE_DEADLINE_S, interval=2.0)

@@ -118,10 +118,18 @@ async def _running_cluster(api_client, namespace: str, cluster: str, kubeconfig_
     await cluster_available(api_client, namespace, clock)
 
 
-async def _describe(tmp_path, repository, control_plane, namespace: str, cluster: str) -> str:
-    return (await asyncio.to_thread(
+async def _report_and_delete(tmp_path, repository, control_plane, api_client, namespace: str, cluster: str,
+                             flavor: str, clock: Clock, relay: EndpointRelay, host, base_volume: str) -> None:
+    """The phases and `clusterctl describe cluster` printed; the management side's use of the endpoint asserted; the
+    Cluster deleted, until nothing of it is left."""
+    described = (await asyncio.to_thread(
         clusterctl, tmp_path, repository, "describe", "cluster", cluster, "-n", namespace,
         "--kubeconfig", str(control_plane.kubeconfig_path), "--grouping=false")).stdout
+    print(f"\n[numbers] a whole cluster from the {flavor} flavor, phase by phase:\n{clock.report()}\n"
+          f"  endpoint relay connections: {relay.connections}\n"
+          f"clusterctl describe cluster:\n{described}")
+    assert relay.connections > 0, "the management side reached the workload API server through the endpoint"
+    await delete_the_cluster(api_client, namespace, cluster, host, base_volume)
 
 
 async def test_default_flavor_makes_a_whole_cluster_whose_workers_roll_and_deleting_it_leaves_nothing(
@@ -147,12 +155,8 @@ async def test_default_flavor_makes_a_whole_cluster_whose_workers_roll_and_delet
                     ROLLED_WORKER_MEMORY_MIB, cluster_host, cluster_base_volume, clock)
                 print(f"\n[numbers] MachineDeployment rollout to a new LibvirtMachineTemplate ({WORKER_MEMORY_MIB} -> "
                       f"{ROLLED_WORKER_MEMORY_MIB} MiB):\n{workers_rolled}")
-            described = await _describe(tmp_path, repository, control_plane, namespace, CLUSTER)
-            print(f"\n[numbers] a whole cluster from the default flavor, phase by phase:\n{clock.report()}\n"
-                  f"  endpoint relay connections: {relay.connections}\n"
-                  f"clusterctl describe cluster:\n{described}")
-            assert relay.connections > 0, "the management side reached the workload API server through the endpoint"
-            await delete_the_cluster(api_client, namespace, CLUSTER, cluster_host, cluster_base_volume)
+            await _report_and_delete(tmp_path, repository, control_plane, api_client, namespace, CLUSTER, "default",
+                                     clock, relay, cluster_host, cluster_base_volume)
 
 
 async def test_clusterclass_flavor_makes_a_whole_cluster_whose_worker_variable_rolls_its_workers(
@@ -189,8 +193,5 @@ async def test_clusterclass_flavor_makes_a_whole_cluster_whose_worker_variable_r
                     ROLLED_WORKER_MEMORY_MIB, cluster_host, cluster_base_volume, clock)
                 print(f"\n[numbers] {templates.WORKER_MEMORY_VARIABLE} {WORKER_MEMORY_MIB} -> "
                       f"{ROLLED_WORKER_MEMORY_MIB} on the Cluster's topology:\n{workers_rolled}")
-            described = await _describe(tmp_path, repository, control_plane, namespace, CLASS_CLUSTER)
-            print(f"\n[numbers] a whole cluster from the clusterclass flavor, phase by phase:\n{clock.report()}\n"
-                  f"  endpoint relay connections: {relay.connections}\n"
-                  f"clusterctl describe cluster:\n{described}")
-            await delete_the_cluster(api_client, namespace, CLASS_CLUSTER, cluster_host, cluster_base_volume)
+            await _report_and_delete(tmp_path, repository, control_plane, api_client, namespace, CLASS_CLUSTER,
+                                     "clusterclass", clock, relay, cluster_host, cluster_base_volume)

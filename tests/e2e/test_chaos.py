@@ -26,6 +26,7 @@ from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import domain_xml, naming, provider_id
+from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile.machine import FINALIZER
 from devenv import capi_objects, ipxe_image, paths
 from devenv import control_plane as cp
@@ -313,6 +314,13 @@ def reset_guest(host, domain_uuid: str) -> None:
         conn.lookupByUUIDString(domain_uuid).reset(0)
 
 
+def domain_states(host) -> dict[str, tuple[str, str | None]]:
+    """Each domain on the host by name: libvirt's state and, for a paused one, why (for a failure's message)."""
+    with host.connect() as conn:
+        infos = [machines.domain_info(conn, d.UUIDString()) for d in conn.listAllDomains()]
+    return {info.name: (info.state, info.pause_reason) for info in infos if info is not None}
+
+
 async def converge(plan: Plan, api: client.ApiClient, uids: dict[str, str], host,
                    tally: Tally) -> tuple[dict[str, dict], dict[str, str]]:
     """Every live machine provisioned, every deleted one gone (its finalizer released)."""
@@ -347,7 +355,8 @@ async def converge(plan: Plan, api: client.ApiClient, uids: dict[str, str], host
                              [c.get("reason") for c in (body.get("status") or {}).get("conditions", [])])
                       for name, body in present.items()}
             raise AssertionError(f"seed={plan.seed}: no convergence in {CONVERGE_S:.0f}s: want live "
-                                 f"{sorted(wanted_live)}, see {states}")
+                                 f"{sorted(wanted_live)}, see {states}; on the host: "
+                                 f"{await asyncio.to_thread(domain_states, host)}")
         await asyncio.sleep(1.0)
 
 

@@ -46,6 +46,7 @@ class DomainInfo:
     name: str
     state: str
     xml: str
+    pause_reason: str | None = None  # why a paused domain is paused (PAUSE_REASON_NAMES), None unless paused
 
 
 STATE_NAMES = {
@@ -58,6 +59,31 @@ STATE_NAMES = {
     libvirt.VIR_DOMAIN_CRASHED: "crashed",
     libvirt.VIR_DOMAIN_PMSUSPENDED: "pmsuspended",
 }
+
+# Why libvirt says a domain is paused, for the status and the events. A domain of ours paused for one of RESUMED_PAUSES
+# was not paused by anyone's intent (a start that a libvirtd restart cut short, a watchdog, an I/O error since fixed or
+# not): start_domain resumes it. A user's pause (an admin's `virsh suspend`) and libvirt's own jobs (migration, save,
+# dump, snapshot, shutdown) are left as they are.
+PAUSE_REASON_NAMES = {
+    libvirt.VIR_DOMAIN_PAUSED_UNKNOWN: "unknown",
+    libvirt.VIR_DOMAIN_PAUSED_USER: "user",
+    libvirt.VIR_DOMAIN_PAUSED_MIGRATION: "migration",
+    libvirt.VIR_DOMAIN_PAUSED_SAVE: "save",
+    libvirt.VIR_DOMAIN_PAUSED_DUMP: "dump",
+    libvirt.VIR_DOMAIN_PAUSED_IOERROR: "I/O error",
+    libvirt.VIR_DOMAIN_PAUSED_WATCHDOG: "watchdog",
+    libvirt.VIR_DOMAIN_PAUSED_FROM_SNAPSHOT: "from snapshot",
+    libvirt.VIR_DOMAIN_PAUSED_SHUTTING_DOWN: "shutting down",
+    libvirt.VIR_DOMAIN_PAUSED_SNAPSHOT: "snapshot",
+    libvirt.VIR_DOMAIN_PAUSED_CRASHED: "crashed",
+    libvirt.VIR_DOMAIN_PAUSED_STARTING_UP: "starting up",
+    libvirt.VIR_DOMAIN_PAUSED_POSTCOPY: "post-copy migration",
+    libvirt.VIR_DOMAIN_PAUSED_POSTCOPY_FAILED: "failed post-copy migration",
+    libvirt.VIR_DOMAIN_PAUSED_API_ERROR: "API error",
+}
+RESUMED_PAUSES = frozenset({libvirt.VIR_DOMAIN_PAUSED_UNKNOWN, libvirt.VIR_DOMAIN_PAUSED_IOERROR,
+                            libvirt.VIR_DOMAIN_PAUSED_WATCHDOG, libvirt.VIR_DOMAIN_PAUSED_CRASHED,
+                            libvirt.VIR_DOMAIN_PAUSED_API_ERROR})
 
 
 def _active_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePool:
@@ -276,8 +302,10 @@ def domain_info(conn: libvirt.virConnect, uuid: str) -> DomainInfo | None:
         if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
             return None
         raise
-    state = STATE_NAMES.get(domain.state()[0], "unknown")
-    return DomainInfo(uuid=uuid, name=domain.name(), state=state, xml=domain.XMLDesc(0))
+    code, reason = domain.state()
+    paused = code == libvirt.VIR_DOMAIN_PAUSED
+    return DomainInfo(uuid=uuid, name=domain.name(), state=STATE_NAMES.get(code, "unknown"), xml=domain.XMLDesc(0),
+                      pause_reason=PAUSE_REASON_NAMES.get(reason, str(reason)) if paused else None)
 
 
 def define_domain(conn: libvirt.virConnect, uuid: str, xml: str) -> DomainInfo:
@@ -291,10 +319,17 @@ def define_domain(conn: libvirt.virConnect, uuid: str, xml: str) -> DomainInfo:
     return info
 
 
-def start_domain(conn: libvirt.virConnect, uuid: str) -> None:
+def start_domain(conn: libvirt.virConnect, uuid: str) -> bool:
+    """Start the domain if it is not running, or resume it if it is paused for one of RESUMED_PAUSES; True when it
+    was resumed (the chaos test found domains left paused, reason unknown, after libvirtd was killed mid-start)."""
     domain = conn.lookupByUUIDString(uuid)
+    code, reason = domain.state()
+    if code == libvirt.VIR_DOMAIN_PAUSED and reason in RESUMED_PAUSES:
+        domain.resume()
+        return True
     if not domain.isActive():
         domain.create()
+    return False
 
 
 SOURCE_CODES = {machine_addresses.LEASE: libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,

@@ -726,7 +726,10 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
 async def ensure_running(deps: Dependencies, p: MachinePass) -> None:
     host = deps.hosts.get(p.host or "")
     if p.domain is None or p.domain.state != "running":
-        await host.call(machines.start_domain, p.domain_uuid, doing="start domain")
+        paused_for = p.domain.pause_reason if p.domain else None
+        if await host.call(machines.start_domain, p.domain_uuid, doing="start domain"):
+            await _event(deps, p.body, "Warning", "DomainResumed",
+                         f"domain {p.domain_name} on host {p.host} was paused ({paused_for or 'reason unknown'}); resumed")
         p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
     p.status["state"] = p.domain.state if p.domain else "unknown"
 

@@ -6,8 +6,9 @@ hack/build-upstream.sh. The kubelets are real: guests run them after `kubeadm jo
 - kube-scheduler binds pending Pods to Nodes, as in any cluster; the node lifecycle controller lifts the not-ready
   taint of new Nodes once they are Ready.
 - cluster-autoscaler with `--cloud-provider=clusterapi` scales MachineDeployments between their min/max annotations;
-  the management and the workload cluster are the same API server. It authenticates as the user given (the tests
-  bind it only to config/autoscaler's ClusterRole, so a missing rule shows as a refusal in its log).
+  the management and the workload cluster are the same API server, or two (a whole cluster's). On the management
+  side it authenticates as the user given (the tests bind it only to config/autoscaler's ClusterRole, so a missing
+  rule shows as a refusal in its log).
 
 All listen on 127.0.0.1 only.
 """
@@ -70,7 +71,7 @@ class UpstreamProcess:
         if not binary.exists():
             raise UpstreamProcessError(f"{binary} is missing: run `make upstream` (hack/build-upstream.sh)")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as output:
+        with open(self.log_path, "ab") as output:  # appended: a restart keeps what the last run said
             self.process = subprocess.Popen([str(binary), *self.argv()], stdout=output, stderr=subprocess.STDOUT,
                                             env={"PATH": "/usr/bin:/bin", **self.env}, start_new_session=True)
         log.info("started %s (pid %d), log %s", self.name, self.process.pid, self.log_path)
@@ -81,6 +82,16 @@ class UpstreamProcess:
     def check_alive(self) -> None:
         if self.process is None or self.process.poll() is not None:
             raise UpstreamProcessError(f"{self.name} exited; the end of its log:\n{self.log_tail()}")
+
+    def restarted_if_exited(self) -> bool:
+        """Start it again if it exited, as a Deployment's kubelet would (restartPolicy Always); True if it did."""
+        if self.process is not None and self.process.poll() is None:
+            return False
+        log.warning("%s exited (%s); starting it again. The end of its log:\n%s", self.name,
+                    None if self.process is None else self.process.returncode, self.log_tail(1500))
+        self.process = None
+        self.start()
+        return True
 
     def log_tail(self, size: int = 3000) -> str:
         try:
@@ -165,10 +176,14 @@ class ClusterAutoscaler(UpstreamProcess):
     name = "cluster-autoscaler"
 
     def __init__(self, plane: LocalControlPlane, kubeconfig: pathlib.Path, namespaces: Sequence[str],
-                 own_namespace: str, timings: Mapping[str, str] = AUTOSCALER_TIMINGS) -> None:
-        """`namespaces`: where its node groups are; `own_namespace`: its status ConfigMap and leader Lease."""
+                 own_namespace: str, timings: Mapping[str, str] = AUTOSCALER_TIMINGS,
+                 management_kubeconfig: pathlib.Path | None = None) -> None:
+        """`kubeconfig`: the workload cluster, where it reads Nodes and Pods and keeps its status ConfigMap and
+        leader Lease (in `own_namespace`); `management_kubeconfig`: the management cluster, where its node groups
+        are (in `namespaces`), the same API server unless given."""
         super().__init__(plane.workdir, env=AUTOSCALER_ENV)
         self.kubeconfig = kubeconfig
+        self.management_kubeconfig = management_kubeconfig or kubeconfig
         self.namespaces = list(namespaces)
         self.own_namespace = own_namespace
         self.timings = dict(timings)
@@ -181,7 +196,7 @@ class ClusterAutoscaler(UpstreamProcess):
         return [
             "--cloud-provider=clusterapi",
             f"--kubeconfig={self.kubeconfig}",  # the workload cluster
-            f"--cloud-config={self.kubeconfig}",  # the management cluster: the same API server here
+            f"--cloud-config={self.management_kubeconfig}",  # the management cluster
             "--clusterapi-cloud-config-authoritative",
             f"--namespace={self.own_namespace}",
             *discovery,

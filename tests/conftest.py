@@ -23,7 +23,7 @@ TIERS = ("unit", "integration", "e2e")
 # at once: each holds that many guest slots for its run. iPXE guests cost almost nothing and are not counted (chaos,
 # host outages, the integration tier).
 LINUX_GUEST_MODULES = {
-    "test_autoscaler": 2, "test_bridged_addresses": 2, "test_kubeadm_join": 2, "test_remote_hosts": 2,
+    "test_autoscaler": 2, "test_bridged_addresses": 2, "test_remote_hosts": 2,
     "test_whole_cluster": 2, "test_clusterctl_move": 1,
     "test_clusterctl_init": 1, "test_guest_boot": 1, "test_ipam_pools": 1, "test_machine_crash_consistency": 1,
     "test_machine_lifecycle": 1, "test_machine_shape": 1, "test_move_adoption": 1, "test_operator_image": 1,
@@ -34,7 +34,7 @@ LINUX_GUEST_MODULES = {
 # At 63de215, in alphabetical order, the move bed came between two-guest modules and the other worker, done with its
 # own modules, waited 5 minutes for slots.
 LINUX_GUESTS_GROUP = "linux-guests"
-LINUX_GROUP_ORDER = ("test_kubeadm_join", "test_autoscaler", "test_remote_hosts", "test_bridged_addresses",
+LINUX_GROUP_ORDER = ("test_autoscaler", "test_remote_hosts", "test_bridged_addresses",
                      "test_clusterctl_move", "test_whole_cluster")
 # Scheduled first: the group, the run's critical path; everything else fills in on the other worker, and the
 # one-guest modules come last, for whichever worker is free. On its own worker beside the group (CI at 51c42f1 and

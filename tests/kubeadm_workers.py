@@ -104,21 +104,25 @@ def is_ready(node: client.V1Node) -> bool:
 
 async def kubelet_csr(api: client.ApiClient, token_id: str) -> client.V1CertificateSigningRequest | None:
     """The kubelet client-certificate CSR posted with bootstrap token `token_id`, if any."""
-    csrs = (await client.CertificatesV1Api(api).list_certificate_signing_request()).items
+    csrs = (await client.CertificatesV1Api(api).list_certificate_signing_request(_request_timeout=30)).items
     posted = [c for c in csrs if c.spec.signer_name == KUBELET_SIGNER
               and c.spec.username == f"system:bootstrap:{token_id}"]
     return posted[0] if posted else None
 
 
-async def assert_joined_by_kubelet(api: client.ApiClient, namespace: str, machine: dict, infra: dict) -> client.V1Node:
+async def assert_joined_by_kubelet(api: client.ApiClient, namespace: str, machine: dict, infra: dict,
+                                   workload_api: client.ApiClient | None = None) -> client.V1Node:
     """The Machine's Node was registered by a real kubelet of this Kubernetes version, on containerd, after a
-    `kubeadm join` with the Machine's own bootstrap token, and carries its LibvirtMachine's providerID."""
-    node = await client.CoreV1Api(api).read_node(machine["status"]["nodeRef"]["name"])
+    `kubeadm join` with the Machine's own bootstrap token, and carries its LibvirtMachine's providerID. The Node and
+    the CSR are read from `workload_api` (a whole cluster's) if given, else from `api` (the test API server's
+    clusters, where management and workload are one)."""
+    workload_api = workload_api or api
+    node = await client.CoreV1Api(workload_api).read_node(machine["status"]["nodeRef"]["name"], _request_timeout=30)
     assert node.spec.provider_id == infra["spec"]["providerID"] == machine["spec"]["providerID"]
     assert node.status.node_info.kubelet_version == paths.KUBERNETES_VERSION, node.status.node_info
     assert node.status.node_info.container_runtime_version.startswith("containerd://"), node.status.node_info
     assert is_ready(node), node.status.conditions
-    csr = await kubelet_csr(api, await join_token_id(api, namespace, machine))
+    csr = await kubelet_csr(workload_api, await join_token_id(api, namespace, machine))
     assert csr is not None, f"no kubelet CSR posted with the bootstrap token of {machine['metadata']['name']}"
     assert csr.status.certificate, f"the CSR of {node.metadata.name} was not signed"
     assert any(c.type == "Approved" and c.status == "True" for c in csr.status.conditions), csr.status.conditions

@@ -16,45 +16,23 @@ once they run and are deleted, the Nodes are unneeded and it scales down to 0. E
 from __future__ import annotations
 
 import pytest
-import yaml
 from kubernetes_asyncio import client
 
+from autoscaling_proofs import bind_autoscaler_roles, pod
 from capi_libvirt.api import meta, templates
 from devenv import autoscaling, node_joins, workload_cluster
 from guests import provider_objects
 from kubeadm_workers import WORKER_MEMORY_MIB, assert_joined_by_kubelet, by_kind, create, is_ready, worker_objects
 
-from fixtures_control_plane import AUTOSCALER_USER, REPO, operator_running
+from fixtures_control_plane import AUTOSCALER_USER, operator_running
 from waiting import Clock, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
 N = 2
 CLUSTER = "autoscaled"
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"  # built into the node image, never pulled
 SCALE_UP_DEADLINE_S = 1200.0  # cluster-autoscaler's scan, then N TCG boots side by side on a busy 2-core machine
 SCALE_DOWN_DEADLINE_S = 600.0  # unneeded time, scale-down delays, drain, deletion
-POD_CPU = "600m"  # more than half a 1-CPU machine: one Pod per machine, N Pods need N machines
-POD_MEMORY = "32Mi"
-
-
-def bind_autoscaler_roles(plane, namespace: str) -> None:
-    """The ClusterRole and the Role users apply with config/autoscaler (the Role in `namespace`, the autoscaler's own
-    here), bound to the test's autoscaler user and nothing more."""
-    documents = list(yaml.safe_load_all((REPO / "config" / "autoscaler" / "cluster-autoscaler.yaml").read_text()))
-    [cluster_role] = [d for d in documents if d["kind"] == "ClusterRole"]
-    [role] = [d for d in documents if d["kind"] == "Role"]
-    role["metadata"]["namespace"] = namespace
-    plane.grant(cluster_role, AUTOSCALER_USER)
-    plane.grant(role, AUTOSCALER_USER)
-
-
-def pod(name: str) -> client.V1Pod:
-    return client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, labels={"app": "needs-a-machine"}),
-        spec=client.V1PodSpec(containers=[client.V1Container(
-            name="work", image=PAUSE_IMAGE, image_pull_policy="Never",
-            resources=client.V1ResourceRequirements(requests={"cpu": POD_CPU, "memory": POD_MEMORY}))]))
 
 
 async def test_cluster_autoscaler_scales_a_machine_deployment_from_zero_to_n_and_back(

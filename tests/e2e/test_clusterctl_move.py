@@ -3,7 +3,7 @@ another, both made by `clusterctl init` (devenv/management_cluster.py), each run
 clusterctl installed (devenv/pod_runner.py).
 
 The workload cluster is the source's API server itself (its control plane a HostedControlPlane stand-in, as in
-tests/e2e/test_kubeadm_join.py); its one worker joins through Cluster API's kubeadm bootstrap provider and a real
+tests/e2e/test_autoscaler.py); its one worker joins through Cluster API's kubeadm bootstrap provider and a real
 kubelet, so its Machine has the nodeRef move requires. The libvirt host is reached over qemu+ssh through a LibvirtHost
 and its credentials Secret in the provider's namespace, which carries an ownerReference to the LibvirtHost (the
 documented step that makes move copy it with the host). The cluster's namespace and the Secrets RoleBinding the cluster

@@ -7,8 +7,14 @@ provider's repository, one after the other on one libvirt host:
   for it and reaches the workload API server through it from the management side; the worker joins through it;
   every Node is Ready with its LibvirtMachine's providerID. The pod network is the flavor's own: flannel, applied by
   the flavor's ClusterResourceSet through the real core manager, proven by pods on the two Nodes calling each other
-  and a Service through kube-proxy and CoreDNS (tests/pod_network_checks.py). Day 2 on it (tests/day2_rollouts.py):
-  the MachineDeployment rolls to a new LibvirtMachineTemplate; `clusterctl describe cluster` shows it all Ready.
+  and a Service through kube-proxy and CoreDNS (tests/pod_network_checks.py). What a joined node proves
+  (tests/node_proofs.py): both NoCloud ISOs gone once the nodeRefs are set; both boots read with `capi-libvirt
+  console-log` (kubeadm init, kubeadm join); the worker's kubelet CSR, posted with its own bootstrap token, approved
+  and signed; the worker rebooted without its seed Ready again, cloud-init off. Day 2 on it (tests/day2_rollouts.py):
+  the MachineDeployment rolls to a new LibvirtMachineTemplate; cluster-autoscaler scales the autoscaler flavor's
+  MachineDeployment of the same cluster 0 -> 1 -> 0 (tests/autoscaling_proofs.py). Then a join broken on purpose (a wrong token secret)
+  shows kubeadm's refusal on its console and never makes a Node; `clusterctl describe cluster` is printed, and the
+  Cluster is deleted with that machine still in flight.
 - the clusterclass flavor: clusterctl adds the ClusterClass from its own file in the repository; Cluster API's
   topology controller makes the control plane, the MachineDeployment and their templates; the same proofs of a
   running cluster; changing the Cluster's `workerMemoryMiB` variable rolls the workers to a new template.
@@ -31,16 +37,20 @@ from __future__ import annotations
 import asyncio
 import os
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client, config
 
+from autoscaling_proofs import N as AUTOSCALED
+from autoscaling_proofs import autoscale_from_zero_and_back
 from capi_libvirt.api import meta, templates
 from clusterctl_cli import clusterctl
-from day2_rollouts import a_new_template, roll_the_workers, workload_read
+from day2_rollouts import DEPLOYMENT_LABEL, a_new_template, roll_the_workers, workload_read
 from devenv import base_image
 from devenv.api_gateway import EndpointRelay
 from devenv.libvirt_host import LibvirtHost
-from kubeadm_workers import libvirt_machines, list_objects
+from kubeadm_workers import assert_joined_by_kubelet, libvirt_machines, list_objects, machines
+from node_proofs import a_reboot_keeps_the_node, boots_on_the_console, broken_join_is_visible_on_the_console, seeds_gone
 from pod_network_checks import prove_the_pod_network
 from whole_cluster_bed import (
     PORT,
@@ -60,11 +70,12 @@ from whole_cluster_bed import (
 
 from fixtures_control_plane import operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
-from waiting import Clock, wait_until
+from waiting import Clock, Pending, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]
 
 CLUSTER = "whole"
+CONTROL_PLANE_LABEL = "cluster.x-k8s.io/control-plane"
 CLASS_CLUSTER = "classy"
 DEFAULT_KINDS = ["Cluster", "LibvirtCluster", "KubeadmControlPlane", "LibvirtMachineTemplate", "LibvirtMachineTemplate",
                  "MachineDeployment", "KubeadmConfigTemplate", "RoleBinding", "ConfigMap", "ClusterResourceSet"]
@@ -118,6 +129,38 @@ async def _running_cluster(api_client, namespace: str, cluster: str, kubeconfig_
     await cluster_available(api_client, namespace, clock)
 
 
+async def _seeds_boots_and_a_reboot(api_client, workload_api, kubeconfig, namespace: str, workers: str, host,
+                                    clock: Clock) -> None:
+    """The Nodes joined: both NoCloud ISOs gone, both boots read on the console (kubeadm init, kubeadm join), the
+    worker's Node registered by its kubelet with its own bootstrap token, and the worker rebooted without its seed
+    comes back Ready (tests/node_proofs.py)."""
+    infra = await seeds_gone(api_client, namespace, host, 2)
+    clock.mark("both NoCloud ISOs ejected and deleted (after the nodeRefs)")
+    found = await machines(api_client, namespace)
+    [control_plane_machine] = [m["spec"]["infrastructureRef"]["name"] for m in found
+                               if CONTROL_PLANE_LABEL in (m["metadata"].get("labels") or {})]
+    boots = await asyncio.to_thread(boots_on_the_console, kubeconfig, host, namespace, infra, control_plane_machine)
+    print(f"\n[numbers] the boots, as `capi-libvirt console-log` shows them:\n{boots}")
+    [worker] = [m for m in found if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == workers]
+    [worker_infra] = [m for m in infra if m["metadata"]["name"] == worker["spec"]["infrastructureRef"]["name"]]
+
+    async def joined():
+        try:
+            return await assert_joined_by_kubelet(api_client, namespace, worker, worker_infra, workload_api)
+        except (TimeoutError, aiohttp.ClientError) as error:  # the workload API server stalled: ask again
+            return Pending(workload_api_server=f"{type(error).__name__}: {error}")
+        except client.ApiException as error:
+            if error.status >= 500:
+                return Pending(workload_api_server=f"HTTP {error.status}: {error.reason}")
+            raise
+
+    await wait_until("the worker's Node and kubelet CSR read", joined, WORKERS_DEADLINE_S, interval=3.0)
+    clock.mark("the worker's kubelet CSR (its own bootstrap token) approved and signed")
+    rebooted = await a_reboot_keeps_the_node(api_client, workload_api, kubeconfig, namespace, host, worker)
+    clock.mark("the worker rebooted without its seed, its Node Ready again")
+    print(f"\n[numbers] a reboot without the NoCloud ISO:\n{rebooted}")
+
+
 async def _report_and_delete(tmp_path, repository, control_plane, api_client, namespace: str, cluster: str,
                              flavor: str, clock: Clock, relay: EndpointRelay, host, base_volume: str) -> None:
     """The phases and `clusterctl describe cluster` printed; the management side's use of the endpoint asserted; the
@@ -141,7 +184,7 @@ async def test_default_flavor_makes_a_whole_cluster_whose_workers_roll_and_delet
     assert sorted(d["kind"] for d in documents) == sorted(DEFAULT_KINDS)
     kubeconfig_path = tmp_path / "workload.kubeconfig"
     with EndpointRelay(cluster_host, endpoint, PORT) as relay:
-        async with operator_running(control_plane, {cluster_host.name: cluster_host.uri}):
+        async with operator_running(control_plane, {cluster_host.name: cluster_host.uri}) as memo:
             clock = Clock()
             await apply(api_client, control_plane, documents)
             await _running_cluster(api_client, namespace, CLUSTER, kubeconfig_path, clock)
@@ -149,12 +192,27 @@ async def test_default_flavor_makes_a_whole_cluster_whose_workers_roll_and_delet
             await config.load_kube_config(config_file=str(kubeconfig_path), client_configuration=workload)
             async with client.ApiClient(workload) as workload_api:
                 workers = f"{CLUSTER}-md-0"
+                await _seeds_boots_and_a_reboot(api_client, workload_api, control_plane.kubeconfig_path, namespace,
+                                                workers, cluster_host, clock)
                 workers_rolled = await roll_the_workers(
                     api_client, workload_api, namespace, workers,
                     a_new_template(api_client, namespace, workers, ROLLED_WORKER_MEMORY_MIB),
                     ROLLED_WORKER_MEMORY_MIB, cluster_host, cluster_base_volume, clock)
                 print(f"\n[numbers] MachineDeployment rollout to a new LibvirtMachineTemplate ({WORKER_MEMORY_MIB} -> "
                       f"{ROLLED_WORKER_MEMORY_MIB} MiB):\n{workers_rolled}")
+                (tmp_path / "autoscaler").mkdir()
+                autoscaler_flavor = generated_objects(tmp_path / "autoscaler", repository, "autoscaler", CLUSTER,
+                                                      namespace, cluster_host, cluster_base_volume, endpoint)
+                autoscaled = await autoscale_from_zero_and_back(
+                    api_client, workload_api, control_plane, autoscaler_flavor, CLUSTER, namespace, kubeconfig_path,
+                    cluster_host, cluster_base_volume, memo, clock)
+                print(f"\n[numbers] cluster-autoscaler 0 -> {AUTOSCALED} -> 0 (the autoscaler flavor's "
+                      f"MachineDeployment, sized from the template's capacity):\n{autoscaled}")
+                refusal = await broken_join_is_visible_on_the_console(
+                    api_client, workload_api, control_plane.kubeconfig_path, namespace, CLUSTER, documents,
+                    cluster_host)
+                clock.mark("a broken join's refusal read on its console")
+                print(f"\n[console-log] the broken join, as `capi-libvirt console-log` shows it:\n{refusal}")
             await _report_and_delete(tmp_path, repository, control_plane, api_client, namespace, CLUSTER, "default",
                                      clock, relay, cluster_host, cluster_base_volume)
 

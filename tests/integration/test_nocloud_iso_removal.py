@@ -3,7 +3,7 @@ running: three iPXE guests (devenv.ipxe_image: they boot in a second or two, not
 all this needs) are provisioned with their ISOs in; then each Machine gets a status.nodeRef.
 
 Stand-in: the test sets Machine.status.nodeRef itself, in place of Cluster API's Machine controller (which sets it
-once a Node with the machine's providerID exists; tests/e2e/test_kubeadm_join.py has the real one, with a real
+once a Node with the machine's providerID exists; tests/e2e/test_whole_cluster.py has the real one, with a real
 kubelet). Then:
 - a machine by default: the ISO is ejected from the running domain and its persistent definition, the volume is
   deleted, status.noCloudISORemoved is true and a Normal event says so; the domain keeps running (same libvirt ID);

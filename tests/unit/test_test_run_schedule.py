@@ -21,10 +21,10 @@ pytestmark = pytest.mark.unit
 def test_the_group_comes_first_in_its_order_and_one_guest_modules_last() -> None:
     nodeids = ["tests/e2e/test_machine_shape.py::test_a", "tests/integration/test_tenants.py::test_b",
                "tests/e2e/test_clusterctl_move.py::test_c", "tests/unit/test_ipam.py::test_d",
-               "tests/e2e/test_kubeadm_join.py::test_e", "tests/e2e/test_autoscaler.py::test_f"]
+               "tests/e2e/test_remote_hosts.py::test_e", "tests/e2e/test_autoscaler.py::test_f"]
     ordered = sorted(nodeids, key=conftest.first_scopes_first)
     assert [n.split("::")[0].rsplit("/", 1)[1] for n in ordered] == [
-        "test_kubeadm_join.py", "test_autoscaler.py", "test_clusterctl_move.py",  # the group, in LINUX_GROUP_ORDER
+        "test_autoscaler.py", "test_remote_hosts.py", "test_clusterctl_move.py",  # the group, in LINUX_GROUP_ORDER
         "test_tenants.py", "test_ipam.py",  # the rest, in the collection's order
         "test_machine_shape.py"]  # a one-guest module, last
     assert {conftest.xdist_scope(n) for n in ordered[:3]} == {conftest.LINUX_GUESTS_GROUP}
@@ -57,7 +57,7 @@ def test_the_whole_cluster_run_appended_gives_one_report(tmp_path: pathlib.Path,
                 "peak_linux_guests": 1}
 
     first = {"worker": "gw0", "started": 1000.0, "ended": 2000.0, "peak_linux_guests": 2,
-             "modules": [module("tests/e2e/test_kubeadm_join.py", "gw0", 1000.0, 1400.0)]}
+             "modules": [module("tests/e2e/test_autoscaler.py", "gw0", 1000.0, 1400.0)]}
     alone = {"worker": "main", "started": 2010.0, "ended": 2900.0, "peak_linux_guests": 2,
              "modules": [module("tests/e2e/test_whole_cluster.py", "main", 2010.0, 2900.0)]}
     (tmp_path / "tests-gw0.json").write_text(json.dumps(first))
@@ -65,5 +65,5 @@ def test_the_whole_cluster_run_appended_gives_one_report(tmp_path: pathlib.Path,
     report = timing_report.write_report(ended=2905.0, commit="abc1234")
     assert "Set-up: 100 s wall" in report.summary[0]
     assert "tests: 1905 s wall on 2 pytest process(es)" in report.summary[0]
-    assert report.markdown.index("test_whole_cluster.py") < report.markdown.index("test_kubeadm_join.py")  # longest
+    assert report.markdown.index("test_whole_cluster.py") < report.markdown.index("test_autoscaler.py")  # longest
     assert (tmp_path / "report.md").read_text() == report.markdown

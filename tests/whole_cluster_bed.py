@@ -5,7 +5,8 @@ phases on a Clock.
 
 This machine's changes, and why: `domainType: qemu` (no KVM) and machine type `pc`; the machines' sizes (2 vCPUs and
 2 GiB for the control plane, kubeadm init's minimum; 1 vCPU and 1 GiB for a worker); kubeadm's waits
-(KUBEADM_TIMEOUTS); and the endpoint's holder, keepalived (Debian's, in
+(KUBEADM_TIMEOUTS); the controller manager's and the scheduler's leader election (LEADER_ELECTION); and the
+endpoint's holder, keepalived (Debian's, in
 the node image) in place of the flavors' kube-vip static pod, whose image cannot be pulled or built here
 (devenv/keepalived_holder.py).
 """
@@ -42,6 +43,12 @@ KUBEADM_WAIT_S = 1200
 KUBEADM_TIMEOUTS = {"controlPlaneComponentHealthCheckSeconds": KUBEADM_WAIT_S, "kubeletHealthCheckSeconds": KUBEADM_WAIT_S,
                     "discoverySeconds": KUBEADM_WAIT_S, "tlsBootstrapSeconds": KUBEADM_WAIT_S,
                     "kubernetesAPICallSeconds": 600, "etcdAPICallSeconds": 600}
+# kube-controller-manager's and kube-scheduler's leader election, from kubeadm's 15 s lease and 10 s renew deadline
+# to minutes: with the defaults both exit with "leaderelection lost" at each of the control-plane VM's API server
+# stalls (7 and 5 restarts in one run, the ServiceAccount controller down for minutes, so a new namespace's `default`
+# ServiceAccount came 5 minutes late). One control-plane machine: no other candidate waits for the lease.
+LEADER_ELECTION = {"leader-elect-lease-duration": "180s", "leader-elect-renew-deadline": "170s",
+                   "leader-elect-retry-period": "5s"}
 CONTROL_PLANE_DEADLINE_S = 1500.0  # boot, kubeadm init with etcd and the API server under TCG on a busy machine
 WORKERS_DEADLINE_S = 1200.0
 DELETE_DEADLINE_S = 600.0
@@ -74,6 +81,10 @@ def _adapt_control_plane(spec: dict, endpoint: str) -> None:
     keepalived_holder.replace_kube_vip(spec, endpoint, PORT)
     for configuration in ("initConfiguration", "joinConfiguration"):
         spec[configuration]["timeouts"] = KUBEADM_TIMEOUTS
+    cluster_configuration = spec.setdefault("clusterConfiguration", {})
+    for component in ("controllerManager", "scheduler"):
+        cluster_configuration.setdefault(component, {}).setdefault("extraArgs", []).extend(
+            {"name": name, "value": value} for name, value in LEADER_ELECTION.items())
 
 
 def generated_objects(tmp: pathlib.Path, repository: pathlib.Path, flavor: str, cluster: str, namespace: str,

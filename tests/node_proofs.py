@@ -59,7 +59,10 @@ GUEST_FACTS = (
     "| tr '\\n' '|'); "
     "for f in /etc/systemd/network/* /etc/network/interfaces.d/* /etc/netplan/*; do [ -f \"$f\" ] && "
     "echo \"network-file $f $(sha256sum < \"$f\" | cut -c1-16)\"; done; "
-    "ip -4 -o addr show scope global | awk '{print \"network-address \" $2 \" \" $4}'; true")
+    "ip -4 -o addr show scope global | awk '$2 !~ /^(flannel|cni|veth)/ {print \"network-address \" $2 \" \" $4}'; "
+    "true")
+# The machine's own network (its NIC's files and addresses), not the pod network's interfaces (flannel.1, cni0, the
+# pods' veths), which flannel makes again some time after the kubelet is back and so differ right after a reboot.
 
 
 def console_log(kubeconfig: pathlib.Path, host, namespace: str, name: str) -> str:

@@ -80,3 +80,32 @@ def test_local_uris_pass_unchanged_and_the_repr_hides_values():
         assert uri == local
     assert "secret" not in repr(SSH) and "ssh-privatekey" in repr(SSH)
     assert credentials.check_uri("qemu:///system") == "unix"
+
+
+def test_the_sweep_at_start_leaves_a_live_operators_folder_and_removes_a_dead_ones(tmp_path, monkeypatch):
+    """Two operators may share /tmp (pytest workers, two out-of-cluster runs): CI once saw one's start remove the
+    ssh wrapper the other was connecting with ("cannot execute binary .../ssh: No such file or directory")."""
+    import subprocess
+    monkeypatch.setattr(credentials.tempfile, "tempdir", str(tmp_path))
+    live = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        folders = {
+            "live": tmp_path / f"capi-libvirt-cred-{live.pid}-abc",
+            "dead": tmp_path / f"capi-libvirt-cred-{dead.pid}-abc",
+            "ours": tmp_path / f"capi-libvirt-cred-{os.getpid()}-abc",  # an earlier life of this pid
+            "old-style": tmp_path / "capi-libvirt-cred-k2j4h5",  # named before folders carried a pid
+        }
+        for folder in folders.values():
+            folder.mkdir()
+            (folder / "id").write_bytes(b"key")
+        (tmp_path / "unrelated").mkdir()
+        credentials.sweep_leftovers()
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([folders["live"].name, "unrelated"])
+    finally:
+        live.kill()
+        live.wait()
+    with materialized("qemu+ssh://root@kvm1/system", SSH) as uri:
+        folder = pathlib.Path(query(uri)["keyfile"]).parent
+        assert folder.name.startswith(f"capi-libvirt-cred-{os.getpid()}-") and folder.parent == tmp_path

@@ -2,7 +2,9 @@
 
 libvirt's transports read files: the ssh client its private key and known_hosts, the TLS client a folder with the
 CA, certificate and key. They are written into a private temporary folder (0700, files 0600), named in the URI's
-query, and removed as soon as the connection is open (or failed to open). Host-key and certificate verification is
+query, and removed as soon as the connection is open (or failed to open). A folder's name carries the pid of the
+process that made it, so the sweep at operator start removes only what a dead process (or an earlier life of this
+pid, in a container restarted in place) left, never the folder another operator sharing /tmp is connecting with. Host-key and certificate verification is
 never turned off: a URI may only name its host, user, path and (locally) a socket; any other parameter is refused. libvirt 9's qemu+ssh does not hand known_hosts= to
 OpenSSH, so for qemu+ssh libvirt runs a small ssh wrapper (`command=`) that checks strictly against that file.
 """
@@ -77,12 +79,34 @@ def _write(folder: str, name: str, content: bytes) -> str:
     return path
 
 
+def _folder_prefix(pid: int) -> str:
+    return f"{CREDENTIALS_PREFIX}{pid}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
 def sweep_leftovers() -> None:
-    """Remove credential folders a crashed earlier run left in the temporary folder (at operator start)."""
+    """Remove credential folders a crashed earlier run left in the temporary folder (at operator start).
+
+    Only folders of processes that are gone, or of this pid (at start this process has opened none, so such a folder
+    is an earlier life's): another live operator's folder may be in use by a connection being opened right now.
+    """
     tmp = tempfile.gettempdir()
     for name in os.listdir(tmp):
-        if name.startswith(CREDENTIALS_PREFIX):
-            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        if not name.startswith(CREDENTIALS_PREFIX):
+            continue
+        pid_text = name[len(CREDENTIALS_PREFIX):].partition("-")[0]
+        if pid_text.isdigit() and int(pid_text) != os.getpid() and _alive(int(pid_text)):
+            continue
+        shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
 
 
 # What a URI may say. Everything else in its query (command=, no_verify=, known_hosts_verify=, pkipath=, ...) could
@@ -125,7 +149,7 @@ def materialized(uri: str, credentials: Credentials | None) -> Iterator[str]:
     if credentials is None:
         raise CredentialsError(f"qemu+{kind} needs a credentials Secret (credentialsSecretRef)")
     try:
-        folder = tempfile.mkdtemp(prefix=CREDENTIALS_PREFIX)  # mode 0700
+        folder = tempfile.mkdtemp(prefix=_folder_prefix(os.getpid()))  # mode 0700
     except OSError as error:
         raise CredentialsError(f"cannot write credentials: {error.strerror}") from None
     try:

@@ -1,11 +1,16 @@
 """Day 2 on a whole cluster (tests/e2e/test_whole_cluster.py): a MachineDeployment rollout (to a new
-LibvirtMachineTemplate, or from a changed ClusterClass variable), waiting on 1-second snapshots of the Machines and the workload Nodes and asserting the order
-Cluster API promises (the new machine serves before the old one is deleted); and the workload reads those snapshots
-are made of, which say what they saw (a Pending) while the workload API server does not answer through the endpoint."""
+LibvirtMachineTemplate, or from a changed ClusterClass variable) and a rollout of the control-plane machine (the
+KubeadmControlPlane's `spec.rollout.after`), each waiting on 1-second snapshots of the Machines and the workload Nodes
+and asserting the order Cluster API promises (the new machine serves before the old one is deleted; for the control
+plane, etcd then runs on the new machine only), the control plane's while the endpoint is asked every second and its
+failed answers counted; and the workload reads those snapshots are made of, which say what they saw (a Pending) while
+the workload API server does not answer through the endpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import datetime
 import pathlib
 import ssl
 import urllib.error
@@ -17,7 +22,7 @@ import aiohttp
 import yaml
 from kubernetes_asyncio import client
 
-from capi_libvirt.api import meta
+from capi_libvirt.api import meta, templates
 from devenv.libvirt_host import LibvirtHost
 from guests import provider_objects
 from kubeadm_workers import is_ready, libvirt_machines, machines
@@ -25,6 +30,7 @@ from kubeadm_workers import is_ready, libvirt_machines, machines
 from waiting import Clock, Pending, wait_until
 
 DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
+CONTROL_PLANE_LABEL = "cluster.x-k8s.io/control-plane"
 ROLLOUT_DEADLINE_S = 1500.0  # a TCG boot and kubeadm join beside the other pytest worker, then a drain
 DELETE_DEADLINE_S = 600.0
 
@@ -46,17 +52,27 @@ def endpoint_answers(kubeconfig: pathlib.Path) -> bool:
         return False
 
 
+def workload_unavailable(error: Exception) -> Pending | None:
+    """A Pending naming the error if it says the workload API server is not answering for now (no connection, a
+    timeout, a 5xx, or 429 "storage is (re)initializing" from an API server that just started beside a changing etcd
+    membership); None for an error that is an answer."""
+    if isinstance(error, (TimeoutError, aiohttp.ClientError)):
+        return Pending(workload_api_server=f"{type(error).__name__}: {error}")
+    if isinstance(error, client.ApiException) and (error.status >= 500 or error.status == 429):
+        return Pending(workload_api_server=f"HTTP {error.status}: {error.reason}")
+    return None
+
+
 async def workload_read(call: Awaitable[T]) -> T | Pending:
     """A read of the workload API server through the endpoint; a Pending naming the error while it does not answer
     (restarting under load, or the endpoint moving: the caller's next poll asks again)."""
     try:
         return await call
-    except (TimeoutError, aiohttp.ClientError) as error:
-        return Pending(workload_api_server=f"{type(error).__name__}: {error}")
-    except client.ApiException as error:
-        if error.status >= 500:
-            return Pending(workload_api_server=f"HTTP {error.status}: {error.reason}")
-        raise
+    except (TimeoutError, aiohttp.ClientError, client.ApiException) as error:
+        unavailable = workload_unavailable(error)
+        if unavailable is None:
+            raise
+        return unavailable
 
 
 async def workload_snapshot(workload_api: client.ApiClient) -> tuple[dict[str, client.V1Node], set[str]] | Pending:
@@ -134,7 +150,7 @@ async def roll_the_workers(api: client.ApiClient, workload_api: client.ApiClient
     old_infra = before["spec"]["infrastructureRef"]["name"]  # the LibvirtMachine, whose name its VM and files carry
     await change()
     rolled = Clock()
-    rolled_out = _replacement(api, workload_api, namespace, of_deployment, before, rolled)
+    rolled_out = _replacement(api, workload_api, namespace, of_deployment, before, rolled, "worker")
     replaced = await wait_until("the workers rolled", rolled_out, ROLLOUT_DEADLINE_S, interval=1.0)
     infra = {m["metadata"]["name"]: m for m in await libvirt_machines(api, namespace)}
     assert infra[replaced["spec"]["infrastructureRef"]["name"]]["spec"]["memoryMiB"] == memory_mib
@@ -145,11 +161,12 @@ async def roll_the_workers(api: client.ApiClient, workload_api: client.ApiClient
 
 
 def _replacement(api: client.ApiClient, workload_api: client.ApiClient, namespace: str,
-                 select: Callable[[list[dict]], list[dict]], before: dict,
-                 rolled: Clock) -> Callable[[], Awaitable[dict | Pending]]:
-    """The poll of a rollout of one worker among those `select` picks: the new Machine once it serves (Running, its
-    Node Ready) and the old Machine and Node are gone. Asserts that the old one was not being deleted before the new
-    one served; marks the phases on `rolled`."""
+                 select: Callable[[list[dict]], list[dict]], before: dict, rolled: Clock,
+                 role: str) -> Callable[[], Awaitable[dict | Pending]]:
+    """The poll of a rollout of one `role` machine (worker, control-plane) among those `select` picks: the new Machine
+    once it serves (Running, its Node Ready; a control-plane one also running etcd, the only etcd left) and the old
+    Machine and Node are gone. Asserts that the old one was not being deleted before the new one served; marks the
+    phases on `rolled`."""
     old_uid, old_node = before["metadata"]["uid"], _node_of(before)
 
     async def poll() -> dict | Pending:
@@ -157,24 +174,110 @@ def _replacement(api: client.ApiClient, workload_api: client.ApiClient, namespac
         snapshot = await workload_snapshot(workload_api)
         if isinstance(snapshot, Pending):
             return snapshot
-        nodes, _ = snapshot
+        nodes, etcd_nodes = snapshot
         new = [m for m in found if m["metadata"]["uid"] != old_uid]
-        serving = [m for m in new if (m.get("status") or {}).get("phase") == "Running" and _node_of(m) in nodes
-                   and is_ready(nodes[_node_of(m)])]
+        joined = [m for m in new if (m.get("status") or {}).get("phase") == "Running" and _node_of(m) in nodes]
+        # A worker serves once its Node is Ready; a control-plane machine once its etcd member runs (what KCP checks
+        # before it removes the old one; its Node's readiness also waits for the pod network on it).
+        serving = [m for m in joined if (_node_of(m) in etcd_nodes if role == "control-plane"
+                                         else is_ready(nodes[_node_of(m)]))]
+        ready = [m for m in serving if is_ready(nodes[_node_of(m)])]
         if new:
-            rolled.mark("a new worker Machine")
+            rolled.mark(f"a new {role} Machine")
         if serving:
-            rolled.mark("its Node Ready (joined through the endpoint)")
+            rolled.mark("its Node Ready (joined through the endpoint)" if role != "control-plane" else
+                        "its etcd member running (joined through the endpoint)")
+        if ready and role == "control-plane":
+            rolled.mark("its Node Ready")
         old_left = [m for m in found if m["metadata"]["uid"] == old_uid]
         if not old_left or old_left[0]["metadata"].get("deletionTimestamp"):
-            assert serving, "the old worker was being deleted before the new one's Node was Ready"
+            assert serving, f"the old {role} machine was being deleted before the new one served"
             rolled.mark("the old Machine being deleted")
-        if old_left or old_node in nodes or len(serving) != 1:
-            return Pending(machines=machine_states(found, nodes))
-        rolled.mark("the old Machine and Node gone")
-        return serving[0]
+        pending = Pending(machines=machine_states(found, nodes), etcd_on=sorted(etcd_nodes))
+        if old_left or old_node in nodes or len(ready) != 1:
+            return pending
+        if role == "control-plane":
+            if etcd_nodes != {_node_of(ready[0])}:
+                return pending
+            rolled.mark("the old Machine and Node gone, etcd on the new machine only")
+        else:
+            rolled.mark("the old Machine and Node gone")
+        return ready[0]
 
     return poll
+
+
+class EndpointProbe:
+    """Asks the workload API server through the endpoint every second while it runs (`async with`): how many asks,
+    which failed, and when (seconds from the start)."""
+
+    def __init__(self, kubeconfig: pathlib.Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.asked = 0
+        self.failed: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while True:
+            at = loop.time()
+            answered = await asyncio.to_thread(endpoint_answers, self.kubeconfig)
+            self.asked += 1
+            if not answered:
+                self.failed.append(round(at - started, 1))
+            await asyncio.sleep(max(0.0, 1.0 - (loop.time() - at)))
+
+    async def __aenter__(self) -> EndpointProbe:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
+    def report(self) -> str:
+        return (f"  the endpoint asked {self.asked} times (/readyz, 1 s apart, 5 s timeout): {len(self.failed)} failed"
+                + (f", at {self.failed} s" if self.failed else ""))
+
+
+async def roll_the_control_plane(api: client.ApiClient, workload_api: client.ApiClient, namespace: str,
+                                 kubeconfig: pathlib.Path, host: LibvirtHost, base_volume: str, clock: Clock) -> str:
+    """The KubeadmControlPlane's `spec.rollout.after` set to now: KCP makes a new control-plane Machine, whose VM
+    joins through the endpoint (`kubeadm join --control-plane`: its etcd member, its static pods), then removes the
+    old one's etcd member and deletes it; the endpoint moves to the new VM. Asserted: the new Machine serves (Running,
+    Node Ready, etcd running) before the old one is deleted, then etcd runs on the new one only and the old VM leaves
+    nothing on the host; the endpoint answers at the end. The endpoint is asked every second throughout, and the
+    failed answers are reported with the phases."""
+    objects = client.CustomObjectsApi(api)
+
+    def of_control_plane(found: list[dict]) -> list[dict]:
+        return [m for m in found if CONTROL_PLANE_LABEL in (m["metadata"].get("labels") or {})]
+
+    [before] = of_control_plane(await machines(api, namespace))
+    old_infra = before["spec"]["infrastructureRef"]["name"]
+    [kcp] = (await objects.list_namespaced_custom_object(templates.CONTROLPLANE_GROUP, meta.CAPI_VERSION, namespace,
+                                                         "kubeadmcontrolplanes"))["items"]
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rolled = Clock()
+    async with EndpointProbe(kubeconfig) as probe:
+        await objects.patch_namespaced_custom_object(
+            templates.CONTROLPLANE_GROUP, meta.CAPI_VERSION, namespace, "kubeadmcontrolplanes",
+            kcp["metadata"]["name"], {"spec": {"rollout": {"after": now}}},
+            _content_type="application/merge-patch+json")
+        rolled_out = _replacement(api, workload_api, namespace, of_control_plane, before, rolled, "control-plane")
+        await wait_until("the control plane rolled", rolled_out, ROLLOUT_DEADLINE_S, interval=1.0)
+        await _wait_vm_gone(host, base_volume, old_infra, "the old control-plane VM gone from the host")
+        rolled.mark("the old control-plane VM, disk and ISO gone from the host")
+        await wait_until("the endpoint answering after the rollout",
+                         lambda: asyncio.to_thread(endpoint_answers, kubeconfig), ROLLOUT_DEADLINE_S, interval=2.0)
+        rolled.mark("the endpoint answers (held by the new control-plane VM)")
+    clock.mark("the control plane rolled")
+    return f"{rolled.report()}\n{probe.report()}"
 
 
 async def _wait_vm_gone(host: LibvirtHost, base_volume: str, infra_name: str, what: str) -> None:

@@ -63,3 +63,21 @@ def node_base_volume(libvirt_host: LibvirtHost, node_image: GuestImage) -> str:
     """The node image uploaded once into the session host's pool: its volume name (base-node-<recipe-hash>.qcow2)."""
     with libvirt_host.connect() as conn:
         return base_image.upload_base_image(conn, libvirt_host.pool_name, node_image)
+
+@pytest.fixture(scope="module")
+def cluster_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LibvirtHost]:
+    """A libvirt host of its own for a whole cluster (tests/whole_cluster_bed.py), whose NAT network keeps its last
+    addresses out of DHCP (the endpoint's)."""
+    from whole_cluster_bed import RESERVED, SUBNET
+
+    require_libvirt_host_prerequisites()
+    name = f"pytest-cluster-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    with LibvirtHost(name, SUBNET, dhcp_reserved=RESERVED,
+                     log_dir=tmp_path_factory.mktemp("cluster-host-logs")) as host:
+        yield host
+
+@pytest.fixture(scope="module")
+def cluster_base_volume(cluster_host: LibvirtHost, node_image: GuestImage) -> str:
+    """The node image in the whole cluster's host's pool."""
+    with cluster_host.connect() as conn:
+        return base_image.upload_base_image(conn, cluster_host.pool_name, node_image)

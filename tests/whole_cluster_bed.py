@@ -8,7 +8,9 @@ This machine's changes, and why: `domainType: qemu` (no KVM) and machine type `p
 (KUBEADM_TIMEOUTS); the controller manager's and the scheduler's leader election (LEADER_ELECTION); and the
 endpoint's holder, keepalived (Debian's, in
 the node image) in place of the flavors' kube-vip static pod, whose image cannot be pulled or built here
-(devenv/keepalived_holder.py).
+(devenv/keepalived_holder.py). For a rollout of the control plane (two control-plane VMs at once, an etcd of two
+members), also etcd's raft timings and fsync (ETCD_FOR_TCG) and a control-plane join that failed in kubeadm's
+etcd-join phase run again from there (KUBEADM_WRAPPER): `for_a_control_plane_rollout`.
 """
 
 from __future__ import annotations
@@ -49,6 +51,40 @@ KUBEADM_TIMEOUTS = {"controlPlaneComponentHealthCheckSeconds": KUBEADM_WAIT_S, "
 # ServiceAccount came 5 minutes late). One control-plane machine: no other candidate waits for the lease.
 LEADER_ELECTION = {"leader-elect-lease-duration": "180s", "leader-elect-renew-deadline": "170s",
                    "leader-elect-retry-period": "5s"}
+# `kubeadm join --control-plane` run again from its etcd-join phase when it failed there (at most ETCD_JOIN_ATTEMPTS
+# more times), by a wrapper ahead of /usr/bin/kubeadm on the control-plane machines' PATH. Why: in kubeadm v1.35 the
+# etcd-join phase lists etcd's members once right after writing the new member's manifest (GetMemberID ->
+# listMembers, whose retry loop ends at the first failed call), with a 2 s dial and call deadline (a constant), so one
+# slow answer of the old control-plane VM's etcd ends the join; under TCG on 2 host cores, with the new VM starting its
+# static pods, that happens (README "A whole cluster on libvirt"). The phase is idempotent (an announced member is
+# found and kept), so running it again is what an operator would do by hand. Each retry prints ETCD_JOIN_RETRY_MARK
+# on the console, and the test reports how many there were.
+ETCD_JOIN_ATTEMPTS = 5
+ETCD_JOIN_RETRY_MARK = "[test bed] kubeadm join failed in its etcd-join phase; running it again from there"
+KUBEADM_WRAPPER_PATH = "/usr/local/sbin/kubeadm"
+KUBEADM_WRAPPER = f"""#!/bin/sh
+# The test bed's kubeadm (tests/whole_cluster_bed.py): /usr/bin/kubeadm, with a join that failed in its etcd-join
+# phase run again from that phase.
+[ "$1" = join ] || exec /usr/bin/kubeadm "$@"
+/usr/bin/kubeadm "$@" 2>/run/kubeadm-join.err
+status=$?
+cat /run/kubeadm-join.err >&2
+attempt=0
+while [ $status -ne 0 ] && [ $attempt -lt {ETCD_JOIN_ATTEMPTS} ] && grep -q 'error execution phase etcd-join' /run/kubeadm-join.err; do
+  attempt=$((attempt + 1))
+  echo "{ETCD_JOIN_RETRY_MARK} (attempt $attempt)" | tee /dev/console >&2
+  sleep 10
+  /usr/bin/kubeadm "$@" --skip-phases=preflight,control-plane-prepare,check-etcd,kubelet-start 2>/run/kubeadm-join.err
+  status=$?
+  cat /run/kubeadm-join.err >&2
+done
+exit $status
+"""
+# etcd's raft timings for two members on two TCG VMs sharing 2 host cores, from a 100 ms heartbeat and a 1 s election
+# timeout, and no fsync: in a rollout tried at 2026-12-05 with etcd's defaults, the two-member etcd answered neither
+# KCP ("Failed to get etcd members: context deadline exceeded") nor the new API server's readiness for 12 minutes,
+# both VMs at a full host core each (the old VM's fdatasync took 1.5-2.9 s on 2026-12-04).
+ETCD_FOR_TCG = {"heartbeat-interval": "1000", "election-timeout": "10000", "unsafe-no-fsync": "true"}
 CONTROL_PLANE_DEADLINE_S = 1500.0  # boot, kubeadm init with etcd and the API server under TCG on a busy machine
 WORKERS_DEADLINE_S = 1200.0
 DELETE_DEADLINE_S = 600.0
@@ -85,6 +121,21 @@ def _adapt_control_plane(spec: dict, endpoint: str) -> None:
     for component in ("controllerManager", "scheduler"):
         cluster_configuration.setdefault(component, {}).setdefault("extraArgs", []).extend(
             {"name": name, "value": value} for name, value in LEADER_ELECTION.items())
+
+
+def for_a_control_plane_rollout(documents: list[dict]) -> None:
+    """The default flavor's objects made ready for a rollout of the control plane on this machine: no worker (the two
+    control-plane VMs have the host's 2 cores to themselves), etcd's timings (ETCD_FOR_TCG), and the kubeadm wrapper
+    (KUBEADM_WRAPPER)."""
+    for document in documents:
+        if document["kind"] == "MachineDeployment":
+            document["spec"]["replicas"] = 0
+        elif document["kind"] == "KubeadmControlPlane":
+            spec = document["spec"]["kubeadmConfigSpec"]
+            spec["files"].append({"path": KUBEADM_WRAPPER_PATH, "owner": "root:root", "permissions": "0755",
+                                  "content": KUBEADM_WRAPPER})
+            local = spec["clusterConfiguration"].setdefault("etcd", {}).setdefault("local", {})
+            local.setdefault("extraArgs", []).extend({"name": k, "value": v} for k, v in ETCD_FOR_TCG.items())
 
 
 def generated_objects(tmp: pathlib.Path, repository: pathlib.Path, flavor: str, cluster: str, namespace: str,

@@ -35,7 +35,6 @@ flannel-io/cni-plugin is not served here).
 from __future__ import annotations
 
 import asyncio
-import os
 
 import aiohttp
 import pytest
@@ -45,18 +44,26 @@ from autoscaling_proofs import N as AUTOSCALED
 from autoscaling_proofs import autoscale_from_zero_and_back
 from capi_libvirt.api import meta, templates
 from clusterctl_cli import clusterctl
-from day2_rollouts import DEPLOYMENT_LABEL, a_new_template, roll_the_workers, workload_read
-from devenv import base_image
+from day2_rollouts import (
+    CONTROL_PLANE_LABEL,
+    DEPLOYMENT_LABEL,
+    a_new_template,
+    roll_the_workers,
+    workload_read,
+    workload_unavailable,
+)
 from devenv.api_gateway import EndpointRelay
-from devenv.libvirt_host import LibvirtHost
 from kubeadm_workers import assert_joined_by_kubelet, libvirt_machines, list_objects, machines
-from node_proofs import a_reboot_keeps_the_node, boots_on_the_console, broken_join_is_visible_on_the_console, seeds_gone
+from node_proofs import (
+    a_reboot_keeps_the_node,
+    boots_on_the_console,
+    broken_join_is_visible_on_the_console,
+    seeds_gone,
+)
 from pod_network_checks import prove_the_pod_network
 from whole_cluster_bed import (
     PORT,
-    RESERVED,
     ROLLED_WORKER_MEMORY_MIB,
-    SUBNET,
     WORKER_MEMORY_MIB,
     WORKERS_DEADLINE_S,
     apply,
@@ -69,35 +76,17 @@ from whole_cluster_bed import (
 )
 
 from fixtures_control_plane import operator_running
-from fixtures_libvirt import require_libvirt_host_prerequisites
-from waiting import Clock, Pending, wait_until
+from waiting import Clock, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]
 
 CLUSTER = "whole"
-CONTROL_PLANE_LABEL = "cluster.x-k8s.io/control-plane"
 CLASS_CLUSTER = "classy"
 DEFAULT_KINDS = ["Cluster", "LibvirtCluster", "KubeadmControlPlane", "LibvirtMachineTemplate", "LibvirtMachineTemplate",
                  "MachineDeployment", "KubeadmConfigTemplate", "RoleBinding", "ConfigMap", "ClusterResourceSet"]
 CLUSTERCLASS_KINDS = ["ClusterClass", "LibvirtClusterTemplate", "KubeadmControlPlaneTemplate", "LibvirtMachineTemplate",
                       "LibvirtMachineTemplate", "KubeadmConfigTemplate", "Cluster", "RoleBinding", "ConfigMap",
                       "ClusterResourceSet"]
-
-
-@pytest.fixture(scope="module")
-def cluster_host(tmp_path_factory: pytest.TempPathFactory):
-    """A libvirt host of its own whose NAT network keeps its last addresses out of DHCP (the endpoint's)."""
-    require_libvirt_host_prerequisites()
-    name = f"pytest-cluster-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
-    with LibvirtHost(name, SUBNET, dhcp_reserved=RESERVED,
-                     log_dir=tmp_path_factory.mktemp("cluster-host-logs")) as host:
-        yield host
-
-
-@pytest.fixture(scope="module")
-def cluster_base_volume(cluster_host, node_image) -> str:
-    with cluster_host.connect() as conn:
-        return base_image.upload_base_image(conn, cluster_host.pool_name, node_image)
 
 
 async def _running_cluster(api_client, namespace: str, cluster: str, kubeconfig_path, clock: Clock) -> None:
@@ -147,12 +136,11 @@ async def _seeds_boots_and_a_reboot(api_client, workload_api, kubeconfig, namesp
     async def joined():
         try:
             return await assert_joined_by_kubelet(api_client, namespace, worker, worker_infra, workload_api)
-        except (TimeoutError, aiohttp.ClientError) as error:  # the workload API server stalled: ask again
-            return Pending(workload_api_server=f"{type(error).__name__}: {error}")
-        except client.ApiException as error:
-            if error.status >= 500:
-                return Pending(workload_api_server=f"HTTP {error.status}: {error.reason}")
-            raise
+        except (TimeoutError, aiohttp.ClientError, client.ApiException) as error:
+            unavailable = workload_unavailable(error)  # the workload API server stalled: ask again
+            if unavailable is None:
+                raise
+            return unavailable
 
     await wait_until("the worker's Node and kubelet CSR read", joined, WORKERS_DEADLINE_S, interval=3.0)
     clock.mark("the worker's kubelet CSR (its own bootstrap token) approved and signed")

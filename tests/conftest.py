@@ -30,12 +30,13 @@ LINUX_GUEST_MODULES = {
 }
 # Run one after the other on one worker, first, in this order: the modules that take both slots (another worker's
 # Linux module would only wait for them), then the clusterctl move bed (one node guest, 270 s), then the whole cluster
-# (only in a run that names it with the rest: `make test` runs it after them, alone, in a pytest process of its own).
+# (only in a run that names it with the rest: `make test` runs it after them, alone, in a pytest process of its own),
+# then the control-plane rollout (`make test` leaves it out; `make test-control-plane-rollout` runs it alone).
 # At 63de215, in alphabetical order, the move bed came between two-guest modules and the other worker, done with its
 # own modules, waited 5 minutes for slots.
 LINUX_GUESTS_GROUP = "linux-guests"
 LINUX_GROUP_ORDER = ("test_autoscaler", "test_remote_hosts", "test_bridged_addresses",
-                     "test_clusterctl_move", "test_whole_cluster")
+                     "test_clusterctl_move", "test_whole_cluster", "test_control_plane_rollout")
 # Scheduled first: the group, the run's critical path; everything else fills in on the other worker, and the
 # one-guest modules come last, for whichever worker is free. On its own worker beside the group (CI at 51c42f1 and
 # 8fb79cc), and first in the group beside the API-server tier (6c404fb), the whole cluster's control-plane VM's API

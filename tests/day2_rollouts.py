@@ -52,31 +52,23 @@ def endpoint_answers(kubeconfig: pathlib.Path) -> bool:
         return False
 
 
-def workload_unavailable(error: Exception) -> Pending | None:
-    """A Pending naming the error if it says the workload API server is not answering for now (no connection, a
-    timeout, a 5xx, or 429 "storage is (re)initializing" from an API server that just started beside a changing etcd
-    membership); None for an error that is an answer."""
-    if isinstance(error, (TimeoutError, aiohttp.ClientError)):
-        return Pending(workload_api_server=f"{type(error).__name__}: {error}")
-    if isinstance(error, client.ApiException) and (error.status >= 500 or error.status == 429):
-        return Pending(workload_api_server=f"HTTP {error.status}: {error.reason}")
-    return None
-
-
 async def workload_read(call: Awaitable[T]) -> T | Pending:
     """A read of the workload API server through the endpoint; a Pending naming the error while it does not answer
-    (restarting under load, or the endpoint moving: the caller's next poll asks again)."""
+    (restarting under load, or the endpoint moving; or 429 "storage is (re)initializing" from an API server that just
+    started beside a changing etcd membership): the caller's next poll asks again."""
     try:
         return await call
-    except (TimeoutError, aiohttp.ClientError, client.ApiException) as error:
-        unavailable = workload_unavailable(error)
-        if unavailable is None:
-            raise
-        return unavailable
+    except (TimeoutError, aiohttp.ClientError) as error:
+        return Pending(workload_api_server=f"{type(error).__name__}: {error}")
+    except client.ApiException as error:
+        if error.status >= 500 or error.status == 429:
+            return Pending(workload_api_server=f"HTTP {error.status}: {error.reason}")
+        raise
 
 
 async def workload_snapshot(workload_api: client.ApiClient) -> tuple[dict[str, client.V1Node], set[str]] | Pending:
-    """The workload cluster's Nodes by name and the Nodes whose etcd Pod runs (or a Pending, as workload_read)."""
+    """The workload cluster's Nodes by name and the nodes with a Running etcd Pod, whether their Node object is still
+    there or not (or a Pending, as workload_read)."""
     core = client.CoreV1Api(workload_api)
     listed = await workload_read(core.list_node(_request_timeout=10))
     if isinstance(listed, Pending):
@@ -86,7 +78,7 @@ async def workload_snapshot(workload_api: client.ApiClient) -> tuple[dict[str, c
     if isinstance(pods, Pending):
         return pods
     nodes = {n.metadata.name: n for n in listed.items}
-    return nodes, {p.spec.node_name for p in pods.items if p.status.phase == "Running" and p.spec.node_name in nodes}
+    return nodes, {p.spec.node_name for p in pods.items if p.status.phase == "Running"}
 
 
 def machine_states(found: list[dict], nodes: dict[str, client.V1Node]) -> list[str]:
@@ -208,13 +200,15 @@ def _replacement(api: client.ApiClient, workload_api: client.ApiClient, namespac
 
 
 class EndpointProbe:
-    """Asks the workload API server through the endpoint every second while it runs (`async with`): how many asks,
-    which failed, and when (seconds from the start)."""
+    """Asks the workload API server through the endpoint while it runs (`async with`), a second after each answer:
+    how many asks, which failed, when (seconds from the start) and how long the failed asks took in all (an ask that
+    gets no answer waits up to endpoint_answers' 5 s)."""
 
     def __init__(self, kubeconfig: pathlib.Path) -> None:
         self.kubeconfig = kubeconfig
         self.asked = 0
         self.failed: list[float] = []
+        self.failing_s = 0.0
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
@@ -222,10 +216,14 @@ class EndpointProbe:
         started = loop.time()
         while True:
             at = loop.time()
-            answered = await asyncio.to_thread(endpoint_answers, self.kubeconfig)
+            try:
+                answered = await asyncio.to_thread(endpoint_answers, self.kubeconfig)
+            except Exception:  # noqa: BLE001 - any broken answer (a reset mid-response) is a failed ask
+                answered = False
             self.asked += 1
             if not answered:
                 self.failed.append(round(at - started, 1))
+                self.failing_s += loop.time() - at
             await asyncio.sleep(max(0.0, 1.0 - (loop.time() - at)))
 
     async def __aenter__(self) -> EndpointProbe:
@@ -235,13 +233,11 @@ class EndpointProbe:
     async def __aexit__(self, *_: object) -> None:
         assert self._task is not None
         self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
+        await asyncio.gather(self._task, return_exceptions=True)
 
     def report(self) -> str:
-        return (f"  the endpoint asked {self.asked} times (/readyz, 1 s apart, 5 s timeout): {len(self.failed)} failed"
+        return (f"  the endpoint asked {self.asked} times (/readyz, 5 s timeout, 1 s after each answer): "
+                f"{len(self.failed)} failed, {self.failing_s:.0f} s of failed asks in all"
                 + (f", at {self.failed} s" if self.failed else ""))
 
 

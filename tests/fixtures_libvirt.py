@@ -1,5 +1,6 @@
-"""Fixtures of the real libvirt side: one libvirt host (daemons in their own network namespace) for the session, and
-the cached guest images its guests boot (the minimal one, and the Kubernetes node one)."""
+"""Fixtures of the real libvirt side: one libvirt host (daemons in their own network namespace) for the session, one
+per module for a whole cluster (cluster_host, with the node image in its pool), and the cached guest images their
+guests boot (the minimal one, and the Kubernetes node one)."""
 
 from __future__ import annotations
 

@@ -66,19 +66,18 @@ KUBEADM_WRAPPER = f"""#!/bin/sh
 # The test bed's kubeadm (tests/whole_cluster_bed.py): /usr/bin/kubeadm, with a join that failed in its etcd-join
 # phase run again from that phase.
 [ "$1" = join ] || exec /usr/bin/kubeadm "$@"
-/usr/bin/kubeadm "$@" 2>/run/kubeadm-join.err
-status=$?
-cat /run/kubeadm-join.err >&2
+# kubeadm's output goes on as it comes (tee); its status and its last words are kept for the decision.
+run() {{ {{ /usr/bin/kubeadm "$@"; echo $? >/run/kubeadm-join.status; }} 2>&1 | tee /run/kubeadm-join.log; }}
+run "$@"
 attempt=0
-while [ $status -ne 0 ] && [ $attempt -lt {ETCD_JOIN_ATTEMPTS} ] && grep -q 'error execution phase etcd-join' /run/kubeadm-join.err; do
+while [ "$(cat /run/kubeadm-join.status)" != 0 ] && [ $attempt -lt {ETCD_JOIN_ATTEMPTS} ] \
+    && grep -q 'error execution phase etcd-join' /run/kubeadm-join.log; do
   attempt=$((attempt + 1))
-  echo "{ETCD_JOIN_RETRY_MARK} (attempt $attempt)" | tee /dev/console >&2
+  echo "{ETCD_JOIN_RETRY_MARK} (attempt $attempt)" | tee /dev/console
   sleep 10
-  /usr/bin/kubeadm "$@" --skip-phases=preflight,control-plane-prepare,check-etcd,kubelet-start 2>/run/kubeadm-join.err
-  status=$?
-  cat /run/kubeadm-join.err >&2
+  run "$@" --skip-phases=preflight,control-plane-prepare,check-etcd,kubelet-start
 done
-exit $status
+exit "$(cat /run/kubeadm-join.status)"
 """
 # etcd's raft timings for two members on two TCG VMs sharing 2 host cores, from a 100 ms heartbeat and a 1 s election
 # timeout, and no fsync: in a rollout tried at 2026-12-05 with etcd's defaults, the two-member etcd answered neither
@@ -230,7 +229,8 @@ async def nodes_ready(api: client.ApiClient, workload_api: client.ApiClient, nam
         return Pending(machines=machine_states(found, nodes))
 
     result = await wait_until(f"{count} Machines Running with Ready Nodes", ready, WORKERS_DEADLINE_S, interval=3.0)
-    clock.mark(f"the worker joined through the endpoint: {count} Nodes Ready, {count} Machines Running")
+    clock.mark(f"the worker joined through the endpoint: {count} Nodes Ready, {count} Machines Running" if count > 1
+               else "the control-plane Node Ready, its Machine Running")
     return result
 
 

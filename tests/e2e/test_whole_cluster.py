@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import pytest
 from kubernetes_asyncio import client, config
 
@@ -50,7 +49,6 @@ from day2_rollouts import (
     a_new_template,
     roll_the_workers,
     workload_read,
-    workload_unavailable,
 )
 from devenv.api_gateway import EndpointRelay
 from kubeadm_workers import assert_joined_by_kubelet, libvirt_machines, list_objects, machines
@@ -133,14 +131,8 @@ async def _seeds_boots_and_a_reboot(api_client, workload_api, kubeconfig, namesp
     [worker] = [m for m in found if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == workers]
     [worker_infra] = [m for m in infra if m["metadata"]["name"] == worker["spec"]["infrastructureRef"]["name"]]
 
-    async def joined():
-        try:
-            return await assert_joined_by_kubelet(api_client, namespace, worker, worker_infra, workload_api)
-        except (TimeoutError, aiohttp.ClientError, client.ApiException) as error:
-            unavailable = workload_unavailable(error)  # the workload API server stalled: ask again
-            if unavailable is None:
-                raise
-            return unavailable
+    def joined():  # the workload API server stalled: ask again
+        return workload_read(assert_joined_by_kubelet(api_client, namespace, worker, worker_infra, workload_api))
 
     await wait_until("the worker's Node and kubelet CSR read", joined, WORKERS_DEADLINE_S, interval=3.0)
     clock.mark("the worker's kubelet CSR (its own bootstrap token) approved and signed")

@@ -96,6 +96,7 @@ def test_the_sweep_at_start_leaves_a_live_operators_folder_and_removes_a_dead_on
             "dead": tmp_path / f"capi-libvirt-cred-{dead.pid}-abc",
             "ours": tmp_path / f"capi-libvirt-cred-{os.getpid()}-abc",  # an earlier life of this pid
             "old-style": tmp_path / "capi-libvirt-cred-k2j4h5",  # named before folders carried a pid
+            "not-a-pid": tmp_path / "capi-libvirt-cred-\u00b2-abc",  # str.isdigit() is true of "²", int() fails
         }
         for folder in folders.values():
             folder.mkdir()
@@ -109,3 +110,6 @@ def test_the_sweep_at_start_leaves_a_live_operators_folder_and_removes_a_dead_on
     with materialized("qemu+ssh://root@kvm1/system", SSH) as uri:
         folder = pathlib.Path(query(uri)["keyfile"]).parent
         assert folder.name.startswith(f"capi-libvirt-cred-{os.getpid()}-") and folder.parent == tmp_path
+        credentials.sweep_leftovers()  # a second operator started in this process (the tests run several)
+        assert folder.exists() and os.access(query(uri)["command"], os.X_OK)
+    assert not folder.exists()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import tempfile
 import urllib.parse
@@ -93,20 +94,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# The folders this process has open now (materialized's blocks), which its own sweep must leave: an operator started
+# again in the same process (the tests run several) finds them under its own pid.
+_in_use: set[str] = set()
+
+
 def sweep_leftovers() -> None:
     """Remove credential folders a crashed earlier run left in the temporary folder (at operator start).
 
-    Only folders of processes that are gone, or of this pid (at start this process has opened none, so such a folder
-    is an earlier life's): another live operator's folder may be in use by a connection being opened right now.
+    Only folders of processes that are gone, or of this pid but not open in this process (an earlier life's): another
+    live operator's folder may be in use by a connection being opened right now.
     """
     tmp = tempfile.gettempdir()
     for name in os.listdir(tmp):
         if not name.startswith(CREDENTIALS_PREFIX):
             continue
+        path = os.path.join(tmp, name)
         pid_text = name[len(CREDENTIALS_PREFIX):].partition("-")[0]
-        if pid_text.isdigit() and int(pid_text) != os.getpid() and _alive(int(pid_text)):
-            continue
-        shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        if re.fullmatch(r"[0-9]{1,10}", pid_text):
+            pid = int(pid_text)
+            if path in _in_use or (pid != os.getpid() and _alive(pid)):
+                continue
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # What a URI may say. Everything else in its query (command=, no_verify=, known_hosts_verify=, pkipath=, ...) could
@@ -152,6 +161,7 @@ def materialized(uri: str, credentials: Credentials | None) -> Iterator[str]:
         folder = tempfile.mkdtemp(prefix=_folder_prefix(os.getpid()))  # mode 0700
     except OSError as error:
         raise CredentialsError(f"cannot write credentials: {error.strerror}") from None
+    _in_use.add(folder)
     try:
         data = credentials.data
         if kind in ("ssh", "libssh"):
@@ -178,3 +188,4 @@ def materialized(uri: str, credentials: Credentials | None) -> Iterator[str]:
             yield _with_query(uri, {"pkipath": folder})
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        _in_use.discard(folder)

@@ -37,7 +37,7 @@ from day2_rollouts import DEPLOYMENT_LABEL, workload_read
 from guests import refreshed_pool
 from kubeadm_workers import by_kind, create, is_ready, libvirt_machines, machines
 
-from waiting import Clock, Pending, wait_until
+from waiting import Clock, Pending, events_posted, wait_until
 
 ISO_DEADLINE_S = 300.0  # the Machine's nodeRef wakes the machine at once; its next pass removes the ISO
 REBOOT_DEADLINE_S = 900.0  # a TCG guest's reboot to a Ready kubelet, beside the control-plane VM
@@ -110,9 +110,9 @@ async def seeds_gone(api: client.ApiClient, namespace: str, host, count: int) ->
         assert isos == [], f"a host without ISOs after provisioning: {isos}"
     core = client.CoreV1Api(api)
     for machine in infra:
-        events = (await core.list_namespaced_event(
-            namespace, field_selector=f"involvedObject.name={machine['metadata']['name']}")).items
-        assert [e.type for e in events if e.reason == machine_reconcile.NOCLOUD_ISO_REMOVED] == ["Normal"]
+        events = await events_posted(core, namespace, machine_reconcile.NOCLOUD_ISO_REMOVED,
+                                     f"involvedObject.name={machine['metadata']['name']}")
+        assert [e.type for e in events] == ["Normal"]
     return infra
 
 

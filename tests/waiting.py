@@ -51,6 +51,21 @@ async def wait_until(what: str, probe: Callable[[], Awaitable[T]], deadline_s: f
     raise AssertionError(f"timed out after {deadline_s:.0f}s waiting for {what}; last seen: {last!r}")
 
 
+# Events are posted in the background (the operator's EventPoster): one may land a moment after what it tells of.
+EVENT_POSTED_S = 60.0
+
+
+async def events_posted(core, namespace: str, reason: str, involved: str) -> list:
+    """The Events of `reason` whose involvedObject matches `involved` (a field selector such as
+    "involvedObject.name=x"), once at least one is there (CoreV1Event models); fails naming the reasons seen when none
+    comes within EVENT_POSTED_S."""
+    async def posted() -> list | Pending:
+        listed = await core.list_namespaced_event(namespace, field_selector=involved)
+        matching = [e for e in listed.items if e.reason == reason]
+        return matching or Pending(reasons=[e.reason for e in listed.items])
+    return await wait_until(f"a {reason} event ({involved})", posted, EVENT_POSTED_S)
+
+
 def wait_for(what: str, probe: Callable[[], T], timeout: float = 90.0, interval: float = 0.5) -> T:
     """wait_until's twin for synchronous probes (tests that drive the API server with plain requests)."""
     deadline = time.monotonic() + timeout

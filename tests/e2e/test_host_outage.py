@@ -34,7 +34,7 @@ from guests import host_objects, provider_objects
 
 from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from prereq import require
-from waiting import wait_until
+from waiting import events_posted, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -144,10 +144,6 @@ class Machines:
         return (await self.objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, self.namespace,
                                                                  "libvirtmachines"))["items"]
 
-    async def events(self, name: str) -> list:
-        listed = await self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}")
-        return listed.items
-
 
 def condition(body: dict | None, type_: str) -> dict:
     return next((c for c in ((body or {}).get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
@@ -247,8 +243,9 @@ async def test_a_host_cut_off_mid_provision_keeps_its_machine_and_a_machine_with
             assert body["status"]["host"] == "outage-b"
             assert [a_["address"] for a_ in body["status"]["addresses"] if a_["type"] == "InternalIP"][0] \
                 .startswith("192.168.172.")
-            replaced = [e for e in await machines.events("stranded") if e.reason == "Replaced"]
-            assert replaced and replaced[0].type == "Warning" and "outage-a" in replaced[0].message
+            replaced = await events_posted(machines.core, machines.namespace, "Replaced",
+                                           "involvedObject.name=stranded")
+            assert replaced[0].type == "Warning" and "outage-a" in replaced[0].message
             stranded_uid = body["metadata"]["uid"]
 
             # The outage has lasted longer than the timeout: the machine with a domain on outage-a did not move.
@@ -374,9 +371,10 @@ async def test_a_machine_health_check_replaces_a_machine_on_a_lost_host_once_the
                 return await machine(old_machine) is None and await machines.get(old_name) is None
             await wait_until("the old Machine and LibvirtMachine gone", old_machine_gone, DEADLINE_S)
             clock.mark("the old Machine gone")
-            warnings = [e for e in await machines.events(old_name) if e.reason == "HostDecommissioned"]
+            warnings = await events_posted(machines.core, machines.namespace, "HostDecommissioned",
+                                           f"involvedObject.name={old_name}")
             domain = naming.domain_name(namespace, old_name, old_uid)
-            assert warnings and warnings[0].type == "Warning", [e.reason for e in await machines.events(old_name)]
+            assert warnings[0].type == "Warning", warnings[0]
             assert f"domain {domain}" in warnings[0].message
             assert naming.overlay_volume_name(namespace, old_name, old_uid) in warnings[0].message
             assert domains_of(a, old_uid) == [domain], "what the Warning names is what remains on the lost host"

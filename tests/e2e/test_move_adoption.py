@@ -24,7 +24,7 @@ from guests import refreshed_pool
 
 from fixtures_control_plane import operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
-from waiting import wait_until
+from waiting import events_posted, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -126,7 +126,7 @@ async def test_a_moved_copy_adopts_its_domain_and_deleting_it_cleans_the_host(
             return await body() is None
         await wait_until("the source copy to be gone", gone, 60)
         assert on_host(move_host, naming.uid_hash(source_uid)) == before, "deleting for move touched the host"
-        assert "DeletedForMove" in await events_of(source_uid)
+        await events_posted(core, namespace, "DeletedForMove", f"involvedObject.uid={source_uid}")
 
         metadata = source["metadata"]
         copy = {"apiVersion": meta.API_VERSION, "kind": "LibvirtMachine",

@@ -16,7 +16,7 @@ from devenv import capi_objects
 from devenv.libvirt_host import LibvirtHost
 
 from fixtures_control_plane import operator_running
-from waiting import CONVERGENCE_S, wait_until
+from waiting import CONVERGENCE_S, events_posted, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -105,7 +105,8 @@ async def test_missing_base_image_is_named_in_the_condition_and_nothing_is_left(
     assert "missing-base.qcow2" in provisioned["message"] and libvirt_host.pool_name in provisioned["message"]
     ready = await machine.wait_for_condition("Ready", "ImageNotFound")
     assert ready["status"] == "False"
-    assert any(e.startswith("Warning ImageNotFound") for e in await machine.events())
+    [event, *_] = await events_posted(machine.core, namespace, "ImageNotFound", f"involvedObject.name={machine.name}")
+    assert event.type == "Warning"
     uid = (await machine.body())["metadata"]["uid"]
     await machine.delete_and_wait_gone()
     assert left_on_host(libvirt_host, namespace, machine.name, uid) == []

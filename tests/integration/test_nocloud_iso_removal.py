@@ -36,7 +36,7 @@ from guests import provider_objects, refreshed_pool
 from fixtures_control_plane import operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
 from prereq import require
-from waiting import CONVERGENCE_S, wait_until
+from waiting import CONVERGENCE_S, events_posted, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -165,12 +165,13 @@ async def test_the_iso_leaves_the_host_once_the_node_joined_unless_kept_and_a_cr
 
         core = client.CoreV1Api(api_client)
         for name in names:
-            events = (await core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")).items
-            detached = [e for e in events if e.reason == machine_reconcile.NOCLOUD_ISO_REMOVED]
             if name == "kept":
-                assert detached == []
+                events = (await core.list_namespaced_event(namespace,
+                                                           field_selector=f"involvedObject.name={name}")).items
+                assert [e for e in events if e.reason == machine_reconcile.NOCLOUD_ISO_REMOVED] == []
                 continue
-            [event] = detached
+            [event] = await events_posted(core, namespace, machine_reconcile.NOCLOUD_ISO_REMOVED,
+                                          f"involvedObject.name={name}")
             assert event.type == "Normal" and f"volume {naming.nocloud_volume_name(namespace, name, uids[name])} " \
                 "deleted" in event.message, event.message
             # The crashed one's eject was in the pass that failed: the event of the pass that finished says delete.

@@ -256,6 +256,13 @@ class LibvirtHost:
         for daemon in daemons:
             log.info("libvirt host %s: started %s (pid %s) in netns %s", self.name, daemon, self._read_pid(daemon), self.netns)
 
+    def mount_tmpfs(self, folder: pathlib.Path, size_mib: int) -> None:
+        """A tmpfs of `size_mib` on `folder`, in the daemons' mount namespace: a folder pool on it is a small pool
+        (its capacity exactly that; memory is taken only for what is written). It goes with the namespace."""
+        folder.mkdir(parents=True, exist_ok=True)
+        run(["nsenter", f"--target={self._read_pid('libvirtd')}", "--mount", "--", "mount", "-t", "tmpfs", "-o",
+             f"size={size_mib}m,mode=0711", "capi-libvirt-test", str(folder)])
+
     def kill_and_restart_libvirtd(self) -> tuple[int, int]:
         """SIGKILL libvirtd, as a crash or the OOM killer would end it (guests, dnsmasq and virtlogd live on), and start
         it again in the same namespaces, with the same state folders; returns once it answers. (old pid, new pid)"""

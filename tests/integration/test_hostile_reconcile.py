@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta
-from capi_libvirt.core import conditions, domain_xml, naming
+from capi_libvirt.core import address_conflicts, conditions, domain_xml, naming
 from capi_libvirt.hypervisor import connection
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory
@@ -75,7 +75,8 @@ KNOWN_REASONS = {
     conditions.Reason.BOOTSTRAP_FORMAT_UNSUPPORTED, conditions.Reason.BOOTSTRAP_DATA_MISSING,
     conditions.Reason.WAITING_FOR_BOOTSTRAP_DATA, conditions.Reason.HOST_UNREACHABLE, "HypervisorError",
     reconcile.NETWORK_NOT_FOUND, reconcile.ADOPTION_REFUSED, reconcile.INVALID_SPEC, "InsufficientCapacity",
-    "HostNotFound", reconcile.TENANT_NOT_ALLOWED, reconcile.SECRETS_FORBIDDEN,
+    "HostNotFound", reconcile.TENANT_NOT_ALLOWED, reconcile.SECRETS_FORBIDDEN, reconcile.MACHINE_TYPE_NOT_SUPPORTED,
+    address_conflicts.ADDRESS_CONFLICT,
 }
 KERNEL_TEXT = [p for p in PIECES if not any(c < " " or c in "\x7f\x85\ufffe\uffff" for c in p)]
 
@@ -309,7 +310,7 @@ def reconcile_spec(draw: st.DrawFn, network: str, pool: str) -> dict[str, Any]:
         "memoryMiB": draw(st.sampled_from([128] * 5 + [192, 256, 16 * 1024 * 1024])),  # 16 TiB: no host takes it
         "cpus": draw(st.sampled_from([1] * 5 + [2, 3, 512])),
         "diskGiB": draw(st.sampled_from([1, 20, 65536])),
-        "machineType": draw(st.sampled_from(["q35", "pc"] * 3 + ["x" * 64])),  # unknown to QEMU: define fails
+        "machineType": draw(st.sampled_from(["q35", "pc"] * 3 + ["x" * 64])),  # unknown to QEMU: refused by name
         "diskBus": draw(st.sampled_from(["virtio", "scsi", "sata"])),
         "guestAgent": draw(st.booleans()), "serialLog": draw(st.booleans()),
         "interfaces": draw(st.lists(interface, min_size=1, max_size=3)),

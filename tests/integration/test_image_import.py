@@ -6,10 +6,11 @@ The image is Debian's iPXE disk (bench/testbed.py's guest: it boots in a second 
 imported image really runs. Two machines wanting it at once make one download (counted at the server) and one image
 volume, both overlays backed by it; a third machine later makes none; the image volume stays while machines use it
 (and after: the provider never deletes an image), and the orphan collector counts it as no stray. A bad checksum, a
-404, a pool too small for the Content-Length, a pool that fills while an image without Content-Length streams in, a
-redirect out of the allowed prefix and a URL not under it each end in a clear condition, with nothing half-written
-left in any pool. The small pool is a `dir` pool on a 1 MiB tmpfs, mounted before the host's daemons start so their
-mount namespace has it.
+404, a pool too small for the Content-Length, an image that fits the pool's free space but not what placement may
+still promise there (the tiny pool's storage overcommit is 0.5; that check comes first, so it answers the too-big
+image too), a pool that fills while an image without Content-Length streams in, a redirect out of the allowed prefix
+and a URL not under it each end in a clear condition, with nothing half-written left in any pool. The small pool is a
+`dir` pool on a 1 MiB tmpfs, mounted in the host's daemons' mount namespace.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import base64
 import hashlib
 import io
 import random
-import subprocess
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -33,7 +33,7 @@ from capi_libvirt.core import images, naming
 from capi_libvirt.operator import config as operator_config
 from devenv import base_image, capi_objects, ipxe_image
 from devenv.image_server import ImageServer, Served
-from devenv.libvirt_host import LibvirtHost
+from devenv.libvirt_host import LibvirtHost, dir_pool_xml
 from devenv.remote_access import RemoteAccess
 
 from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
@@ -46,7 +46,8 @@ from waiting import CONVERGENCE_S, Pending, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(5 * CONVERGENCE_S)]
 
 HOST, SUBNET, LINK = "image-kvm", "192.168.186.0/24", 186
-TINY_POOL, TINY_SIZE = "image-tiny", "1m"  # smaller than the iPXE image (1.7 MiB as qcow2)
+TINY_POOL, TINY_MIB = "image-tiny", 1  # smaller than the iPXE image (1.7 MiB as qcow2)
+TINY_OVERCOMMIT = 0.5  # placement may promise half of the tiny pool: 512 KiB
 DEADLINE_S = CONVERGENCE_S
 USER_DATA = "#cloud-config\n"
 MERGE = {"_content_type": "application/merge-patch+json"}
@@ -57,41 +58,38 @@ def sha(data: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ImageServer, bytes, bytes]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ImageServer, bytes, bytes, bytes]]:
     """The iPXE image under several paths, 3 MiB of random bytes (a raw image the tiny pool cannot hold), redirects."""
     require(ipxe_image.IPXE_ISO.exists(), f"{ipxe_image.IPXE_ISO} (Debian's ipxe package; make system-deps)")
     ipxe = ipxe_image.ipxe_qcow2(tmp_path_factory.mktemp("image-import")).read_bytes()
     big = random.Random(186).randbytes(3 * 1024 * 1024)
+    half = random.Random(187).randbytes(600 * 1024)  # fits the tiny pool's free space, not what may be promised
     routes = {
         "/images/ipxe.qcow2": Served(ipxe),
         "/images/copy.qcow2": Served(ipxe),  # the bad-checksum case's own path (its hits are not the good one's)
         "/images/big.raw": Served(big),
+        "/images/half.raw": Served(half),
         "/images/unsized.qcow2": Served(ipxe, with_length=False),
         "/images/escape.qcow2": Served(redirect="/private/ipxe.qcow2"),
         "/private/ipxe.qcow2": Served(ipxe),
     }
     with ImageServer(routes) as server:
-        yield server, ipxe, big
+        yield server, ipxe, big, half
 
 
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteAccess]:
-    """The host, with its usual pool and a `dir` pool on a 1 MiB tmpfs (mounted before its daemons start)."""
+    """The host, with its usual pool and a `dir` pool on a 1 MiB tmpfs (in its daemons' mount namespace)."""
     require_libvirt_host_prerequisites()
-    for program in ("/usr/sbin/sshd", "openssl", "mount", "umount"):
+    for program in ("/usr/sbin/sshd", "openssl", "nsenter", "mount"):
         require(__import__("shutil").which(program) is not None, f"{program} (make test installs it)")
-    tiny = tmp_path_factory.mktemp("image-tiny-pool")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TINY_SIZE},mode=0755", "image-tiny", str(tiny)], check=True)
-    try:
-        host = LibvirtHost(HOST, SUBNET, log_dir=tmp_path_factory.mktemp("image-host-logs"))
-        with RemoteAccess(host, link_index=LINK) as access:
-            with host.connect() as conn:
-                pool = conn.storagePoolDefineXML(f"<pool type='dir'><name>{TINY_POOL}</name><target><path>{tiny}"
-                                                 "</path></target></pool>", 0)
-                pool.create(0)
-            yield access
-    finally:
-        subprocess.run(["umount", str(tiny)], check=False)
+    host = LibvirtHost(HOST, SUBNET, log_dir=tmp_path_factory.mktemp("image-host-logs"))
+    with RemoteAccess(host, link_index=LINK) as access:
+        tiny = host.state_dir / "tiny-pool"
+        host.mount_tmpfs(tiny, TINY_MIB)
+        with host.connect() as conn:
+            conn.storagePoolDefineXML(dir_pool_xml(TINY_POOL, tiny), 0).create(0)
+        yield access
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +113,8 @@ async def operator(control_plane, api_client, remote: RemoteAccess, served):
                      "credentialsSecretRef": {"name": secret, "namespace": PROVIDER_NAMESPACE},
                      "access": {"networks": [remote.host.network_name],
                                 "storagePools": [remote.host.pool_name, TINY_POOL],
-                                "imageURLPrefixes": [server.url("/images/")]}}})
+                                "imageURLPrefixes": [server.url("/images/")]},
+                     "overcommit": {"storagePools": {TINY_POOL: TINY_OVERCOMMIT}}}})
 
         async def reachable():
             return (await host_status(api_client)).get("reachable")
@@ -150,8 +149,10 @@ async def host_status(api_client) -> dict:
 
 
 def spec(remote: RemoteAccess, image: dict, pool: str | None = None) -> dict:
-    """The iPXE guest (1 vCPU, 128 MiB), its image by URL; `pool`: the machine's storage pool (and so the image's)."""
-    return ipxe_image.machine_spec(pool or remote.host.pool_name, remote.host.network_name) | {"image": image}
+    """The iPXE guest (1 vCPU, 128 MiB), its image by URL; `pool`: the image's pool (the machine's disks stay in the
+    host's pool: placement counts them against it, and the tiny pool could not hold one)."""
+    return ipxe_image.machine_spec(remote.host.pool_name, remote.host.network_name) | {
+        "image": image | ({"pool": pool} if pool else {})}
 
 
 async def make(api_client, namespace: str, libvirt_spec: dict) -> str:
@@ -248,7 +249,7 @@ async def test_machines_share_one_import_and_boot_from_it(api_client, remote, se
     no download; the image stays while machines use it and after; the orphan collector counts no stray volume.
     An import cut short before (a partial volume, no marker) is never taken for the image: replaced by the download;
     one that was complete but never marked is read back, hashed, marked and used: no download."""
-    server, ipxe, big = served
+    server, ipxe, big, _half = served
     digest = sha(ipxe)
     image = {"url": server.url("/images/ipxe.qcow2"), "sha256": digest}
     plant(remote, images.image_volume_name(digest), "qcow2", ipxe[:200 * 1024])  # cut short
@@ -304,7 +305,7 @@ async def test_a_bad_image_ends_in_a_clear_condition_and_leaves_nothing(api_clie
     """A bad checksum, a 404 (retried with backoff), a pool too small for the Content-Length, a pool filling up while
     an image without Content-Length streams in, a redirect out of the allowed prefix, and a URL not under it: each
     its condition, naming what went wrong; no image volume of theirs in any pool."""
-    server, ipxe, big = served
+    server, ipxe, big, half = served
     zeros, missing, escaped, private = "0" * 64, sha(b"missing"), sha(b"escaped"), sha(b"private")
     cases = {
         "checksum": (spec(remote, {"url": server.url("/images/copy.qcow2"), "sha256": zeros}),
@@ -313,6 +314,8 @@ async def test_a_bad_image_ends_in_a_clear_condition_and_leaves_nothing(api_clie
                 "ImageDownloadFailed", [server.url("/images/missing.qcow2"), "HTTP 404"]),
         "too big": (spec(remote, {"url": server.url("/images/big.raw"), "sha256": sha(big)}, TINY_POOL),
                     "InsufficientStorage", ["needs 3.0 MiB", f"pool {TINY_POOL}"]),
+        "over the room": (spec(remote, {"url": server.url("/images/half.raw"), "sha256": sha(half)}, TINY_POOL),
+                          "InsufficientStorage", ["needs 0.6 MiB", "placement may promise only", f"pool {TINY_POOL}"]),
         "fills up": (spec(remote, {"url": server.url("/images/unsized.qcow2"), "sha256": sha(ipxe)}, TINY_POOL),
                      "InsufficientStorage", ["filled up", "the partial volume was removed"]),
         "redirect out": (spec(remote, {"url": server.url("/images/escape.qcow2"), "sha256": escaped}),

@@ -13,8 +13,10 @@ documented way lets the machine go on), and refuses host credentials outside its
 from __future__ import annotations
 
 import base64
+import contextlib
 import shutil
 import uuid
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 
 import pytest
@@ -24,7 +26,7 @@ from capi_libvirt.api import meta
 from capi_libvirt.core import naming
 from devenv import capi_objects
 from devenv import remote_access as ra
-from devenv.libvirt_host import LibvirtHost
+from devenv.libvirt_host import LibvirtHost, dir_pool_xml
 
 from fixtures_control_plane import OPERATOR_USER, PROVIDER_NAMESPACE, allow_secrets, operator_running
 from prereq import require
@@ -39,11 +41,20 @@ KERNELS = "/var/lib/capi-libvirt-kernels/"
 USER_DATA = "#cloud-config\n# token: s3cr3t-tenant-bootstrap\n"
 
 
+SHARED = "tenant-kvm-shared"  # a third LibvirtHost of the hypervisor, for shared-* namespaces: a small pool, quotas
+SMALL_POOL, SMALL_POOL_MIB = "small", 4096
+QUOTA = {"namespaces": ["shared-quota-*"], "machines": 1, "cpus": 2}
+
+
 @pytest.fixture(scope="module")
 def tls_host():
-    for program in ("/usr/sbin/sshd", "ssh", "openssl", "ssh-keygen"):
+    for program in ("/usr/sbin/sshd", "ssh", "openssl", "ssh-keygen", "nsenter"):
         require(shutil.which(program) is not None, f"{program} (make test installs it)")
     with ra.RemoteAccess(LibvirtHost("tenants-tls", "192.168.176.0/24"), link_index=176) as access:
+        folder = access.host.state_dir / "small-pool"
+        access.host.mount_tmpfs(folder, SMALL_POOL_MIB)
+        with access.host.connect() as conn:
+            conn.storagePoolDefineXML(dir_pool_xml(SMALL_POOL, folder), 0).create(0)
         yield access
 
 
@@ -72,39 +83,61 @@ async def hosts(control_plane, api_client, tls_host) -> AsyncIterator[dict]:
     access_a = {"namespaces": ["tenant-a-*"], "images": [BASE], "networks": [tls_host.host.network_name],
                 "hostPaths": [KERNELS]}
     access_b = {"namespaces": ["someone-else"], "images": ["*"], "networks": ["*"], "bridges": ["*"]}
+    access_shared = {"namespaces": ["shared-*"], "images": [BASE], "networks": [tls_host.host.network_name],
+                     "storagePools": [tls_host.host.pool_name, SMALL_POOL], "quotas": [QUOTA]}
     async with operator_running(control_plane, {}):
-        for name, access in ((HOST_A, access_a), (HOST_B, access_b)):
+        for name, access in ((HOST_A, access_a), (HOST_B, access_b), (SHARED, access_shared)):
             await objects.create_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", {
                 "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": name},
                 "spec": {**common, "access": access}})
-        for name in (HOST_A, HOST_B):
+        for name in (HOST_A, HOST_B, SHARED):
             async def reachable(name=name):
                 return (await host_status(objects, name)).get("reachable")
             await wait_until(f"{name} reachable", reachable, DEADLINE_S)
         try:
             yield {"access": tls_host, "objects": objects}
         finally:
-            for name in (HOST_A, HOST_B):
+            for name in (HOST_A, HOST_B, SHARED):
                 await objects.delete_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name)
 
             async def gone():
                 listed = await objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts")
-                return not {HOST_A, HOST_B} & {h["metadata"]["name"] for h in listed["items"]}
+                return not {HOST_A, HOST_B, SHARED} & {h["metadata"]["name"] for h in listed["items"]}
             await wait_until("the LibvirtHosts released", gone, DEADLINE_S)
             await core.delete_namespaced_secret(secret, PROVIDER_NAMESPACE)
 
 
-@pytest.fixture
-async def tenant(api_client, control_plane) -> AsyncIterator[str]:
-    """Tenant A's namespace (tenant-a-*: host A allows it), its Secrets readable by the operator (allow_secrets)."""
-    name = f"tenant-a-{uuid.uuid4().hex[:6]}"
+@contextlib.asynccontextmanager
+async def namespace_of_a_tenant(api_client, control_plane, prefix: str) -> AsyncIterator[str]:
+    """A namespace (`prefix` and a random suffix) with a Cluster, its Secrets readable by the operator
+    (allow_secrets); its machines deleted and waited for at the end."""
+    name = f"{prefix}{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(api_client)
     await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     allow_secrets(control_plane, name)
     await capi_objects.create_cluster(api_client, name, "demo")
-    yield name
-    await delete_all_machines(api_client, name)
-    await core.delete_namespace(name)
+    try:
+        yield name
+    finally:
+        await delete_all_machines(api_client, name)
+        await core.delete_namespace(name)
+
+
+@pytest.fixture
+async def tenant(api_client, control_plane) -> AsyncIterator[str]:
+    """Tenant A's namespace (tenant-a-*: host A allows it)."""
+    async with namespace_of_a_tenant(api_client, control_plane, "tenant-a-") as name:
+        yield name
+
+
+async def delete_machine(api_client, namespace: str, name: str) -> None:
+    objects = client.CustomObjectsApi(api_client)
+    await objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines", name)
+
+    async def gone():
+        listed = await objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines")
+        return name not in {item["metadata"]["name"] for item in listed["items"]}
+    await wait_until(f"{namespace}/{name} gone", gone, DEADLINE_S)
 
 
 async def delete_all_machines(api_client, namespace: str) -> None:
@@ -256,3 +289,134 @@ async def test_host_credentials_outside_the_provider_namespace_are_refused(api_c
             listed = await objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts")
             return name not in {h["metadata"]["name"] for h in listed["items"]}
         await wait_until("the refused LibvirtHost released", gone, DEADLINE_S)
+
+
+async def host_pool(objects: client.CustomObjectsApi, host: str, pool: str) -> dict:
+    async def listed():
+        return next((p for p in (await host_status(objects, host)).get("pools") or [] if p["name"] == pool), None)
+    found: dict = await wait_until(f"pool {pool} in the status of {host}", listed, DEADLINE_S)
+    return found
+
+
+async def test_disks_are_counted_against_the_pool_and_a_machine_that_does_not_fit_waits(api_client, control_plane,
+                                                                                         hosts):
+    """Storage counted like memory, on a 4 GiB pool: the status shows it; a machine claiming 3 GiB is placed (and
+    waits for its base image, listed but absent); one claiming 2 GiB more, and the hostile 64 TiB disks, wait in
+    InsufficientCapacity naming the pool, what they need and what is left, with nothing on the host; once the first
+    machine is gone, the waiting one is placed."""
+    access, objects = hosts["access"], hosts["objects"]
+    pool = await host_pool(objects, SHARED, SMALL_POOL)
+    assert pool["capacityBytes"] == SMALL_POOL_MIB * 2 ** 20 and pool["overcommit"] == 1.0, pool
+    assert pool["machineDisksBytes"] == 0 and pool["roomBytes"] == SMALL_POOL_MIB * 2 ** 20, pool
+    on_small = {"storagePool": SMALL_POOL, "image": {"volume": BASE, "pool": access.host.pool_name}}
+    async with namespace_of_a_tenant(api_client, control_plane, "shared-disk-") as namespace:
+        first = await make(api_client, namespace, machine_spec(access, diskGiB=3, **on_small))
+        _, body = await condition(api_client, namespace, first, "ImageNotFound")
+        assert body["status"]["host"] == SHARED
+        waiting = await make(api_client, namespace, machine_spec(access, diskGiB=1, dataDisks=[{"sizeGiB": 1}],
+                                                                 **on_small))
+        hostile = {"a 64 TiB root disk": {"diskGiB": 65536},
+                   "eight 64 TiB data disks": {"diskGiB": 1, "dataDisks": [{"sizeGiB": 65536}] * 8}}
+        refused = {case: await make(api_client, namespace, machine_spec(access, **changes, **on_small))
+                   for case, changes in hostile.items()}
+        found, body = await condition(api_client, namespace, waiting, "InsufficientCapacity")
+        assert f"2.0 GiB of disk in pool {SMALL_POOL}" in found["message"], found["message"]
+        assert f"pool {SMALL_POOL}: 1.0 GiB left of 4.0 GiB x 1 (machine disks 3.0 GiB" in found["message"]
+        assert not body["spec"].get("providerID") and not body["metadata"].get("finalizers")
+        for case, name in refused.items():
+            found, body = await condition(api_client, namespace, name, "InsufficientCapacity")
+            assert f"pool {SMALL_POOL}: 1.0 GiB left" in found["message"], (case, found["message"])
+            assert not body["spec"].get("providerID"), case
+        print(f"\nstorage: {len(refused) + 1} machines over the pool's room waited, none placed")
+        assert on_host(access, namespace) == []
+
+        await delete_machine(api_client, namespace, first)
+        _, body = await condition(api_client, namespace, waiting, "ImageNotFound")  # placed once the room is back
+        assert body["status"]["host"] == SHARED
+
+
+async def test_a_namespace_over_its_quota_waits_and_another_is_not_held_back(api_client, control_plane, hosts):
+    """Two namespaces on one host whose quota lets each hold one machine and two vCPUs: the second machine of the
+    first namespace waits in QuotaExceeded naming the quota and the usage, the other namespace's machine is placed,
+    and freeing room lets the waiting one go on."""
+    access = hosts["access"]
+    async with namespace_of_a_tenant(api_client, control_plane, "shared-quota-") as one, \
+            namespace_of_a_tenant(api_client, control_plane, "shared-quota-") as two:
+        first = await make(api_client, one, machine_spec(access))
+        await condition(api_client, one, first, "ImageNotFound")
+        second = await make(api_client, one, machine_spec(access))
+        too_big = await make(api_client, two, machine_spec(access, cpus=3))
+        other = await make(api_client, two, machine_spec(access))
+        found, body = await condition(api_client, one, second, "QuotaExceeded")
+        assert f"namespace {one} may hold 1 machines on host {SHARED}" in found["message"], found["message"]
+        assert "spec.access.quotas[0].machines" in found["message"] and "it holds 1" in found["message"]
+        assert not body["spec"].get("providerID") and not body["metadata"].get("finalizers")
+        found, _ = await condition(api_client, two, too_big, "QuotaExceeded")
+        assert f"namespace {two} may hold 2 vCPUs on host {SHARED}" in found["message"], found["message"]
+        _, body = await condition(api_client, two, other, "ImageNotFound")
+        assert body["status"]["host"] == SHARED
+        assert on_host(access, one) == [] and on_host(access, two) == []
+
+        await delete_machine(api_client, one, first)
+        _, body = await condition(api_client, one, second, "ImageNotFound")
+        assert body["status"]["host"] == SHARED
+
+
+def foreign_domain_xml(name: str, network: str, mac: str) -> str:
+    """A VM another tool defined on the hypervisor (no owner metadata of ours), with a NIC on `network`."""
+    domain = ET.Element("domain", type="qemu")
+    ET.SubElement(domain, "name").text = name
+    ET.SubElement(domain, "memory", unit="MiB").text = "64"
+    ET.SubElement(ET.SubElement(domain, "os"), "type", arch="x86_64", machine="pc").text = "hvm"
+    interface = ET.SubElement(ET.SubElement(domain, "devices"), "interface", type="network")
+    ET.SubElement(interface, "source", network=network)
+    ET.SubElement(interface, "mac", address=mac)
+    return ET.tostring(domain, encoding="unicode")
+
+
+async def test_addresses_and_macs_of_someone_else_are_refused_before_the_host_is_touched(api_client, control_plane,
+                                                                                        hosts):
+    """On one host and network: the network's gateway, an address outside its subnet, another tenant's address and
+    MAC (its machine asked first), a MAC another VM on the host uses, and a machine type the host's QEMU lacks each
+    end in a condition naming the conflict, with nothing of the machine on the host; a free address goes on."""
+    access = hosts["access"]
+    network, subnet = access.host.network_name, access.host.subnet
+    taken, free, foreign_mac, their_mac = str(subnet[20]), str(subnet[21]), "52:54:00:fe:00:01", "52:54:00:fe:00:02"
+
+    def on_network(**nic) -> dict:
+        return machine_spec(access, interfaces=[{"network": network, **nic}])
+
+    cases = {
+        "the network's gateway": (on_network(static={"addresses": [f"{access.host.bridge_address}/24"]}),
+                                  "AddressConflict", "is the network's own (its gateway, DHCP and DNS server)"),
+        "an address outside the subnet": (on_network(static={"addresses": ["10.99.0.5/24"]}), "AddressConflict",
+                                          f"address 10.99.0.5 is outside the network's subnet ({subnet})"),
+        "another tenant's address": (on_network(static={"addresses": [f"{taken}/24"]}), "AddressConflict",
+                                     f"address {taken} is already another machine's there"),
+        "another tenant's MAC": (on_network(macAddress=their_mac.upper()), "AddressConflict",
+                                 f"MAC {their_mac} is already another machine's there"),
+        "a foreign VM's MAC": (on_network(macAddress=foreign_mac), "AddressConflict",
+                               f"MAC {foreign_mac} is already used there by another VM on the host"),
+        "a machine type QEMU lacks": (machine_spec(access, machineType="no-such-machine"), "MachineTypeNotSupported",
+                                      "machineType 'no-such-machine': the QEMU of host"),
+    }
+    with access.host.connect() as conn:
+        foreign = conn.defineXML(foreign_domain_xml("someone-elses-vm", network, foreign_mac))
+    try:
+        async with namespace_of_a_tenant(api_client, control_plane, "shared-net-") as first, \
+                namespace_of_a_tenant(api_client, control_plane, "shared-net-") as second:
+            holder = await make(api_client, first, on_network(static={"addresses": [f"{taken}/24"]},
+                                                              macAddress=their_mac))
+            await condition(api_client, first, holder, "ImageNotFound")  # through every check: it holds them
+            names = {case: await make(api_client, second, spec) for case, (spec, _, _) in cases.items()}
+            allowed = await make(api_client, second, on_network(static={"addresses": [f"{free}/24"]}))
+            for case, name in names.items():
+                _, reason, words = cases[case]
+                found, _ = await condition(api_client, second, name, reason)
+                assert words in found["message"], (case, found["message"])
+                print(f"\n[addresses] {case}: {reason}: {found['message']}")
+            await condition(api_client, second, allowed, "ImageNotFound")
+            assert on_host(access, second) == [] and on_host(access, first) == []
+    finally:
+        with access.host.connect() as conn:
+            conn.lookupByUUIDString(foreign.UUIDString()).undefine()

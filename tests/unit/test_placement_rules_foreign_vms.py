@@ -131,7 +131,7 @@ def test_the_inventory_hands_placement_the_foreign_load_and_free_memory():
             return []
     stock = inventory.Inventory(Registry())  # type: ignore[arg-type]
     stock.hosts["a"] = inventory.InventoryHost("a", SPEC, probe(), reachable=True)
-    [load] = stock.loads({"a": (2, 1024)})
+    [load] = stock.loads({"a": placement.HostClaims(cpus=2, memory_mib=1024)})
     assert (load.foreign_vms, load.foreign_cpus, load.foreign_memory_mib, load.available_memory_mib,
             load.allocated_memory_mib) == (3, 3, 14336, 9000, 1024)
 

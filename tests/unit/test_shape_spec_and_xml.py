@@ -197,6 +197,8 @@ class FakeHost:
             return self.models
         if fn is machines.domain_info:
             return None
+        if fn is machines.machine_types:
+            return frozenset({"q35", "pc", "pc-q35-7.2"})
         return None
 
 

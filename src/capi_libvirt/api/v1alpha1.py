@@ -430,6 +430,16 @@ class Overcommit(meta.Model):
     """vCPUs per host CPU."""
     memory: float = pydantic.Field(default=1.0, gt=0, le=4)
     """Guest memory per unit of host memory (above 1 relies on ballooning or unused guest memory)."""
+    storage: float = pydantic.Field(default=1.0, gt=0, le=64)
+    """Machine disk per unit of storage pool capacity, in every pool not listed in storagePools. Disks count at
+    their full size (root and data disks, thin or not): 1.0 never promises more than a pool holds; above 1, guests
+    pause when a pool fills up."""
+    storage_pools: dict[Annotated[str, pydantic.Field(max_length=255)], Annotated[float, pydantic.Field(gt=0, le=64)]] \
+        = pydantic.Field(default={}, max_length=64)
+    """The storage ratio of individual pools (pool name: ratio), overriding `storage`."""
+
+    def storage_ratio(self, pool: str) -> float:
+        return self.storage_pools.get(pool, self.storage)
 
 
 NAME_PATTERN = r"^[A-Za-z0-9*?\[\]][A-Za-z0-9_.+*?\[\]-]*$"  # a libvirt name, or a shell-style pattern of names
@@ -437,6 +447,23 @@ HOST_PATH_PREFIX = r"^/([^/]+/)*$"  # an absolute folder, ending in /
 
 Patterns = Annotated[list[Annotated[str, pydantic.Field(min_length=1, max_length=255, pattern=NAME_PATTERN)]],
                      pydantic.Field(max_length=64)]
+
+
+class NamespaceQuota(meta.Model):
+    """What one namespace may hold on the host: every namespace matching `namespaces` has these limits of its own
+    (the first quota listing a namespace applies to it). Counted from the LibvirtMachines placed on the host,
+    including those being deleted, which still hold their share until they are gone. Unset: no limit."""
+
+    namespaces: Annotated[Patterns, pydantic.Field(min_length=1)]
+    """Namespaces (or shell-style patterns) this quota applies to, each on its own."""
+    machines: int | None = pydantic.Field(default=None, ge=0)
+    """Machines."""
+    cpus: int | None = pydantic.Field(default=None, ge=0)
+    """vCPUs."""
+    memory_mib: int | None = pydantic.Field(default=None, alias="memoryMiB", ge=0)
+    """Memory in MiB."""
+    disk_gib: int | None = pydantic.Field(default=None, alias="diskGiB", ge=0)
+    """Disk in GiB: root and data disks at their full size."""
 
 
 class HostAccess(meta.Model):
@@ -463,6 +490,9 @@ class HostAccess(meta.Model):
     import base images from (image.url); none by default, so tenants cannot make the operator fetch arbitrary URLs
     onto the host. A redirect must stay under a listed prefix too. Compared as written: URLs with `.` or `..` path
     segments (also percent-encoded) or backslashes are never under a prefix."""
+    quotas: list[NamespaceQuota] = pydantic.Field(default=[], max_length=32)
+    """Limits on what one namespace may hold on this host (machines, vCPUs, memory, disk); a machine over its
+    namespace's quota waits with QuotaExceeded naming the quota and the usage, and goes on when room is freed."""
 
 
 class LibvirtHostSpec(meta.Model):
@@ -501,6 +531,29 @@ class PoolStatus(meta.Model):
     """Pool capacity."""
     available_bytes: int | None = pydantic.Field(default=None, ge=0)
     """Free space in the pool."""
+
+
+class PoolUsage(meta.Model):
+    """One storage pool machines may use on the host (the host's access rules allow it), as placement counts it."""
+
+    name: str = pydantic.Field(max_length=255)
+    """Pool name."""
+    capacity_bytes: int = pydantic.Field(ge=0)
+    """Pool capacity."""
+    allocation_bytes: int = pydantic.Field(ge=0)
+    """What the pool's volumes (and, for a folder pool, its file system) take now."""
+    available_bytes: int = pydantic.Field(ge=0)
+    """Free space in the pool now."""
+    machine_disks_bytes: int = pydantic.Field(ge=0)
+    """The full size of this provider's machine volumes in the pool (root and data disks, NoCloud ISOs), thin or
+    not: what has been promised to machines."""
+    other_bytes: int = pydantic.Field(ge=0)
+    """What everything else in the pool takes now (base images, other tools' volumes): counted against it."""
+    overcommit: float = pydantic.Field(gt=0)
+    """The storage overcommit ratio placement applies to the pool."""
+    room_bytes: int
+    """What placement may still promise in the pool: capacity x overcommit - machine disks - other (negative:
+    over-promised, for example after the ratio was lowered)."""
 
 
 class OrphanStatus(meta.Model):
@@ -563,6 +616,8 @@ class LibvirtHostStatus(meta.Model):
     """Foreign domains defined but shut off: they take nothing now and are not counted."""
     pool: PoolStatus | None = None
     """The storage pool's capacity."""
+    pools: list[PoolUsage] | None = pydantic.Field(default=None, max_length=64)
+    """Every active storage pool machines may use on the host, with what is promised in it."""
     orphans: OrphanStatus | None = None
     """What the orphan collector found on the host in its last round."""
     conditions: list[meta.Condition] | None = pydantic.Field(

@@ -103,8 +103,13 @@ def inspect_header(head: bytes) -> ImageFormat:
     return ImageFormat("qcow2", int.from_bytes(head[24:32], "big"))
 
 
-def storage_message(needed: int, available: int, pool: str) -> str:
-    """Why an image does not fit: both numbers, in MiB and bytes."""
+def storage_message(needed: int, available: int, pool: str, promised: bool = False) -> str:
+    """Why an image does not fit: both numbers, in MiB and bytes. `promised`: `available` is what placement may still
+    promise in the pool (its capacity x overcommit, less the machines' disks and the other volumes), not its free
+    space."""
+    if promised:
+        return (f"the image needs {_mib(needed)} but placement may promise only {_mib(max(available, 0))} more in pool "
+                f"{pool} (capacity x overcommit, less the machines' disks and the other volumes)")
     return f"the image needs {_mib(needed)} but pool {pool} has {_mib(available)} available"
 
 

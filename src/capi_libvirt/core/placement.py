@@ -7,7 +7,9 @@ capacity. A pinned host is taken as it is (if in service, healthy and with room)
 requested failure domain (control-plane machines only where the host allows them), with room after overcommit:
 capacity x ratio minus what the provider's machines are allocated there (the caller counts machines placed a moment
 ago) minus what the host's foreign VMs take (see `foreign_usage`), and whose free memory (as libvirt reports it) holds
-the machine's whole memory on its own (see `fits`); spread so that a group (a MachineDeployment, the control plane) lands in the failure domain and on the host
+the machine's whole memory on its own, and whose pool has room for the machine's disks (see `fits`, `PoolRoom`), within
+the machine's namespace's quota there (core.tenancy.quota_excess: a host over it is a QuotaExceeded answer when no
+other host is left); spread so that a group (a MachineDeployment, the control plane) lands in the failure domain and on the host
 where it has the fewest machines, then the most memory room; ties broken by name, so the same inputs always give the
 same host.
 """
@@ -16,12 +18,52 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from capi_libvirt.core.domain_xml import Owner
+from capi_libvirt.core.tenancy import Holding
 
 # Machines being created on one host at once (overlay, ISO upload, define, start): a burst queues behind this instead
 # of swamping the hypervisor, and stays within libvirtd's default of 5 requests in flight per client.
 DEFAULT_CREATES_PER_HOST = 4
+
+
+GIB = 1024 ** 3
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolRoom:
+    """One storage pool of a host as placement sees it. Disk is counted like memory: what the provider's machines on
+    the host were promised there (their root and data disks at full size, thin or not, from the API, so machines placed
+    a moment ago count) plus what everything else in the pool takes now, against its capacity x the overcommit."""
+
+    capacity_bytes: int
+    claimed_bytes: int = 0  # root and data disks of the machines placed on the host in this pool
+    other_bytes: int = 0  # what the pool holds besides this management cluster's machine volumes (core: PoolUsage)
+    overcommit: float = 1.0
+
+    @property
+    def room_bytes(self) -> float:
+        return self.capacity_bytes * self.overcommit - self.claimed_bytes - self.other_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolUsage:
+    """What a probe reads of one active pool: its numbers, and the full size and the allocation of the volumes this
+    management cluster's domains use (their disks and ISOs)."""
+
+    name: str
+    capacity_bytes: int
+    allocation_bytes: int
+    available_bytes: int
+    machine_disks_bytes: int = 0
+    machine_allocation_bytes: int = 0
+
+    @property
+    def other_bytes(self) -> int:
+        """What the pool holds besides the machines' volumes (base images, other tools' volumes, and for a folder
+        pool whatever else fills its file system)."""
+        return max(self.allocation_bytes - self.machine_allocation_bytes, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +86,8 @@ class HostLoad:
     foreign_cpus: int = 0  # their vCPUs
     foreign_memory_mib: int = 0  # their memory
     available_memory_mib: int | None = None  # free memory libvirt reports (free + buffers + cached); None: unknown
+    pools: Mapping[str, PoolRoom] | None = None  # the active pools machines may use; None: storage not counted
+    over_quota: str | None = None  # why the machine would put its namespace over its quota here (core.tenancy)
 
     @property
     def cpu_room(self) -> float:
@@ -61,6 +105,8 @@ class Request:
     pinned_host: str | None = None
     failure_domain: str | None = None
     control_plane: bool = False  # the machine is a control-plane machine
+    pool: str | None = None  # the pool its disks go to
+    disk_bytes: int = 0  # its root and data disks at full size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +129,7 @@ HOST_DECOMMISSIONED = "HostDecommissioned"
 INSUFFICIENT_CAPACITY = "InsufficientCapacity"
 NO_HOST_IN_FAILURE_DOMAIN = "NoHostInFailureDomain"
 TENANT_NOT_ALLOWED = "TenantNotAllowed"
+QUOTA_EXCEEDED = "QuotaExceeded"
 
 
 def fits_free_memory(host: HostLoad, request: Request) -> bool:
@@ -97,9 +144,21 @@ def fits_free_memory(host: HostLoad, request: Request) -> bool:
     return host.available_memory_mib is None or request.memory_mib <= host.available_memory_mib
 
 
+def fits_storage(host: HostLoad, request: Request) -> bool:
+    """The machine's disks fit in the room of its pool on the host (a pool the host does not have active: never)."""
+    if request.pool is None or host.pools is None:
+        return True
+    pool = host.pools.get(request.pool)
+    return pool is not None and pool.room_bytes >= request.disk_bytes
+
+
 def fits(host: HostLoad, request: Request) -> bool:
     return host.cpu_room >= request.cpus and host.memory_room_mib >= request.memory_mib and \
-        fits_free_memory(host, request)
+        fits_free_memory(host, request) and fits_storage(host, request)
+
+
+def gib(size: float) -> str:
+    return f"{size / GIB:.1f} GiB"
 
 
 def _plural(count: int, word: str) -> str:
@@ -115,6 +174,21 @@ def _shortfall(host: HostLoad, request: Request) -> str:
     text += f" (overcommit cpu {host.cpu_overcommit:g}, memory {host.memory_overcommit:g})"
     if not fits_free_memory(host, request):
         text += f", but the host has only {host.available_memory_mib} MiB of memory free"
+    if request.pool is not None and host.pools is not None:
+        pool = host.pools.get(request.pool)
+        if pool is None:
+            text += f"; it has no active storage pool {request.pool}"
+        else:
+            text += (f"; pool {request.pool}: {gib(max(pool.room_bytes, 0))} left of {gib(pool.capacity_bytes)} x "
+                     f"{pool.overcommit:g} (machine disks {gib(pool.claimed_bytes)}, other volumes "
+                     f"{gib(pool.other_bytes)})")
+    return text
+
+
+def _wanted(request: Request) -> str:
+    text = f"{request.cpus} vCPU and {request.memory_mib} MiB"
+    if request.pool is not None:
+        text += f" and {gib(request.disk_bytes)} of disk in pool {request.pool}"
     return text
 
 
@@ -123,7 +197,7 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
     """The host for `request`; `group_per_host` counts machines of the request's group already on each host."""
     group_per_host = group_per_host or {}
     by_name = {host.name: host for host in hosts}
-    wanted = f"{request.cpus} vCPU and {request.memory_mib} MiB"
+    wanted = _wanted(request)
     if request.pinned_host is not None:
         host = by_name.get(request.pinned_host)
         if host is None:
@@ -136,6 +210,8 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
             return NoHost(HOST_UNREACHABLE, f"pinned host {host.name} is not reachable")
         if request.control_plane and not host.control_plane:
             return NoHost(HOST_NOT_FOUND, f"pinned host {host.name} does not take control-plane machines")
+        if host.over_quota is not None:
+            return NoHost(QUOTA_EXCEEDED, host.over_quota)
         if not fits(host, request):
             return NoHost(INSUFFICIENT_CAPACITY, f"pinned host cannot take {wanted}: {_shortfall(host, request)}")
         return Placed(host.name, host.failure_domain)
@@ -152,6 +228,10 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
             return NoHost(NO_HOST_IN_FAILURE_DOMAIN, f"no healthy host in failure domain {request.failure_domain}")
     if not candidates:
         return NoHost(HOST_UNREACHABLE, "no healthy host in the inventory")
+    within_quota = [h for h in candidates if h.over_quota is None]
+    if not within_quota:
+        return NoHost(QUOTA_EXCEEDED, "; ".join(str(h.over_quota) for h in candidates))
+    candidates = within_quota
     roomy = [h for h in candidates if fits(h, request)]
     if not roomy:
         return NoHost(INSUFFICIENT_CAPACITY,
@@ -175,6 +255,7 @@ class DomainUsage:
     active: bool
     memory_mib: int
     vcpus: int
+    disk_paths: frozenset[str] = frozenset()  # its disks' and CD-ROMs' source files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +269,7 @@ class HostUsage:
     foreign_cpus: int = 0
     foreign_memory_mib: int = 0
     foreign_shut_off: int = 0  # foreign domains defined but shut off: reported, not counted
+    volume_paths: frozenset[str] = frozenset()  # the files this provider's domains use (disks, CD-ROMs)
 
 
 def is_foreign(owner: Owner | None, management_cluster: str | None) -> bool:
@@ -213,7 +295,8 @@ def host_usage(domains: Iterable[DomainUsage], management_cluster: str | None) -
         if not is_foreign(domain.owner, management_cluster):
             usage = dataclasses.replace(usage, machines=usage.machines + 1,
                                         allocated_cpus=usage.allocated_cpus + domain.vcpus,
-                                        allocated_memory_mib=usage.allocated_memory_mib + domain.memory_mib)
+                                        allocated_memory_mib=usage.allocated_memory_mib + domain.memory_mib,
+                                        volume_paths=usage.volume_paths | domain.disk_paths)
         elif domain.active:
             usage = dataclasses.replace(usage, foreign_vms=usage.foreign_vms + 1,
                                         foreign_cpus=usage.foreign_cpus + domain.vcpus,
@@ -221,3 +304,35 @@ def host_usage(domains: Iterable[DomainUsage], management_cluster: str | None) -
         else:
             usage = dataclasses.replace(usage, foreign_shut_off=usage.foreign_shut_off + 1)
     return usage
+
+
+def disk_bytes(spec: Mapping[str, Any]) -> int:
+    """A machine's root and data disks at full size, from its spec as the API holds it (defaults filled in)."""
+    gibs = int(spec.get("diskGiB", 0)) + sum(int(disk.get("sizeGiB", 0)) for disk in spec.get("dataDisks") or [])
+    return gibs * GIB
+
+
+@dataclasses.dataclass
+class HostClaims:
+    """What the LibvirtMachines placed on one host claim there, from their specs: vCPUs, memory, and each pool's
+    disk; and what they hold there per namespace (for the quotas)."""
+
+    cpus: int = 0
+    memory_mib: int = 0
+    pool_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    by_namespace: dict[str, Holding] = dataclasses.field(default_factory=dict)
+
+
+def claims_by_host(machines: Iterable[tuple[str, str, Mapping[str, Any]]]) -> dict[str, HostClaims]:
+    """Tally (host, namespace, spec) of every placed machine into each host's claims."""
+    claims: dict[str, HostClaims] = {}
+    for host, namespace, spec in machines:
+        claim = claims.setdefault(host, HostClaims())
+        cpus, memory, disk = int(spec.get("cpus", 0)), int(spec.get("memoryMiB", 0)), disk_bytes(spec)
+        claim.cpus += cpus
+        claim.memory_mib += memory
+        pool = str(spec.get("storagePool", ""))
+        claim.pool_bytes[pool] = claim.pool_bytes.get(pool, 0) + disk
+        held = claim.by_namespace.get(namespace, Holding())
+        claim.by_namespace[namespace] = held + Holding(1, cpus, memory, disk // GIB)
+    return claims

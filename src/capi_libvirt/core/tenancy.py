@@ -120,6 +120,42 @@ def image_refusal(host: str, access: v1alpha1.HostAccess, image: v1alpha1.ImageS
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Holding:
+    """What a namespace holds on a host, or what a machine adds to it."""
+
+    machines: int = 0
+    cpus: int = 0
+    memory_mib: int = 0
+    disk_gib: int = 0
+
+    def __add__(self, other: Holding) -> Holding:
+        return Holding(self.machines + other.machines, self.cpus + other.cpus, self.memory_mib + other.memory_mib,
+                       self.disk_gib + other.disk_gib)
+
+
+QUOTA_UNITS = (("machines", "machines"), ("cpus", "vCPUs"), ("memory_mib", "MiB of memory"),
+               ("disk_gib", "GiB of disk"))
+
+
+def quota_excess(host: str, access: v1alpha1.HostAccess, namespace: str, held: Holding,
+                 wanted: Holding) -> str | None:
+    """Why one more machine (`wanted`) would put `namespace`, which holds `held` on `host`, over its quota there (the
+    first of the host's quotas that lists the namespace); None when it fits or no quota applies."""
+    for index, quota in enumerate(access.quotas):
+        if not matches(namespace, quota.namespaces):
+            continue
+        after = held + wanted
+        for field, unit in QUOTA_UNITS:
+            limit = getattr(quota, field)
+            if limit is not None and getattr(after, field) > limit:
+                return (f"namespace {namespace} may hold {limit} {unit} on host {host} (LibvirtHost "
+                        f"spec.access.quotas[{index}].{v1alpha1.NamespaceQuota.model_fields[field].alias or field}); "
+                        f"it holds {getattr(held, field)} and this machine needs {getattr(wanted, field)} more")
+        return None
+    return None
+
+
 def _listed(items: Sequence[str]) -> str:
     return ", ".join(items) if items else "none"
 

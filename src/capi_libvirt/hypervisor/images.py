@@ -73,14 +73,17 @@ def find_image(conn: libvirt.virConnect, pool_name: str, sha256: str) -> ImageVo
 
 
 def import_image(conn: libvirt.virConnect, pool_name: str, sha256: str,
-                 open_source: Callable[[], contextlib.AbstractContextManager[Source]]) -> ImageVolume:
+                 open_source: Callable[[], contextlib.AbstractContextManager[Source]],
+                 room_bytes: int | None = None) -> ImageVolume:
     """The verified image with this sha256 in the pool, imported from `open_source()` unless it is there already.
 
     The caller makes sure no other import of the same image into the same pool runs (one per host, pool and sha256),
     so an unmarked volume here is an import of the past that never got its marker: cut short (the operator or the
     host died while streaming), or complete but stopped just before the marker (or the marker removed by hand). It is
     read back and hashed: only when it is the image, every byte, is it marked and used (no second download); else
-    it is removed and the image imported again. A marker without its image is removed.
+    it is removed and the image imported again. A marker without its image is removed. An image larger than the
+    pool's free space, or than `room_bytes` (what placement may still promise there), is refused before a byte is
+    written (InsufficientStorage).
     """
     found = find_image(conn, pool_name, sha256)
     if found is not None:
@@ -102,6 +105,8 @@ def import_image(conn: libvirt.virConnect, pool_name: str, sha256: str,
             shape = images.inspect_header(head)
         except images.ImageRefused as error:
             raise ImageRefused(str(error)) from None
+        if source.length is not None and room_bytes is not None and source.length > room_bytes:
+            raise InsufficientStorage(images.storage_message(source.length, room_bytes, pool_name, promised=True))
         available = _available(conn, pool_name)
         if source.length is not None and source.length > available:
             raise InsufficientStorage(images.storage_message(source.length, available, pool_name))

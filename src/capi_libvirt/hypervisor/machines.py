@@ -9,9 +9,11 @@ thread pool and translates libvirt's errors. Each operation is idempotent: "crea
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import ipaddress
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 
 import libvirt
 
@@ -122,12 +124,20 @@ def _refreshed_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePo
         time.sleep(REFRESH_RETRY_S)
 
 
-def check_networks(conn: libvirt.virConnect, networks: list[str]) -> None:
-    """Every libvirt network the machine plugs into exists and is active (checked before anything is created)."""
-    for name in networks:
-        network = conn.networkLookupByName(name)  # VIR_ERR_NO_NETWORK -> NetworkNotFound
-        if not network.isActive():
-            raise errors.NetworkNotFound(f"network {name} is not active")
+def machine_types(conn: libvirt.virConnect, domain_type: str) -> frozenset[str]:
+    """The machine types (and their aliases: q35, pc) the host's QEMU has for `domain_type` domains of the host's
+    architecture (libvirt's capabilities; a domain type it cannot run has none)."""
+    caps = ET.fromstring(conn.getCapabilities())
+    arch = caps.findtext("host/cpu/arch")
+    found: set[str] = set()
+    for guest in caps.findall("guest"):
+        element = guest.find(f"arch[@name='{arch}']")
+        if guest.findtext("os_type") != "hvm" or element is None or \
+                element.find(f"domain[@type='{domain_type}']") is None:
+            continue
+        for machine in [*element.findall("machine"), *element.findall(f"domain[@type='{domain_type}']/machine")]:
+            found |= {name for name in (machine.text, machine.get("canonical")) if name}
+    return frozenset(found)
 
 
 def pool_path(conn: libvirt.virConnect, pool_name: str) -> str:
@@ -496,6 +506,7 @@ class HostProbe:
     foreign_cpus: int = 0
     foreign_memory_mib: int = 0
     foreign_shut_off: int = 0  # foreign domains defined but shut off
+    pools: tuple[placement.PoolUsage, ...] = ()  # the active pools the probe was asked about
 
 
 def _version(number: int) -> str:
@@ -506,10 +517,12 @@ def _domain_usage(domain: libvirt.virDomain) -> placement.DomainUsage:
     """A domain's owner, state, memory and vCPUs. This provider's domains count with their maximum memory (what they
     were defined with); a foreign one with the memory it has now (its balloon's current size), which is what it holds
     from the host; the vCPUs it has now."""
-    owner = domain_xml.parse_owner(domain.XMLDesc(0))
+    xml_text = domain.XMLDesc(0)
+    owner = domain_xml.parse_owner(xml_text)
     state, max_kib, kib, vcpus, _time = domain.info()
     return placement.DomainUsage(owner=owner, active=state != libvirt.VIR_DOMAIN_SHUTOFF,
-                                 memory_mib=(max_kib if owner is not None else kib) // 1024, vcpus=vcpus)
+                                 memory_mib=(max_kib if owner is not None else kib) // 1024, vcpus=vcpus,
+                                 disk_paths=domain_xml.disk_paths(xml_text))
 
 
 def _available_memory_mib(conn: libvirt.virConnect) -> int | None:
@@ -527,9 +540,32 @@ def _available_memory_mib(conn: libvirt.virConnect) -> int | None:
     return int(sum(stats.get(key, 0) for key in ("free", "buffers", "cached")) // 1024)
 
 
-def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str | None = None) -> HostProbe:
+def _pool_usage(pool: libvirt.virStoragePool, machine_paths: frozenset[str]) -> placement.PoolUsage:
+    """An active pool's numbers, and the full size and allocation of the volumes in it that `machine_paths` (the files
+    this management cluster's domains use) name. A volume's path is the pool's target folder and its name (folder,
+    file system and LVM pools), so only those volumes are asked for their sizes."""
+    _state, capacity, allocation, available = pool.info()
+    target = ET.fromstring(pool.XMLDesc(0)).findtext("target/path") or ""
+    disks = disks_allocation = 0
+    for volume in pool.listAllVolumes(0):
+        if f"{target.rstrip('/')}/{volume.name()}" not in machine_paths:
+            continue
+        try:
+            _type, volume_capacity, volume_allocation = volume.info()
+        except libvirt.libvirtError as error:
+            if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+                continue  # deleted between the listing and the look
+            raise
+        disks += volume_capacity
+        disks_allocation += volume_allocation
+    return placement.PoolUsage(pool.name(), capacity, allocation, available, disks, disks_allocation)
+
+
+def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str | None = None,
+               pool_patterns: Sequence[str] = ()) -> HostProbe:
     """Versions, size, free memory, this provider's domains and the foreign ones (by their owner metadata: see
-    core.placement.is_foreign) and the pool's space."""
+    core.placement.is_foreign), the pool's space, and the usage of every active pool named by `pool_patterns`
+    (shell-style: the pools the host's access rules let machines use)."""
     _model, memory_mib, cpus, *_ = conn.getInfo()
     domains = []
     for domain in conn.listAllDomains():
@@ -548,6 +584,14 @@ def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str
     except libvirt.libvirtError as error:
         if error.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_POOL:
             raise
+    pools = []
+    for pool in conn.listAllStoragePools(libvirt.VIR_CONNECT_LIST_STORAGE_POOLS_ACTIVE):
+        if any(fnmatch.fnmatchcase(pool.name(), pattern) for pattern in pool_patterns):
+            try:
+                pools.append(_pool_usage(pool, usage.volume_paths))
+            except libvirt.libvirtError as error:
+                if error.get_error_code() not in (libvirt.VIR_ERR_NO_STORAGE_POOL, libvirt.VIR_ERR_OPERATION_INVALID):
+                    raise  # (gone, or stopped, between the listing and the look: not counted)
     return HostProbe(
         libvirt_version=_version(conn.getLibVersion()), hypervisor_version=_version(conn.getVersion()),
         cpus=cpus, memory_mib=memory_mib, free_memory_mib=conn.getFreeMemory() // (1024 * 1024),
@@ -555,7 +599,7 @@ def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str
         pool_capacity_bytes=capacity, pool_available_bytes=available,
         available_memory_mib=_available_memory_mib(conn), foreign_vms=usage.foreign_vms,
         foreign_cpus=usage.foreign_cpus, foreign_memory_mib=usage.foreign_memory_mib,
-        foreign_shut_off=usage.foreign_shut_off)
+        foreign_shut_off=usage.foreign_shut_off, pools=tuple(pools))
 
 
 # For the image import (hypervisor.images), which works in the same pools.

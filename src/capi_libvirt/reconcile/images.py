@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from capi_libvirt import download
 from capi_libvirt.api import v1alpha1
@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 RECHECK_IMPORTING_S = 5.0  # a machine waiting for an import looks again this soon; a finished import wakes them at once
 RETRY_AFTER_S = 10.0  # a failed import answers the machines waiting for it this long (longer than their recheck, so
 # each sees it), then the next pass retries it: as often as the machines' own backoff allows, one import at a time
+
+
+async def _unknown_room() -> int | None:
+    return None
 
 
 class NotReady(Exception):
@@ -61,9 +65,11 @@ class ImageImports:
 
     async def ensure(self, host: connection.HostConnection, pool: str, image: v1alpha1.ImageSource,
                      prefixes: Sequence[str], on_imported: Callable[[str], None] = lambda host: None,
-                     ) -> host_images.ImageVolume:
+                     room: Callable[[], Awaitable[int | None]] = _unknown_room) -> host_images.ImageVolume:
         """The verified image in `pool` on `host`, or NotReady (importing, or why the import failed). `on_imported`
-        is called with the host's name once an import succeeds (the operator queues the host's machines)."""
+        is called with the host's name once an import succeeds (the operator queues the host's machines). `room`
+        says what placement may still promise in the pool (None: unknown), asked when an import starts: an image
+        larger than that is refused like one larger than the pool's free space."""
         assert image.url is not None and image.sha256 is not None
         key = (host.host, pool, image.sha256)
         current = self._running.get(key)
@@ -85,7 +91,7 @@ class ImageImports:
         if now is not current or (now is not None and now.finished_at is None):
             # while this pass looked, another started an import, or one running finished: ask again
             return await self.ensure(host, pool, image, prefixes, on_imported)
-        task = asyncio.create_task(self._import(host, pool, image.url, image.sha256, prefixes),
+        task = asyncio.create_task(self._import(host, pool, image.url, image.sha256, prefixes, await room()),
                                    name=f"image-import-{host.host}-{image.sha256[:12]}")
         entry = _Import(task, image.url)
         task.add_done_callback(functools.partial(self._finished, entry, functools.partial(on_imported, host.host)))
@@ -100,14 +106,14 @@ class ImageImports:
             wake()
 
     async def _import(self, host: connection.HostConnection, pool: str, url: str, sha256: str,
-                      prefixes: Sequence[str]) -> host_images.ImageVolume:
+                      prefixes: Sequence[str], room_bytes: int | None) -> host_images.ImageVolume:
         started = time.monotonic()
         log.info("host %s: importing image %s (sha256 %s) into pool %s", host.host, download.shown(url), sha256, pool)
         allowed = functools.partial(images.url_allowed, prefixes=list(prefixes))
         opener = functools.partial(download.open_image, url, allowed)
         try:
-            volume = await host.call(host_images.import_image, pool, sha256, opener, doing="import image",
-                                     transfer=True)
+            volume = await host.call(host_images.import_image, pool, sha256, opener, room_bytes,
+                                     doing="import image", transfer=True)
         except Exception as error:
             log.warning("host %s: import of image %s into pool %s failed: %s", host.host, download.shown(url), pool,
                         error)

@@ -89,7 +89,8 @@ class Inventory:
         try:
             host.probe = await asyncio.wait_for(
                 self.registry.get(name).call(machines.probe_host, host.spec.storage_pool, self.management_cluster,
-                                         doing="probe host"), timeout)
+                                             tenancy.allowed_pools(host.spec.access, host.spec.storage_pool),
+                                             doing="probe host"), timeout)
             host.reachable, host.problem, host.unreachable_since = True, None, None
         except errors.HostUnreachable as error:
             self._down(host, error.message)
@@ -121,15 +122,25 @@ class Inventory:
             return None
         return tenancy.refusal(name, host.spec.access, host.spec.storage_pool, namespace, spec)
 
-    def loads(self, allocated: dict[str, tuple[int, int]], namespace: str | None = None,
+    def loads(self, claims: dict[str, placement.HostClaims], namespace: str | None = None,
               spec: v1alpha1.LibvirtMachineSpec | None = None) -> list[placement.HostLoad]:
-        """Placement's view: capacity from the probe, allocation from the API (cpus, MiB per host), and each host's
-        refusal of the machine (`namespace`, `spec`) by its access rules."""
+        """Placement's view: capacity from the probe, what the machines placed on each host claim from the API, and
+        each host's refusal of the machine (`namespace`, `spec`) by its access rules, and by its namespace's quota."""
         loads = []
         for host in self.hosts.values():
             refused = self.refusal(host.name, namespace, spec) if namespace is not None and spec is not None else None
-            cpus, memory = allocated.get(host.name, (0, 0))
+            claim = claims.get(host.name) or placement.HostClaims()
+            cpus, memory = claim.cpus, claim.memory_mib
             probe = host.probe
+            over_quota = None
+            if namespace is not None and spec is not None:
+                over_quota = tenancy.quota_excess(host.name, host.spec.access, namespace,
+                                                  claim.by_namespace.get(namespace, tenancy.Holding()),
+                                                  machine_holding(spec))
+            pools = None if probe is None else {
+                pool.name: placement.PoolRoom(pool.capacity_bytes, claim.pool_bytes.get(pool.name, 0),
+                                              pool.other_bytes, host.spec.overcommit.storage_ratio(pool.name))
+                for pool in probe.pools}
             loads.append(placement.HostLoad(
                 name=host.name,
                 healthy=host.reachable and host.probe is not None and not host.spec.unschedulable,
@@ -142,8 +153,20 @@ class Inventory:
                 refusal=str(refused) if refused is not None else None,
                 foreign_vms=probe.foreign_vms if probe else 0, foreign_cpus=probe.foreign_cpus if probe else 0,
                 foreign_memory_mib=probe.foreign_memory_mib if probe else 0,
-                available_memory_mib=probe.available_memory_mib if probe else None))
+                available_memory_mib=probe.available_memory_mib if probe else None,
+                pools=pools, over_quota=over_quota))
         return loads
+
+    def pool_room(self, name: str, pool: str, claim: placement.HostClaims | None) -> int | None:
+        """What placement may still promise in `pool` on host `name`, given what the machines placed there claim
+        (`claim`); None when the last probe did not see the pool."""
+        host = self.hosts.get(name)
+        usage = next((u for u in host.probe.pools if u.name == pool), None) if host and host.probe else None
+        if host is None or usage is None:
+            return None
+        claimed = (claim or placement.HostClaims()).pool_bytes.get(pool, 0)
+        return int(placement.PoolRoom(usage.capacity_bytes, claimed, usage.other_bytes,
+                                      host.spec.overcommit.storage_ratio(pool)).room_bytes)
 
     def failure_domains(self) -> list[dict[str, Any]]:
         """LibvirtCluster.status.failureDomains: one per failure domain of the inventory."""
@@ -154,6 +177,23 @@ class Inventory:
         return [{"name": name, "controlPlane": control_plane} for name, control_plane in sorted(domains.items())]
 
 
+def machine_holding(spec: v1alpha1.LibvirtMachineSpec) -> tenancy.Holding:
+    """What one machine adds to its namespace's holding on a host (its disks at full size)."""
+    return tenancy.Holding(1, spec.cpus, spec.memory_mib, spec.disk_gib + sum(d.size_gib for d in spec.data_disks))
+
+
+def pools_status(host: InventoryHost) -> list[dict[str, Any]]:
+    """LibvirtHost.status.pools: each active pool machines may use, as the probe saw it, with its room."""
+    assert host.probe is not None
+    ratio = host.spec.overcommit.storage_ratio
+    return [{"name": pool.name, "capacityBytes": pool.capacity_bytes, "allocationBytes": pool.allocation_bytes,
+             "availableBytes": pool.available_bytes, "machineDisksBytes": pool.machine_disks_bytes,
+             "otherBytes": pool.other_bytes, "overcommit": ratio(pool.name),
+             "roomBytes": int(placement.PoolRoom(pool.capacity_bytes, pool.machine_disks_bytes, pool.other_bytes,
+                                                 ratio(pool.name)).room_bytes)}
+            for pool in host.probe.pools]
+
+
 def host_status(host: InventoryHost, now: str) -> dict[str, Any]:
     """LibvirtHost.status from the last probe: with the numbers placement uses besides the LibvirtMachines (free
     memory, what foreign VMs take)."""
@@ -162,7 +202,7 @@ def host_status(host: InventoryHost, now: str) -> dict[str, Any]:
                     "hypervisorVersion": None, "cpus": None, "memoryMiB": None, "freeMemoryMiB": None,
                     "machines": None, "allocatedCPUs": None, "allocatedMemoryMiB": None, "pool": None,
                     "availableMemoryMiB": None, "foreignVMs": None, "foreignCPUs": None, "foreignMemoryMiB": None,
-                    "foreignVMsShutOff": None}
+                    "foreignVMsShutOff": None, "pools": None}
     if host.probe is not None and host.reachable:
         p = host.probe
         status.update(libvirtVersion=p.libvirt_version, hypervisorVersion=p.hypervisor_version, cpus=p.cpus,
@@ -171,5 +211,6 @@ def host_status(host: InventoryHost, now: str) -> dict[str, Any]:
                       availableMemoryMiB=p.available_memory_mib, foreignVMs=p.foreign_vms, foreignCPUs=p.foreign_cpus,
                       foreignMemoryMiB=p.foreign_memory_mib, foreignVMsShutOff=p.foreign_shut_off,
                       pool={k: v for k, v in {"name": host.spec.storage_pool, "capacityBytes": p.pool_capacity_bytes,
-                                              "availableBytes": p.pool_available_bytes}.items() if v is not None})
+                                              "availableBytes": p.pool_available_bytes}.items() if v is not None},
+                      pools=pools_status(host))
     return status

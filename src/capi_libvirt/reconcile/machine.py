@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import logging
 import posixpath
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ import pydantic
 
 from capi_libvirt.api import meta, v1alpha1
 from capi_libvirt.core import (
+    address_conflicts,
     cloud_init,
     conditions,
     domain_xml,
@@ -42,7 +44,7 @@ from capi_libvirt.core import (
     tenancy,
 )
 from capi_libvirt.core.conditions import Reason
-from capi_libvirt.hypervisor import connection, errors, host_domains, machines
+from capi_libvirt.hypervisor import connection, errors, host_domains, machines, networks
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import images as images_
 from capi_libvirt.reconcile import inventory as inventory_
@@ -63,6 +65,7 @@ NOCLOUD_ISO_REMOVED = "NoCloudISODetached"
 NOCLOUD_ISO_NOT_REMOVED = "NoCloudISONotRemoved"
 IPAM_FORBIDDEN = "IPAddressClaimsForbidden"
 CPU_MODEL_NOT_SUPPORTED = "CPUModelNotSupported"
+MACHINE_TYPE_NOT_SUPPORTED = "MachineTypeNotSupported"
 BOOTSTRAP_FORMATS = ("cloud-config", "ignition")  # cloud-config on a NoCloud ISO; ignition through fw_cfg
 
 # clusterctl move puts this on every source object just before deleting it: the object goes, its machine does not.
@@ -182,6 +185,8 @@ class MachinePass:
     addressing: dict[int, v1alpha1.StaticAddressing] = dataclasses.field(default_factory=dict)
     # The base image volume in the image pool: spec.image.volume, or the imported image of spec.image.url.
     image_volume: str | None = None
+    # What the host says of the networks and bridges the machine joins (before its domain exists).
+    segments: dict[address_conflicts.Segment, address_conflicts.SegmentFacts] | None = None
 
     @property
     def namespace(self) -> str:
@@ -386,22 +391,35 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
 
 async def _choose(deps: Dependencies, p: MachinePass) -> placement.Placed | placement.NoHost:
     """Placement's decision for the machine, from the inventory and every other machine's record (under the lock)."""
-    allocated: dict[str, tuple[int, int]] = {}
+    placed: list[tuple[str, str, dict[str, Any]]] = []
     group_per_host: dict[str, int] = {}
     group = placement_group(p.body)
     for other in await deps.kube.list_libvirt_machines():
         host = recorded_host(other)
         if not host or other["metadata"]["uid"] == p.body["metadata"]["uid"]:
             continue
-        spec = other.get("spec") or {}
-        cpus, memory = allocated.get(host, (0, 0))
-        allocated[host] = (cpus + spec.get("cpus", 0), memory + spec.get("memoryMiB", 0))
+        placed.append(_claim_of(host, other))
         if group is not None and placement_group(other) == group:
             group_per_host[host] = group_per_host.get(host, 0) + 1
+    holding = inventory_.machine_holding(p.spec)
     request = placement.Request(cpus=p.spec.cpus, memory_mib=p.spec.memory_mib, pinned_host=p.spec.host,
                                 failure_domain=(p.machine or {}).get("spec", {}).get("failureDomain"),
-                                control_plane=CONTROL_PLANE_LABEL in (p.body["metadata"].get("labels") or {}))
-    return placement.choose_host(request, deps.inventory.loads(allocated, p.namespace, p.spec), group_per_host)
+                                control_plane=CONTROL_PLANE_LABEL in (p.body["metadata"].get("labels") or {}),
+                                pool=p.spec.storage_pool, disk_bytes=holding.disk_gib * placement.GIB)
+    claims = placement.claims_by_host(placed)
+    return placement.choose_host(request, deps.inventory.loads(claims, p.namespace, p.spec), group_per_host)
+
+
+def _claim_of(host: str, body: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    return host, body["metadata"]["namespace"], body.get("spec") or {}
+
+
+async def pool_room(deps: Dependencies, host: str, pool: str) -> int | None:
+    """What placement may still promise in `pool` on `host` (every machine placed there counted), or None when the
+    host's last probe did not see the pool."""
+    claims = placement.claims_by_host(_claim_of(recorded, body) for body in await deps.kube.list_libvirt_machines()
+                                      if (recorded := recorded_host(body)) == host)
+    return deps.inventory.pool_room(host, pool, claims.get(host))
 
 
 def _placed_on(p: MachinePass, result: placement.Placed) -> None:
@@ -552,11 +570,17 @@ async def check_networks(deps: Dependencies, p: MachinePass) -> None:
     refused = deps.inventory.refusal(p.host or "", p.namespace, p.spec)
     if refused is not None:
         raise Wait(TENANT_NOT_ALLOWED, str(refused), failure=True)
-    networks = [nic.network for nic in p.spec.interfaces if nic.network]
+    segments = [address_conflicts.segment_of(nic.model_dump(by_alias=True)) for nic in p.spec.interfaces]
     try:
-        await host.call(machines.check_networks, networks, doing="look up networks")
+        p.segments = await host.call(networks.segment_facts, segments, p.domain_uuid, doing="look up networks")
     except errors.NetworkNotFound as error:
         raise Wait(NETWORK_NOT_FOUND, str(error), failure=True) from None
+    machine_types = await host.call(machines.machine_types, p.spec.domain_type, doing="read capabilities")
+    if p.spec.machine_type not in machine_types:
+        listed = ", ".join(sorted(machine_types)[:12]) + (", ..." if len(machine_types) > 12 else "")
+        raise Wait(MACHINE_TYPE_NOT_SUPPORTED, f"machineType {p.spec.machine_type!r}: the QEMU of host {p.host} has "
+                   f"no such machine type for domainType {p.spec.domain_type} (it has: {listed or 'none'})", None,
+                   failure=True)
     if p.spec.cpu_model is not None:
         await _check_cpu_model(host, p)
 
@@ -641,6 +665,28 @@ async def resolve_addressing(deps: Dependencies, p: MachinePass) -> None:
     p.addressing = addressing
 
 
+async def check_addresses(deps: Dependencies, p: MachinePass) -> None:
+    """Before anything is made: no address or MAC that is the network's own, outside its subnet, or another machine's
+    or VM's on the same host and network (core.address_conflicts). A conflict with a holder is looked at again (the
+    holder may go); one with the network itself is not retried."""
+    if p.domain is not None or p.segments is None:
+        return
+    nics = [address_conflicts.Nic(index, address_conflicts.segment_of(nic.model_dump(by_alias=True)),
+                                  (nic.mac_address or naming.mac_address(p.uid, index)).lower(),
+                                  tuple(p.addressing[index].addresses) if index in p.addressing else ())
+            for index, nic in enumerate(p.spec.interfaces)]
+    mine = (p.body["metadata"].get("creationTimestamp") or "", p.name, p.namespace)
+    holders = [address_conflicts.holder(other.get("spec") or {}, other.get("status") or {},
+                                        (other["metadata"].get("creationTimestamp") or "", other["metadata"]["name"],
+                                         other["metadata"]["namespace"]) < mine)
+               for other in await deps.kube.list_libvirt_machines()
+               if recorded_host(other) == p.host and other["metadata"]["uid"] != p.body["metadata"]["uid"]]
+    conflict = address_conflicts.first_conflict(nics, p.segments, holders)
+    if conflict is not None:
+        raise Wait(address_conflicts.ADDRESS_CONFLICT, conflict.message,
+                   RECHECK_WAITING if conflict.may_pass else None, failure=True)
+
+
 async def ensure_image(deps: Dependencies, p: MachinePass) -> None:
     """The base image in the host's pool: a volume the admin put there, or the image of spec.image.url, imported once
     per host, pool and sha256 (reconcile.images) while the machine waits with ImageImporting."""
@@ -653,8 +699,9 @@ async def ensure_image(deps: Dependencies, p: MachinePass) -> None:
     known = deps.inventory.hosts.get(p.host or "")
     prefixes = known.spec.access.image_url_prefixes if known is not None else []
     try:
-        found = await deps.images.ensure(deps.hosts.get(p.host or ""), image.pool or p.spec.storage_pool, image,
-                                         prefixes, deps.wake_host)
+        pool = image.pool or p.spec.storage_pool
+        found = await deps.images.ensure(deps.hosts.get(p.host or ""), pool, image, prefixes, deps.wake_host,
+                                         room=functools.partial(pool_room, deps, p.host or "", pool))
     except images_.NotReady as not_ready:
         raise Wait(not_ready.reason, not_ready.message, not_ready.retry_after, failure=not_ready.failure) from None
     p.image_volume = found.name
@@ -834,7 +881,7 @@ async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
           read_bootstrap_data, choose_host, clean_former_hosts, check_networks, record_owner, resolve_addressing,
-          ensure_image, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses,
+          check_addresses, ensure_image, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses,
           patch_workload_node, remove_nocloud_iso)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 

@@ -1,0 +1,120 @@
+"""Storage counted like memory, and quotas per namespace: a machine's disks at full size against its pool's capacity x
+the pool's overcommit, what the machines placed there claim and what else the pool holds; a namespace over its quota
+on a host is refused there (QuotaExceeded, naming the quota and the usage) and placed elsewhere when it can be."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from capi_libvirt.api import v1alpha1
+from capi_libvirt.core import placement, tenancy
+from capi_libvirt.core.placement import GIB, HostLoad, NoHost, Placed, PoolRoom, Request, choose_host
+from capi_libvirt.reconcile import inventory
+
+pytestmark = pytest.mark.unit
+
+
+def host(name: str, **fields) -> HostLoad:
+    return HostLoad(**{"name": name, "healthy": True, "cpus": 8, "memory_mib": 16384, **fields})
+
+
+def request(disk_gib: int, **fields) -> Request:
+    return Request(**{"cpus": 1, "memory_mib": 512, "pool": "default", "disk_bytes": disk_gib * GIB, **fields})
+
+
+def test_a_64_tib_disk_does_not_fit_a_251_gib_pool():
+    small = host("a", pools={"default": PoolRoom(251 * GIB, other_bytes=20 * GIB)})
+    result = choose_host(request(65536), [small])
+    assert isinstance(result, NoHost) and result.reason == placement.INSUFFICIENT_CAPACITY
+    assert "65536.0 GiB of disk in pool default" in result.message
+    assert "pool default: 231.0 GiB left of 251.0 GiB x 1" in result.message, result.message
+
+
+def test_claimed_disks_count_at_full_size_and_other_volumes_count_as_they_are():
+    pool = PoolRoom(100 * GIB, claimed_bytes=60 * GIB, other_bytes=30 * GIB)
+    assert choose_host(request(10), [host("a", pools={"default": pool})]) == Placed("a", None)
+    assert isinstance(choose_host(request(11), [host("a", pools={"default": pool})]), NoHost)
+
+
+def test_the_pools_overcommit_lets_thin_disks_promise_more():
+    pool = PoolRoom(100 * GIB, claimed_bytes=150 * GIB, overcommit=2.0)
+    assert choose_host(request(50), [host("a", pools={"default": pool})]) == Placed("a", None)
+    assert isinstance(choose_host(request(51), [host("a", pools={"default": pool})]), NoHost)
+
+
+def test_a_host_without_the_pool_active_is_no_candidate():
+    hosts = [host("a", pools={"other": PoolRoom(1000 * GIB)}), host("b", pools={"default": PoolRoom(100 * GIB)})]
+    assert choose_host(request(10), hosts) == Placed("b", None)
+    result = choose_host(request(10), hosts[:1])
+    assert isinstance(result, NoHost) and "it has no active storage pool default" in result.message
+
+
+def test_storage_steers_a_pinned_machine_to_a_clear_refusal():
+    result = choose_host(request(10, pinned_host="a"), [host("a", pools={"default": PoolRoom(5 * GIB)})])
+    assert isinstance(result, NoHost) and result.reason == placement.INSUFFICIENT_CAPACITY
+    assert "pool default: 5.0 GiB left" in result.message
+
+
+def test_claims_tally_root_and_data_disks_per_pool_and_namespace():
+    claims = placement.claims_by_host([
+        ("a", "team-1", {"cpus": 2, "memoryMiB": 1024, "diskGiB": 20, "storagePool": "default",
+                         "dataDisks": [{"sizeGiB": 64}, {"sizeGiB": 16}]}),
+        ("a", "team-2", {"cpus": 1, "memoryMiB": 512, "diskGiB": 10, "storagePool": "fast"}),
+        ("a", "team-1", {"cpus": 1, "memoryMiB": 512, "diskGiB": 10, "storagePool": "default"}),
+        ("b", "team-1", {"cpus": 4, "memoryMiB": 4096, "diskGiB": 30, "storagePool": "default"}),
+    ])
+    a = claims["a"]
+    assert (a.cpus, a.memory_mib, a.pool_bytes) == (4, 2048, {"default": 110 * GIB, "fast": 10 * GIB})
+    assert a.by_namespace == {"team-1": tenancy.Holding(2, 3, 1536, 110), "team-2": tenancy.Holding(1, 1, 512, 10)}
+    assert claims["b"].by_namespace == {"team-1": tenancy.Holding(1, 4, 4096, 30)}
+
+
+def access(*quotas: dict) -> v1alpha1.HostAccess:
+    return v1alpha1.HostAccess.model_validate({"quotas": list(quotas)})
+
+
+@pytest.mark.parametrize(("quota", "held", "field", "named"), [
+    ({"machines": 2}, tenancy.Holding(2, 2, 1024, 40), "machines", "2 machines"),
+    ({"cpus": 4}, tenancy.Holding(1, 3, 512, 20), "cpus", "4 vCPUs"),
+    ({"memoryMiB": 2048}, tenancy.Holding(1, 1, 2000, 20), "memoryMiB", "2048 MiB of memory"),
+    ({"diskGiB": 50}, tenancy.Holding(1, 1, 512, 40), "diskGiB", "50 GiB of disk"),
+])
+def test_each_quota_names_the_limit_and_the_usage(quota, held, field, named):
+    rules = access({"namespaces": ["team-*"], **quota})
+    wanted = tenancy.Holding(1, 2, 512, 20)
+    message = tenancy.quota_excess("h1", rules, "team-1", held, wanted)
+    assert message is not None and f"may hold {named} on host h1" in message, message
+    assert f"spec.access.quotas[0].{field}" in message and "it holds" in message
+    assert tenancy.quota_excess("h1", rules, "other", held, wanted) is None  # not listed: no quota
+
+
+def test_the_first_quota_listing_a_namespace_applies_to_each_namespace_on_its_own():
+    rules = access({"namespaces": ["vip"], "machines": 10}, {"namespaces": ["*"], "machines": 1})
+    one = tenancy.Holding(1, 1, 512, 10)
+    assert tenancy.quota_excess("h", rules, "vip", tenancy.Holding(5, 5, 2560, 50), one) is None
+    assert tenancy.quota_excess("h", rules, "team-1", tenancy.Holding(), one) is None
+    assert tenancy.quota_excess("h", rules, "team-1", one, one) is not None
+
+
+def test_a_host_over_quota_is_skipped_and_quota_exceeded_when_none_is_left():
+    over = "namespace t may hold 1 machines on host a"
+    hosts = [host("a", over_quota=over), host("b", memory_mib=4096)]
+    assert choose_host(request(1, pool=None), hosts) == Placed("b", None)
+    result = choose_host(request(1, pool=None), hosts[:1])
+    assert result == NoHost(placement.QUOTA_EXCEEDED, over)
+    pinned = choose_host(dataclasses.replace(request(1, pool=None), pinned_host="a"), hosts)
+    assert pinned == NoHost(placement.QUOTA_EXCEEDED, over)
+
+
+def test_a_machine_holding_counts_its_data_disks():
+    spec = v1alpha1.LibvirtMachineSpec.model_validate({"image": {"volume": "base.qcow2"}, "cpus": 3, "memoryMiB": 1024,
+                                                       "diskGiB": 20, "dataDisks": [{"sizeGiB": 5}]})
+    assert inventory.machine_holding(spec) == tenancy.Holding(1, 3, 1024, 25)
+
+
+def test_a_pool_usage_counts_what_is_not_the_machines_as_other():
+    usage = placement.PoolUsage("default", capacity_bytes=100, allocation_bytes=70, available_bytes=30,
+                                machine_disks_bytes=200, machine_allocation_bytes=50)
+    assert usage.other_bytes == 20

@@ -118,3 +118,10 @@ def test_a_pool_usage_counts_what_is_not_the_machines_as_other():
     usage = placement.PoolUsage("default", capacity_bytes=100, allocation_bytes=70, available_bytes=30,
                                 machine_disks_bytes=200, machine_allocation_bytes=50)
     assert usage.other_bytes == 20
+
+
+def test_blocks_a_file_system_reserves_are_no_room():
+    """A folder pool on ext4 with blocks reserved for root: capacity 252 GiB, 31 GiB used, 61 GiB free for others."""
+    usage = placement.PoolUsage("default", capacity_bytes=252 * GIB, allocation_bytes=31 * GIB,
+                                available_bytes=61 * GIB)
+    assert usage.usable_bytes == 92 * GIB and usage.other_bytes == 31 * GIB

@@ -552,8 +552,9 @@ class PoolUsage(meta.Model):
     overcommit: float = pydantic.Field(gt=0)
     """The storage overcommit ratio placement applies to the pool."""
     room_bytes: int
-    """What placement may still promise in the pool: capacity x overcommit - machine disks - other (negative:
-    over-promised, for example after the ratio was lowered)."""
+    """What placement may still promise in the pool: capacity (or allocation + available, when less: blocks a file
+    system reserves) x overcommit - machine disks - other (negative: over-promised, for example after the ratio was
+    lowered)."""
 
 
 class OrphanStatus(meta.Model):

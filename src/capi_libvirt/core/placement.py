@@ -37,7 +37,7 @@ class PoolRoom:
     the host were promised there (their root and data disks at full size, thin or not, from the API, so machines placed
     a moment ago count) plus what everything else in the pool takes now, against its capacity x the overcommit."""
 
-    capacity_bytes: int
+    capacity_bytes: int  # what the pool can hold (PoolUsage.usable_bytes)
     claimed_bytes: int = 0  # root and data disks of the machines placed on the host in this pool
     other_bytes: int = 0  # what the pool holds besides this management cluster's machine volumes (core: PoolUsage)
     overcommit: float = 1.0
@@ -58,6 +58,12 @@ class PoolUsage:
     available_bytes: int
     machine_disks_bytes: int = 0
     machine_allocation_bytes: int = 0
+
+    @property
+    def usable_bytes(self) -> int:
+        """What the pool can hold: its capacity, or what it holds plus what is free when that is less (a file system
+        that reserves blocks for root reports them in its capacity but never as free)."""
+        return min(self.capacity_bytes, self.allocation_bytes + self.available_bytes)
 
     @property
     def other_bytes(self) -> int:

@@ -138,7 +138,7 @@ class Inventory:
                                                   claim.by_namespace.get(namespace, tenancy.Holding()),
                                                   machine_holding(spec))
             pools = None if probe is None else {
-                pool.name: placement.PoolRoom(pool.capacity_bytes, claim.pool_bytes.get(pool.name, 0),
+                pool.name: placement.PoolRoom(pool.usable_bytes, claim.pool_bytes.get(pool.name, 0),
                                               pool.other_bytes, host.spec.overcommit.storage_ratio(pool.name))
                 for pool in probe.pools}
             loads.append(placement.HostLoad(
@@ -165,7 +165,7 @@ class Inventory:
         if host is None or usage is None:
             return None
         claimed = (claim or placement.HostClaims()).pool_bytes.get(pool, 0)
-        return int(placement.PoolRoom(usage.capacity_bytes, claimed, usage.other_bytes,
+        return int(placement.PoolRoom(usage.usable_bytes, claimed, usage.other_bytes,
                                       host.spec.overcommit.storage_ratio(pool)).room_bytes)
 
     def failure_domains(self) -> list[dict[str, Any]]:
@@ -189,7 +189,7 @@ def pools_status(host: InventoryHost) -> list[dict[str, Any]]:
     return [{"name": pool.name, "capacityBytes": pool.capacity_bytes, "allocationBytes": pool.allocation_bytes,
              "availableBytes": pool.available_bytes, "machineDisksBytes": pool.machine_disks_bytes,
              "otherBytes": pool.other_bytes, "overcommit": ratio(pool.name),
-             "roomBytes": int(placement.PoolRoom(pool.capacity_bytes, pool.machine_disks_bytes, pool.other_bytes,
+             "roomBytes": int(placement.PoolRoom(pool.usable_bytes, pool.machine_disks_bytes, pool.other_bytes,
                                                  ratio(pool.name)).room_bytes)}
             for pool in host.probe.pools]
 

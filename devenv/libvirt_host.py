@@ -44,6 +44,7 @@ LIBVIRT_SYSTEM_DIRS = {
     "cache": pathlib.Path("/var/cache/libvirt"),
     "log": pathlib.Path("/var/log/libvirt"),
 }
+LIBVIRT_NWFILTERS = pathlib.Path("/usr/share/libvirt/nwfilter")  # Debian's libvirt-daemon-config-nwfilter
 UNIX_SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 START_TIMEOUT_S = 120.0  # generous: the first start probes QEMU, and the machine may be busy building
 STOP_GRACE_S = 15.0
@@ -215,6 +216,9 @@ class LibvirtHost:
         (etc / "libvirtd.conf").write_text(self._libvirtd_conf())
         (etc / "virtlogd.conf").write_text(self._virtlogd_conf())
         (etc / "qemu.conf").write_text(QEMU_CONF)
+        # libvirt's own traffic filters (clean-traffic and the filters it is made of), as Debian's and Ubuntu's
+        # libvirt-daemon-config-nwfilter install them into /etc/libvirt/nwfilter, where libvirtd loads them at start.
+        shutil.copytree(LIBVIRT_NWFILTERS, etc / "nwfilter", dirs_exist_ok=True)
         seed_qemu_capabilities(self.state_dir / "cache")
 
     def _libvirtd_conf(self) -> str:

@@ -125,3 +125,42 @@ def test_blocks_a_file_system_reserves_are_no_room():
     usage = placement.PoolUsage("default", capacity_bytes=252 * GIB, allocation_bytes=31 * GIB,
                                 available_bytes=61 * GIB)
     assert usage.usable_bytes == 92 * GIB and usage.other_bytes == 31 * GIB
+
+
+def test_the_inventory_hands_placement_each_pools_room_and_the_namespaces_quota():
+    """Inventory.loads: the probe's pools with the claims from the API and the host's ratio; the quota of the
+    machine's namespace with what it holds there. The host status shows the same pools."""
+    from test_placement_rules_foreign_vms import SPEC, probe
+
+    class Registry:
+        def names(self):
+            return []
+    pools = (placement.PoolUsage("default", 100 * GIB, 30 * GIB, 70 * GIB, machine_disks_bytes=40 * GIB,
+                                 machine_allocation_bytes=10 * GIB),)
+    access = v1alpha1.HostAccess.model_validate({"namespaces": ["*"], "storagePools": ["*"], "images": ["*"],
+                                                 "quotas": [{"namespaces": ["t-*"], "machines": 1}]})
+    spec = SPEC.model_copy(update={"access": access,
+                                   "overcommit": v1alpha1.Overcommit.model_validate({"storagePools": {"default": 2}})})
+    stock = inventory.Inventory(Registry())  # type: ignore[arg-type]
+    stock.hosts["a"] = inventory.InventoryHost("a", spec, probe(pools=pools), reachable=True)
+    claims = placement.claims_by_host([("a", "t-1", {"cpus": 1, "memoryMiB": 512, "diskGiB": 50,
+                                                    "storagePool": "default"})])
+    machine = v1alpha1.LibvirtMachineSpec.model_validate({"image": {"volume": "base.qcow2"}})
+    [load] = stock.loads(claims, "t-1", machine)
+    assert load.pools == {"default": PoolRoom(100 * GIB, 50 * GIB, 20 * GIB, 2.0)}
+    assert load.pools["default"].room_bytes == 130 * GIB
+    assert load.over_quota is not None and "namespace t-1 may hold 1 machines on host a" in load.over_quota
+    [other] = stock.loads(claims, "t-2", machine)
+    assert other.over_quota is None  # each namespace on its own
+    assert stock.pool_room("a", "default", claims["a"]) == 130 * GIB and stock.pool_room("a", "x", None) is None
+    [shown] = inventory.host_status(stock.hosts["a"], "2026-12-01T00:00:00Z")["pools"]
+    assert shown["roomBytes"] == (200 - 40 - 20) * GIB and shown["otherBytes"] == 20 * GIB, shown
+    v1alpha1.PoolUsage.model_validate(shown)
+
+
+def test_a_networks_own_addresses_are_read_from_its_xml():
+    from capi_libvirt.hypervisor import networks
+    xml = ("<network><name>n</name><ip address='192.168.122.1' netmask='255.255.255.0'/>"
+           "<ip family='ipv6' address='fd00::1' prefix='64'/></network>")
+    assert networks.network_addresses(xml) == ("192.168.122.1/24", "fd00::1/64")
+    assert networks.network_addresses("<network><name>isolated</name></network>") == ()

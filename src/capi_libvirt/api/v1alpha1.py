@@ -552,9 +552,10 @@ class PoolUsage(meta.Model):
     overcommit: float = pydantic.Field(gt=0)
     """The storage overcommit ratio placement applies to the pool."""
     room_bytes: int
-    """What placement may still promise in the pool: capacity (or allocation + available, when less: blocks a file
-    system reserves) x overcommit - machine disks - other (negative: over-promised, for example after the ratio was
-    lowered)."""
+    """What may still be promised in the pool as the probe sees it: capacity (or allocation + available, when less:
+    blocks a file system reserves) x overcommit - machine disks - other (negative: over-promised, for example after
+    the ratio was lowered). Placement computes the same from the machines' specs, so machines placed a moment ago,
+    whose volumes are not made yet, count there too."""
 
 
 class OrphanStatus(meta.Model):
@@ -618,7 +619,7 @@ class LibvirtHostStatus(meta.Model):
     pool: PoolStatus | None = None
     """The storage pool's capacity."""
     pools: list[PoolUsage] | None = pydantic.Field(default=None, max_length=64)
-    """Every active storage pool machines may use on the host, with what is promised in it."""
+    """Every active storage pool machines may use on the host (the first 64 by name), with what is promised in it."""
     orphans: OrphanStatus | None = None
     """What the orphan collector found on the host in its last round."""
     conditions: list[meta.Condition] | None = pydantic.Field(

@@ -14,6 +14,7 @@ A conflict with the network itself cannot pass (the spec is immutable: refused, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
@@ -51,7 +52,7 @@ class Nic:
 class Holder:
     """Another machine on the same host: what it asks for and what it published, by segment."""
 
-    earlier: bool  # created before the machine being made: what it asks for is its own
+    earlier: bool  # created before the machine being made, or its domain may exist: what it asks for is its own
     segments: frozenset[Segment]
     asked: frozenset[tuple[Segment, str]] = frozenset()  # (segment, address) of its spec's static addressing
     macs: frozenset[tuple[Segment, str]] = frozenset()  # (segment, MAC) of its spec's fixed MACs
@@ -83,7 +84,7 @@ def first_conflict(nics: Sequence[Nic], facts: Mapping[Segment, SegmentFacts],
 
 def _address_conflict(where: str, address: ipaddress.IPv4Interface | ipaddress.IPv6Interface, nic: Nic,
                       known: SegmentFacts, holders: list[Holder]) -> Conflict | None:
-    ip = str(address.ip)
+    ip = str(address.ip)  # compared as ipaddress writes it (the holders' addresses too)
     own = [ipaddress.ip_interface(cidr) for cidr in known.own]
     same_family = [o for o in own if o.version == address.version]
     if any(o.ip == address.ip for o in own):
@@ -118,10 +119,14 @@ def holder(spec: Mapping[str, Any], status: Mapping[str, Any], earlier: bool) ->
         segment = segment_of(interface)
         static = interface.get("static") or {}
         for cidr in static.get("addresses") or []:
-            asked.add((segment, str(ipaddress.ip_interface(cidr).ip)))
+            with contextlib.suppress(ValueError):  # (admission refuses one; never let one block the others)
+                asked.add((segment, str(ipaddress.ip_interface(cidr).ip)))
         if interface.get("macAddress"):
             macs.add((segment, str(interface["macAddress"]).lower()))
-    published = {str(a.get("address")) for a in status.get("addresses") or []
-                 if isinstance(a, Mapping) and a.get("type") in ("InternalIP", "ExternalIP")}
+    published = set()
+    for entry in status.get("addresses") or []:
+        if isinstance(entry, Mapping) and entry.get("type") in ("InternalIP", "ExternalIP"):
+            with contextlib.suppress(ValueError):
+                published.add(str(ipaddress.ip_address(str(entry.get("address")))))
     return Holder(earlier=earlier, segments=frozenset(segment_of(i) for i in interfaces), asked=frozenset(asked),
                   macs=frozenset(macs), published=frozenset(published))

@@ -236,7 +236,7 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
         return NoHost(HOST_UNREACHABLE, "no healthy host in the inventory")
     within_quota = [h for h in candidates if h.over_quota is None]
     if not within_quota:
-        return NoHost(QUOTA_EXCEEDED, "; ".join(str(h.over_quota) for h in candidates))
+        return NoHost(QUOTA_EXCEEDED, "; ".join(str(h.over_quota) for h in sorted(candidates, key=lambda h: h.name)))
     candidates = within_quota
     roomy = [h for h in candidates if fits(h, request)]
     if not roomy:

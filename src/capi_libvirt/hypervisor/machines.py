@@ -540,10 +540,21 @@ def _available_memory_mib(conn: libvirt.virConnect) -> int | None:
     return int(sum(stats.get(key, 0) for key in ("free", "buffers", "cached")) // 1024)
 
 
-def _pool_usage(pool: libvirt.virStoragePool, machine_paths: frozenset[str]) -> placement.PoolUsage:
+def _pool_usage(pool: libvirt.virStoragePool, machine_paths: frozenset[str], refresh: bool) -> placement.PoolUsage:
     """An active pool's numbers, and the full size and allocation of the volumes in it that `machine_paths` (the files
     this management cluster's domains use) name. A volume's path is the pool's target folder and its name (folder,
-    file system and LVM pools), so only those volumes are asked for their sizes."""
+    file system and LVM pools), so only those volumes are asked for their sizes (each answer is as of now).
+
+    The pool's own allocation is as of its last refresh (libvirt adds what it creates, but not what guests write),
+    so `refresh` renews it first; a refresh reads every volume's header under the pool's lock, so the caller asks for
+    one only every few minutes. Meanwhile the machines' growth since then is not in "other" (it is in their full size,
+    which placement counts anyway)."""
+    if refresh:
+        try:
+            pool.refresh(0)
+        except libvirt.libvirtError as error:
+            if error.get_error_code() != libvirt.VIR_ERR_INTERNAL_ERROR:  # "has asynchronous jobs running": next time
+                raise
     _state, capacity, allocation, available = pool.info()
     target = ET.fromstring(pool.XMLDesc(0)).findtext("target/path") or ""
     disks = disks_allocation = 0
@@ -562,7 +573,7 @@ def _pool_usage(pool: libvirt.virStoragePool, machine_paths: frozenset[str]) -> 
 
 
 def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str | None = None,
-               pool_patterns: Sequence[str] = ()) -> HostProbe:
+               pool_patterns: Sequence[str] = (), refresh_pools: bool = False) -> HostProbe:
     """Versions, size, free memory, this provider's domains and the foreign ones (by their owner metadata: see
     core.placement.is_foreign), the pool's space, and the usage of every active pool named by `pool_patterns`
     (shell-style: the pools the host's access rules let machines use)."""
@@ -588,7 +599,7 @@ def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str
     for pool in conn.listAllStoragePools(libvirt.VIR_CONNECT_LIST_STORAGE_POOLS_ACTIVE):
         if any(fnmatch.fnmatchcase(pool.name(), pattern) for pattern in pool_patterns):
             try:
-                pools.append(_pool_usage(pool, usage.volume_paths))
+                pools.append(_pool_usage(pool, usage.volume_paths, refresh_pools))
             except libvirt.libvirtError as error:
                 if error.get_error_code() not in (libvirt.VIR_ERR_NO_STORAGE_POOL, libvirt.VIR_ERR_OPERATION_INVALID):
                     raise  # (gone, or stopped, between the listing and the look: not counted)

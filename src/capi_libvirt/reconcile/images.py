@@ -83,15 +83,17 @@ class ImageImports:
             del self._running[key]  # old enough: this pass starts the retry
             current = None
         # No import running, or one that succeeded (or was cancelled): the pool says whether the image is there. A
-        # succeeded import's entry stays, so a pass that looked while it finished knows to look again (below).
+        # succeeded import's entry stays, so a pass that looked while it finished knows to look again (below). The
+        # room is asked first: between the look below and the import's start, nothing may await.
+        room_bytes = await room()
         found = await host.call(host_images.find_image, pool, image.sha256, doing="look up image")
         if found is not None:
             return found
         now = self._running.get(key)
         if now is not current or (now is not None and now.finished_at is None):
             # while this pass looked, another started an import, or one running finished: ask again
-            return await self.ensure(host, pool, image, prefixes, on_imported)
-        task = asyncio.create_task(self._import(host, pool, image.url, image.sha256, prefixes, await room()),
+            return await self.ensure(host, pool, image, prefixes, on_imported, room)
+        task = asyncio.create_task(self._import(host, pool, image.url, image.sha256, prefixes, room_bytes),
                                    name=f"image-import-{host.host}-{image.sha256[:12]}")
         entry = _Import(task, image.url)
         task.add_done_callback(functools.partial(self._finished, entry, functools.partial(on_imported, host.host)))

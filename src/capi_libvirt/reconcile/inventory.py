@@ -22,6 +22,7 @@ from capi_libvirt.hypervisor import connection, credentials, errors, machines
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 20.0
 PROBE_INTERVAL_S = 30.0  # the host prober's period (the operator's --host-probe-interval)
+POOL_REFRESH_S = 300.0  # how often a probe refreshes the pools it reads (a refresh locks a pool while it reads)
 
 
 @dataclasses.dataclass
@@ -32,6 +33,7 @@ class InventoryHost:
     reachable: bool = False
     problem: str | None = None  # why the last probe failed (safe text: no URI, no credentials)
     unreachable_since: float | None = None  # the inventory's clock at the first failed probe of this outage
+    pools_refreshed_at: float | None = None  # the inventory's clock at the last probe that refreshed the pools
 
 
 @dataclasses.dataclass
@@ -86,12 +88,15 @@ class Inventory:
         if host.spec.decommissioned:
             host.reachable, host.problem = False, "decommissioned: not probed"
             return host
+        refresh = host.pools_refreshed_at is None or self.clock() - host.pools_refreshed_at >= POOL_REFRESH_S
         try:
             host.probe = await asyncio.wait_for(
                 self.registry.get(name).call(machines.probe_host, host.spec.storage_pool, self.management_cluster,
-                                             tenancy.allowed_pools(host.spec.access, host.spec.storage_pool),
+                                             tenancy.allowed_pools(host.spec.access, host.spec.storage_pool), refresh,
                                              doing="probe host"), timeout)
             host.reachable, host.problem, host.unreachable_since = True, None, None
+            if refresh:
+                host.pools_refreshed_at = self.clock()
         except errors.HostUnreachable as error:
             self._down(host, error.message)
         except TimeoutError:
@@ -182,8 +187,12 @@ def machine_holding(spec: v1alpha1.LibvirtMachineSpec) -> tenancy.Holding:
     return tenancy.Holding(1, spec.cpus, spec.memory_mib, spec.disk_gib + sum(d.size_gib for d in spec.data_disks))
 
 
+MAX_POOLS_SHOWN = 64  # LibvirtHostStatus.pools' bound; placement counts every pool
+
+
 def pools_status(host: InventoryHost) -> list[dict[str, Any]]:
-    """LibvirtHost.status.pools: each active pool machines may use, as the probe saw it, with its room."""
+    """LibvirtHost.status.pools: each active pool machines may use (the first MAX_POOLS_SHOWN by name), as the probe
+    saw it, with its room."""
     assert host.probe is not None
     ratio = host.spec.overcommit.storage_ratio
     return [{"name": pool.name, "capacityBytes": pool.capacity_bytes, "allocationBytes": pool.allocation_bytes,
@@ -191,7 +200,7 @@ def pools_status(host: InventoryHost) -> list[dict[str, Any]]:
              "otherBytes": pool.other_bytes, "overcommit": ratio(pool.name),
              "roomBytes": int(placement.PoolRoom(pool.usable_bytes, pool.machine_disks_bytes, pool.other_bytes,
                                                  ratio(pool.name)).room_bytes)}
-            for pool in host.probe.pools]
+            for pool in sorted(host.probe.pools, key=lambda pool: pool.name)[:MAX_POOLS_SHOWN]]
 
 
 def host_status(host: InventoryHost, now: str) -> dict[str, Any]:

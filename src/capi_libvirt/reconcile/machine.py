@@ -676,7 +676,10 @@ async def check_addresses(deps: Dependencies, p: MachinePass) -> None:
                                   tuple(p.addressing[index].addresses) if index in p.addressing else ())
             for index, nic in enumerate(p.spec.interfaces)]
     mine = (p.body["metadata"].get("creationTimestamp") or "", p.name, p.namespace)
+    # What another machine asks for is its own when it asked first, or once its domain may be defined (it may be
+    # starting with that address, before it publishes it).
     holders = [address_conflicts.holder(other.get("spec") or {}, other.get("status") or {},
+                                        bool(domain_record(other)) or
                                         (other["metadata"].get("creationTimestamp") or "", other["metadata"]["name"],
                                          other["metadata"]["namespace"]) < mine)
                for other in await deps.kube.list_libvirt_machines()

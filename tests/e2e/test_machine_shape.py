@@ -1,7 +1,9 @@
 """A machine's shape on real parts, one booted guest proving it all: UEFI firmware, Ignition bootstrap data through
 fw_cfg, a data disk, a CPU topology and a named CPU model, read back from inside the guest through its QEMU guest
 agent; then deleted with nothing left on the host (domain, volumes, the UEFI variable store). Beside it, a machine
-asking for a CPU model the host cannot run is refused by name before anything is made.
+asking for a CPU model the host cannot run is refused by name before anything is made. Once the node joined (the
+Machine's nodeRef, set by the test in Cluster API's place), the Ignition config leaves the domain's definition and
+the host, the guest running on.
 
 Real kube-apiserver, real libvirtd (a host of this test's own, in its network namespace), the cached minimal guest
 image booted by OVMF through direct kernel boot (the kernel's EFI stub: a real UEFI boot), the operator in the test's
@@ -18,12 +20,14 @@ import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
+import libvirt
 import pytest
 from kubernetes_asyncio import client
 
 import guest_agent
 from capi_libvirt.api import meta
 from capi_libvirt.core import naming
+from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv import base_image, capi_objects
 from devenv.guest_image import GuestImage
 from devenv.libvirt_host import LibvirtHost
@@ -32,7 +36,7 @@ from guests import host_objects, machine_spec, provider_objects
 from fixtures_control_plane import operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
 from prereq import require
-from waiting import wait_until
+from waiting import events_posted, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -148,6 +152,31 @@ async def test_uefi_ignition_data_disk_and_cpu_topology_in_one_guest_and_nothing
               f"after {agent_s:.1f}s, provisioned (address) after {provisioned_s:.1f}s; /sys/firmware/efi: "
               f"{efi.decode().split()}; fw_cfg {len(fw_cfg)} bytes equal to the Secret's value; /dev/vdb "
               f"{int(sectors) * 512} bytes; /proc/cpuinfo {cpus}; NVRAM {nvram.name}")
+
+        # The node joined (Cluster API's part, a stand-in here: the Machine's nodeRef): the Ignition config, with the
+        # join token, leaves the domain's definition and the host; the guest runs on, not restarted.
+        with shape_host.connect() as conn:
+            domain_id = conn.lookupByUUIDString(domain_uuid).ID()
+        await objects.patch_namespaced_custom_object_status(
+            meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machines", made.machine,
+            {"status": {"nodeRef": {"name": naming.hostname(made.machine)}}},
+            _content_type="application/merge-patch+json")
+
+        async def ignition_removed():
+            status = (await get(made.libvirt_machine)).get("status") or {}
+            return status if status.get("ignitionConfigRemoved") else None
+        await wait_until("the Ignition config removed", ignition_removed, 120)
+        ignition_volume = naming.ignition_volume_name(namespace, made.libvirt_machine, uid)
+        with shape_host.connect() as conn:
+            domain = conn.lookupByUUIDString(domain_uuid)
+            persistent = ET.fromstring(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+            running_id = domain.ID()
+        assert persistent.find("sysinfo[@type='fwcfg']") is None, "the next start comes without the config"
+        assert host_objects(shape_host, "", [ignition_volume]) == [], "the config's volume is gone from the host"
+        assert running_id == domain_id, "the guest was not restarted"
+        [removed] = await events_posted(core, namespace, machine_reconcile.IGNITION_CONFIG_REMOVED,
+                                        f"involvedObject.name={made.libvirt_machine}")
+        assert "taken out of the domain's definition" in removed.message and ignition_volume in removed.message
 
         # The machine whose CPU model the host cannot run: refused by name, nothing made for it.
         async def refusal():

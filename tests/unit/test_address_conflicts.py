@@ -68,3 +68,14 @@ def test_a_holder_on_another_segment_holds_nothing_here():
     elsewhere = Holder(earlier=True, segments=frozenset({BR}), asked=frozenset({(BR, "192.168.122.20")}),
                        published=frozenset({"192.168.122.20"}))
     assert first_conflict([nic("192.168.122.20/24")], FACTS, [elsewhere]) is None
+
+
+def test_a_virtual_address_meets_the_networks_rules_and_is_never_another_machines_own():
+    vip = Nic(0, NET, "52:54:00:00:00:01", allowed=("192.168.122.250",))
+    assert first_conflict([vip], FACTS, []) is None
+    outside = first_conflict([Nic(0, NET, "52:54:00:00:00:01", allowed=("10.0.0.250",))], FACTS, [])
+    assert outside is not None and "allowedAddresses: address 10.0.0.250 is outside" in outside.message
+    sibling = holder({"interfaces": [{"network": "default", "allowedAddresses": ["192.168.122.250"]}]}, {}, False)
+    assert first_conflict([vip], FACTS, [sibling]) is None  # control-plane machines share their virtual IP
+    taken = first_conflict([nic("192.168.122.250/24")], FACTS, [sibling])
+    assert taken is not None and "a virtual address other machines may hold there" in taken.message

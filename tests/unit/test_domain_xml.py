@@ -21,6 +21,7 @@ from capi_libvirt.core.domain_xml import (
     from_spec,
     parse_owner,
 )
+from capi_libvirt.core.traffic_filter import TrafficFilter
 
 pytestmark = pytest.mark.unit
 
@@ -371,8 +372,9 @@ def test_from_spec_derives_unset_macs_from_the_uid_and_keeps_fixed_ones_lowercas
         )
     )
     first, second = config.interfaces
-    assert first == Interface(mac=naming.mac_address(UID, 0), network="default")
-    assert second == Interface(mac="aa:bb:cc:dd:ee:ff", bridge="br0", model="e1000")
+    learned = TrafficFilter()  # every NIC carries the filter; with no address known up front it learns from DHCP
+    assert first == Interface(mac=naming.mac_address(UID, 0), network="default", traffic=learned)
+    assert second == Interface(mac="aa:bb:cc:dd:ee:ff", bridge="br0", model="e1000", traffic=learned)
 
 
 @pytest.mark.parametrize("memory_mib, cache_mib", [(256, 256), (1024, 512), (2048, 1024), (8192, 1024)])

@@ -92,19 +92,24 @@ def node_registration() -> dict[str, Any]:
     }
 
 
-def machine_spec(cpus: str, memory_mib: str) -> dict[str, Any]:
+def machine_spec(cpus: str, memory_mib: str, control_plane: bool = False) -> dict[str, Any]:
+    """A machine template's spec; a control-plane machine's interface may also send from the endpoint's virtual IP,
+    which kube-vip moves between them (the hosts' admin grants it: LibvirtHost spec.access.allowedAddresses)."""
+    interface: dict[str, Any] = {"network": LIBVIRT_NETWORK}
+    if control_plane:
+        interface["allowedAddresses"] = [CONTROL_PLANE_ENDPOINT_HOST]
     return {
         "image": {"volume": LIBVIRT_BASE_IMAGE},
         "storagePool": LIBVIRT_STORAGE_POOL,
         "cpus": cpus,
         "memoryMiB": memory_mib,
         "diskGiB": DISK_GIB,
-        "interfaces": [{"network": LIBVIRT_NETWORK}],
+        "interfaces": [interface],
     }
 
 
-def _machine_template(name: str, cpus: str, memory_mib: str) -> dict[str, Any]:
-    spec = {"template": {"spec": machine_spec(cpus, memory_mib)}}
+def _machine_template(name: str, cpus: str, memory_mib: str, control_plane: bool = False) -> dict[str, Any]:
+    spec = {"template": {"spec": machine_spec(cpus, memory_mib, control_plane)}}
     return _object(meta.API_VERSION, "LibvirtMachineTemplate", name, spec)
 
 
@@ -204,7 +209,7 @@ def cluster_template(worker_annotations: dict[str, Any] | None = None,
             }},
             "kubeadmConfigSpec": _kubeadm_config_spec(),
         }),
-        _machine_template(control_plane, CONTROL_PLANE_CPUS, CONTROL_PLANE_MEMORY_MIB),
+        _machine_template(control_plane, CONTROL_PLANE_CPUS, CONTROL_PLANE_MEMORY_MIB, control_plane=True),
         _machine_deployment(workers, worker_replicas, worker_annotations),
         _worker_bootstrap_template(workers),
         _machine_template(workers, WORKER_CPUS, WORKER_MEMORY_MIB),
@@ -239,8 +244,8 @@ def static_ip_template() -> list[dict[str, Any]]:
     objects = cluster_template()
     pool_ref = {"apiGroup": IPAM_GROUP, "kind": "InClusterIPPool", "name": IP_POOL_NAME}
     for template in (o for o in objects if o["kind"] == "LibvirtMachineTemplate"):
-        template["spec"]["template"]["spec"]["interfaces"] = [
-            {"network": LIBVIRT_NETWORK, "addressesFromPools": [pool_ref]}]
+        for interface in template["spec"]["template"]["spec"]["interfaces"]:
+            interface["addressesFromPools"] = [pool_ref]
     pool = _object(IN_CLUSTER_POOL, "InClusterIPPool", IP_POOL_NAME, {
         "addresses": [IP_POOL_ADDRESSES], "prefix": IP_POOL_PREFIX, "gateway": IP_POOL_GATEWAY})
     return [*objects, pool]
@@ -309,14 +314,14 @@ def cluster_class() -> list[dict[str, Any]]:
         _object(CONTROLPLANE, "KubeadmControlPlaneTemplate", control_plane, {
             "template": {"spec": {"kubeadmConfigSpec": _kubeadm_config_spec()}},
         }),
-        _class_machine_template(control_plane, CONTROL_PLANE_CPUS, CONTROL_PLANE_MEMORY_MIB),
+        _class_machine_template(control_plane, CONTROL_PLANE_CPUS, CONTROL_PLANE_MEMORY_MIB, control_plane=True),
         _worker_bootstrap_template(worker),
         _class_machine_template(worker, WORKER_CPUS, WORKER_MEMORY_MIB),
     ]
 
 
-def _class_machine_template(name: str, cpus: str, memory_mib: str) -> dict[str, Any]:
-    spec = machine_spec(cpus, memory_mib)
+def _class_machine_template(name: str, cpus: str, memory_mib: str, control_plane: bool = False) -> dict[str, Any]:
+    spec = machine_spec(cpus, memory_mib, control_plane)
     spec["image"] = {"volume": "set-by-the-baseImage-variable"}
     return _object(meta.API_VERSION, "LibvirtMachineTemplate", name, {"template": {"spec": spec}})
 

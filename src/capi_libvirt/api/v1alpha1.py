@@ -152,6 +152,11 @@ class NetworkInterface(meta.Model):
     """Fixed MAC address; derived from the machine's identity when unset."""
     static: StaticAddressing | None = None
     """Static addressing; DHCP when unset (and no addressesFromPools)."""
+    allowed_addresses: list[IPAddress] | None = pydantic.Field(default=None, min_length=1, max_length=8)
+    """IPv4 addresses the guest may also send from on this interface, besides its own: a virtual IP it takes over,
+    such as the control-plane endpoint kube-vip holds. Every NIC carries libvirt's anti-spoofing filter
+    (clean-traffic), which drops anything else; the host's admin must grant each of these addresses to the machine's
+    namespace (LibvirtHost spec.access.allowedAddresses)."""
     addresses_from_pools: list[IPPoolReference] | None = pydantic.Field(default=None, min_length=1, max_length=2)
     """IP pools of a Cluster API IPAM provider (for example one IPv4 and one IPv6 pool): the provider claims an
     address from each (an IPAddressClaim) and writes it, with the pool's prefix and gateway, into the network-config
@@ -297,7 +302,8 @@ class LibvirtMachineSpec(meta.Model):
         "Keep the NoCloud ISO (the bootstrap data: cloud-init's user-data, with the kubeadm join token) attached and "
         "on the host for the machine's whole life, for debugging. By default it is ejected from the VM's CD-ROM drive "
         "(no reboot) and deleted from the host's storage pool once the owner Machine has a nodeRef (the node joined, "
-        "so cloud-init ran the bootstrap data)."))
+        "so cloud-init ran the bootstrap data). The same goes for an Ignition config: by default taken out of the "
+        "domain's definition and deleted once the node joined; kept with this set."))
 
     @pydantic.model_validator(mode="after")
     def _cpu_mode_fits_domain_type(self) -> LibvirtMachineSpec:
@@ -334,6 +340,10 @@ class LibvirtMachineStatus(meta.Model):
     no_cloud_iso_removed: bool | None = pydantic.Field(default=None, alias="noCloudISORemoved", description=(
         "True once the NoCloud ISO (the bootstrap data) was ejected from the VM and deleted from the host; false when "
         "the node joined but spec.keepNoCloudISO keeps it; unset before the node joined."))
+    ignition_config_removed: bool | None = pydantic.Field(default=None, description=(
+        "For Ignition bootstrap data: true once its config file (with the join token) was taken out of the domain's "
+        "definition and deleted from the host; false when the node joined but spec.keepNoCloudISO keeps it; unset "
+        "before the node joined."))
     observed_generation: int | None = pydantic.Field(default=None, ge=0)
     """The .metadata.generation last reconciled."""
     conditions: list[meta.Condition] | None = pydantic.Field(
@@ -449,6 +459,15 @@ Patterns = Annotated[list[Annotated[str, pydantic.Field(min_length=1, max_length
                      pydantic.Field(max_length=64)]
 
 
+class AddressGrant(meta.Model):
+    """Addresses the machines of some namespaces may send from besides their own (interfaces[].allowedAddresses)."""
+
+    namespaces: Annotated[Patterns, pydantic.Field(min_length=1)]
+    """Namespaces (or shell-style patterns) granted the ranges."""
+    cidrs: list[Cidr] = pydantic.Field(min_length=1, max_length=16)
+    """Address ranges (a virtual IP: 192.168.122.250/32)."""
+
+
 class NamespaceQuota(meta.Model):
     """What one namespace may hold on the host: every namespace matching `namespaces` has these limits of its own
     (the first quota listing a namespace applies to it). Counted from the LibvirtMachines placed on the host,
@@ -490,6 +509,10 @@ class HostAccess(meta.Model):
     import base images from (image.url); none by default, so tenants cannot make the operator fetch arbitrary URLs
     onto the host. A redirect must stay under a listed prefix too. Compared as written: URLs with `.` or `..` path
     segments (also percent-encoded) or backslashes are never under a prefix."""
+    allowed_addresses: list[AddressGrant] = pydantic.Field(default=[], max_length=32)
+    """Addresses machines may send from besides their own (a control-plane virtual IP), per namespace; none by
+    default. Every NIC carries an anti-spoofing filter: a machine's interfaces[].allowedAddresses outside what its
+    namespace is granted here are refused (TenantNotAllowed)."""
     quotas: list[NamespaceQuota] = pydantic.Field(default=[], max_length=32)
     """Limits on what one namespace may hold on this host (machines, vCPUs, memory, disk); a machine over its
     namespace's quota waits with QuotaExceeded naming the quota and the usage, and goes on when room is freed."""

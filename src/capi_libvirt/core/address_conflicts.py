@@ -5,8 +5,9 @@ conflict (or None) out.
 An interface on a libvirt network may not take the network's own address (its gateway, DHCP and DNS server), an
 address outside the network's subnets (when the network has any), or an address a DHCP lease of another MAC holds.
 On a network or a bridge, it may not take an address or a MAC another machine on the same host and segment holds:
-one it published (status.addresses), one it asked for first (an earlier machine's spec), or, for a MAC, one any other
-domain on the host uses there. On a bridge the host knows no subnet: only the holders are checked.
+one it published (status.addresses), one it asked for first (an earlier machine's spec), one it may take over as a
+virtual address (allowedAddresses, shared by the machines that list it), or, for a MAC, one any other domain on the
+host uses there. An interface's own allowedAddresses meet the network's rules only. On a bridge the host knows no subnet: only the holders are checked.
 
 A conflict with the network itself cannot pass (the spec is immutable: refused, not retried); one with a holder may
 (the holder may go), so it is looked at again.
@@ -46,6 +47,7 @@ class Nic:
     segment: Segment
     mac: str  # lowercase
     addresses: tuple[str, ...] = ()  # CIDR: static, or from its IP pools
+    allowed: tuple[str, ...] = ()  # its allowedAddresses (a virtual IP it may take over): the network's rules only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Holder:
     asked: frozenset[tuple[Segment, str]] = frozenset()  # (segment, address) of its spec's static addressing
     macs: frozenset[tuple[Segment, str]] = frozenset()  # (segment, MAC) of its spec's fixed MACs
     published: frozenset[str] = frozenset()  # the addresses in its status (on whichever of its segments)
+    allowed: frozenset[tuple[Segment, str]] = frozenset()  # its allowedAddresses: shared, never another's own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,22 +82,35 @@ def first_conflict(nics: Sequence[Nic], facts: Mapping[Segment, SegmentFacts],
             found = _address_conflict(where, ipaddress.ip_interface(cidr), nic, known, holders)
             if found is not None:
                 return found
+        for address in nic.allowed:
+            found = _network_conflict(f"{where} allowedAddresses", ipaddress.ip_address(address), known)
+            if found is not None:
+                return found
+    return None
+
+
+def _network_conflict(where: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+                      known: SegmentFacts) -> Conflict | None:
+    """The network's own rules: not its own address, inside its subnets, not their network or broadcast address."""
+    own = [ipaddress.ip_interface(cidr) for cidr in known.own]
+    same_family = [o for o in own if o.version == ip.version]
+    if any(o.ip == ip for o in own):
+        return Conflict(f"{where}: address {ip} is the network's own (its gateway, DHCP and DNS server)", False)
+    if same_family and not any(ip in o.network for o in same_family):
+        subnets = ", ".join(str(o.network) for o in same_family)
+        return Conflict(f"{where}: address {ip} is outside the network's subnet ({subnets})", False)
+    if any(ip == o.network.network_address or (o.version == 4 and ip == o.network.broadcast_address)
+           for o in same_family):
+        return Conflict(f"{where}: address {ip} is the subnet's network or broadcast address", False)
     return None
 
 
 def _address_conflict(where: str, address: ipaddress.IPv4Interface | ipaddress.IPv6Interface, nic: Nic,
                       known: SegmentFacts, holders: list[Holder]) -> Conflict | None:
     ip = str(address.ip)  # compared as ipaddress writes it (the holders' addresses too)
-    own = [ipaddress.ip_interface(cidr) for cidr in known.own]
-    same_family = [o for o in own if o.version == address.version]
-    if any(o.ip == address.ip for o in own):
-        return Conflict(f"{where}: address {ip} is the network's own (its gateway, DHCP and DNS server)", False)
-    if same_family and not any(address.ip in o.network for o in same_family):
-        subnets = ", ".join(str(o.network) for o in same_family)
-        return Conflict(f"{where}: address {ip} is outside the network's subnet ({subnets})", False)
-    if any(address.ip == o.network.network_address or
-           (o.version == 4 and address.ip == o.network.broadcast_address) for o in same_family):
-        return Conflict(f"{where}: address {ip} is the subnet's network or broadcast address", False)
+    found = _network_conflict(where, address.ip, known)
+    if found is not None:
+        return found
     leased_to = known.leases.get(ip)
     if leased_to is not None and leased_to != nic.mac:
         return Conflict(f"{where}: address {ip} is leased by the network's DHCP server to another MAC", True)
@@ -103,6 +119,8 @@ def _address_conflict(where: str, address: ipaddress.IPv4Interface | ipaddress.I
             continue
         if ip in holder.published or (holder.earlier and (nic.segment, ip) in holder.asked):
             return Conflict(f"{where}: address {ip} is already another machine's there", True)
+        if (nic.segment, ip) in holder.allowed:
+            return Conflict(f"{where}: address {ip} is a virtual address other machines may hold there", True)
     return None
 
 
@@ -114,9 +132,12 @@ def segment_of(interface: Mapping[str, Any]) -> Segment:
 def holder(spec: Mapping[str, Any], status: Mapping[str, Any], earlier: bool) -> Holder:
     """Another machine as a Holder, from its spec and status as the API holds them."""
     interfaces = [i for i in spec.get("interfaces") or [] if isinstance(i, Mapping)]
-    asked, macs = set(), set()
+    asked, macs, allowed = set(), set(), set()
     for interface in interfaces:
         segment = segment_of(interface)
+        for address in interface.get("allowedAddresses") or []:
+            with contextlib.suppress(ValueError):
+                allowed.add((segment, str(ipaddress.ip_address(address))))
         static = interface.get("static") or {}
         for cidr in static.get("addresses") or []:
             with contextlib.suppress(ValueError):  # (admission refuses one; never let one block the others)
@@ -129,4 +150,4 @@ def holder(spec: Mapping[str, Any], status: Mapping[str, Any], earlier: bool) ->
             with contextlib.suppress(ValueError):
                 published.add(str(ipaddress.ip_address(str(entry.get("address")))))
     return Holder(earlier=earlier, segments=frozenset(segment_of(i) for i in interfaces), asked=frozenset(asked),
-                  macs=frozenset(macs), published=frozenset(published))
+                  macs=frozenset(macs), published=frozenset(published), allowed=frozenset(allowed))

@@ -20,11 +20,13 @@ import copy
 import posixpath
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import naming
+from capi_libvirt.core.traffic_filter import TrafficFilter, filterref_element, ipv4_only
 
 METADATA_NAMESPACE = "https://capi-libvirt.x-k8s.io/machine/v1"
 METADATA_PREFIX = "capi"
@@ -90,6 +92,7 @@ class Interface:
     network: str | None = None
     bridge: str | None = None
     model: str = "virtio"
+    traffic: TrafficFilter | None = None  # the anti-spoofing filter (core.traffic_filter); None: none
 
     def __post_init__(self) -> None:
         if (self.network is None) == (self.bridge is None):
@@ -232,6 +235,8 @@ def from_spec(
     owner: Owner,
     data_disk_paths: tuple[str, ...] = (),
     ignition_path: str | None = None,
+    known_addresses: Mapping[int, Sequence[str]] | None = None,
+    dhcp_servers: Mapping[int, str] | None = None,
 ) -> DomainConfig:
     """The domain config of a machine: the spec's hardware plus the names and paths the caller created or chose.
 
@@ -239,6 +244,9 @@ def from_spec(
     (qemu) domains get a 64 MiB TCG cache, the NoCloud CD-ROM sits on virtio-scsi (no SATA driver needed in the guest,
     valid on q35 and pc), and the serial log is only kept when the spec asks for it. `data_disk_paths` are the spec's
     data disks' volumes, in order; `ignition_path` (Ignition bootstrap data) becomes the fw_cfg file Ignition reads.
+    Every NIC carries the anti-spoofing filter (core.traffic_filter): its IPv4 addresses known up front
+    (`known_addresses`, by interface index; else learned from DHCP, from the network's `dhcp_servers` when known) and
+    its allowedAddresses.
     """
     if len(data_disk_paths) != len(spec.data_disks):
         raise ValueError(f"{len(spec.data_disks)} data disks in the spec, {len(data_disk_paths)} volumes given")
@@ -248,6 +256,9 @@ def from_spec(
             network=nic.network,
             bridge=nic.bridge,
             model=nic.model,
+            traffic=TrafficFilter(addresses=ipv4_only(list((known_addresses or {}).get(index, ()))),
+                                  allowed=ipv4_only(nic.allowed_addresses or []),
+                                  dhcp_server=(dhcp_servers or {}).get(index)),
         )
         for index, nic in enumerate(spec.interfaces)
     )
@@ -350,6 +361,26 @@ def ejected_cdrom_xml(xml_text: str, volume_name: str) -> str | None:
                 ejected.remove(child)
         return ET.tostring(ejected, encoding="unicode")
     return None
+
+
+def fw_cfg_files(xml_text: str) -> list[str]:
+    """The files the domain's fw_cfg entries hand to the guest (an Ignition config)."""
+    return [entry.get("file") or "" for entry in ET.fromstring(xml_text).findall("sysinfo[@type='fwcfg']/entry")]
+
+
+def without_fw_cfg_file_xml(xml_text: str, volume_name: str) -> str | None:
+    """The domain XML without the fw_cfg entry whose file is the volume `volume_name` (a file of that name, in any
+    folder), and without its <sysinfo type='fwcfg'> when nothing else is left in it; None when no entry names it."""
+    root = ET.fromstring(xml_text)
+    found = False
+    for sysinfo in root.findall("sysinfo[@type='fwcfg']"):
+        for entry in sysinfo.findall("entry"):
+            if posixpath.basename(entry.get("file") or "") == volume_name:
+                sysinfo.remove(entry)
+                found = True
+        if not list(sysinfo):
+            root.remove(sysinfo)
+    return ET.tostring(root, encoding="unicode") if found else None
 
 
 def cdrom_sources(xml_text: str) -> list[str]:
@@ -530,6 +561,8 @@ def interface_element(interface: Interface) -> ET.Element:
     ET.SubElement(element, "mac", address=interface.mac)
     ET.SubElement(element, "source", source)
     ET.SubElement(element, "model", type=interface.model)
+    if interface.traffic is not None:
+        element.append(filterref_element(interface.traffic))
     return element
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import ipaddress
 import posixpath
 from collections.abc import Sequence
 
@@ -90,6 +91,12 @@ def refusal(host: str, access: v1alpha1.HostAccess, host_pool: str, namespace: s
             return Refusal(host, "bridges", f"interfaces[{index}].bridge {nic.bridge!r} is not allowed on host "
                                             f"{host} (allowed: {_listed(access.bridges)}; LibvirtHost "
                                             "spec.access.bridges)")
+    for index, nic in enumerate(spec.interfaces):
+        for address in nic.allowed_addresses or []:
+            if not address_granted(access, namespace, address):
+                return Refusal(host, "allowedAddresses", f"interfaces[{index}].allowedAddresses {address!r} is not "
+                                                         f"granted to namespace {namespace} on host {host} "
+                                                         "(LibvirtHost spec.access.allowedAddresses)")
     if spec.kernel_boot is not None:
         for what, path in (("kernel", spec.kernel_boot.kernel), ("initrd", spec.kernel_boot.initrd)):
             if path is not None and not path_under(path, access.host_paths):
@@ -97,6 +104,14 @@ def refusal(host: str, access: v1alpha1.HostAccess, host_pool: str, namespace: s
                                                   f"allows (allowed: {_listed(access.host_paths)}; LibvirtHost "
                                                   "spec.access.hostPaths)")
     return None
+
+
+def address_granted(access: v1alpha1.HostAccess, namespace: str, address: str) -> bool:
+    """`address` is in a range the host grants `namespace` to send from besides its own addresses."""
+    ip = ipaddress.ip_address(address)
+    return any(matches(namespace, grant.namespaces) and
+               any(ip in ipaddress.ip_network(cidr, strict=False) for cidr in grant.cidrs)
+               for grant in access.allowed_addresses)
 
 
 def image_refusal(host: str, access: v1alpha1.HostAccess, image: v1alpha1.ImageSource) -> Refusal | None:
@@ -163,4 +178,5 @@ def _listed(items: Sequence[str]) -> str:
 # For hosts given on the operator's command line (--host, development only): the operator's own admin named them.
 UNRESTRICTED = v1alpha1.HostAccess.model_construct(
     namespaces=None, storage_pools=["*"], networks=["*"], bridges=["*"], images=["*"], host_paths=["/"],
-    image_url_prefixes=["http://", "https://"])
+    image_url_prefixes=["http://", "https://"], quotas=[],
+    allowed_addresses=[v1alpha1.AddressGrant(namespaces=["*"], cidrs=["0.0.0.0/0", "::/0"])])

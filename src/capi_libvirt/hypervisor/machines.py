@@ -433,6 +433,26 @@ def delete_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes) -> bool:
     return True
 
 
+def drop_ignition(conn: libvirt.virConnect, uuid: str, volumes: MachineVolumes) -> list[str]:
+    """Take the Ignition config out of the domain's persistent definition (its fw_cfg entry: QEMU read the file when
+    it started, and a fw_cfg entry cannot change under a running domain, so the next start comes without it) and
+    delete its volume; returns what was done ("definition", "volume"), nothing when both were done before."""
+    if not volumes.ignition:
+        raise ValueError("no Ignition volume name")
+    domain = conn.lookupByUUIDString(uuid)  # VIR_ERR_NO_DOMAIN -> DomainNotFound
+    done = []
+    redefined = domain_xml.without_fw_cfg_file_xml(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE),
+                                                   volumes.ignition)
+    if redefined is not None:
+        conn.defineXML(redefined)
+        done.append("definition")
+    volume = _volume_or_none(_active_pool(conn, volumes.pool), volumes.ignition)
+    if volume is not None:
+        volume.delete(0)
+        done.append("volume")
+    return done
+
+
 def destroy_and_undefine(domain: libvirt.virDomain) -> None:
     """Stop the domain if it runs, then remove its definition with its managed save, snapshot metadata and NVRAM."""
     if domain.isActive():

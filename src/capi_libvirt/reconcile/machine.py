@@ -42,9 +42,10 @@ from capi_libvirt.core import (
     placement,
     provider_id,
     tenancy,
+    traffic_filter,
 )
 from capi_libvirt.core.conditions import Reason
-from capi_libvirt.hypervisor import connection, errors, host_domains, machines, networks
+from capi_libvirt.hypervisor import connection, errors, host_domains, machines, networks, traffic_filters
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import images as images_
 from capi_libvirt.reconcile import inventory as inventory_
@@ -63,9 +64,12 @@ REPLACED = "Replaced"
 DOMAIN_HOST_MISMATCH = "DomainHostMismatch"
 NOCLOUD_ISO_REMOVED = "NoCloudISODetached"
 NOCLOUD_ISO_NOT_REMOVED = "NoCloudISONotRemoved"
+IGNITION_CONFIG_REMOVED = "IgnitionConfigRemoved"
+IGNITION_CONFIG_NOT_REMOVED = "IgnitionConfigNotRemoved"
 IPAM_FORBIDDEN = "IPAddressClaimsForbidden"
 CPU_MODEL_NOT_SUPPORTED = "CPUModelNotSupported"
 MACHINE_TYPE_NOT_SUPPORTED = "MachineTypeNotSupported"
+TRAFFIC_FILTER_NOT_FOUND = "TrafficFilterNotFound"
 BOOTSTRAP_FORMATS = ("cloud-config", "ignition")  # cloud-config on a NoCloud ISO; ignition through fw_cfg
 
 # clusterctl move puts this on every source object just before deleting it: the object goes, its machine does not.
@@ -673,7 +677,8 @@ async def check_addresses(deps: Dependencies, p: MachinePass) -> None:
         return
     nics = [address_conflicts.Nic(index, address_conflicts.segment_of(nic.model_dump(by_alias=True)),
                                   (nic.mac_address or naming.mac_address(p.uid, index)).lower(),
-                                  tuple(p.addressing[index].addresses) if index in p.addressing else ())
+                                  tuple(p.addressing[index].addresses) if index in p.addressing else (),
+                                  tuple(nic.allowed_addresses or ()))
             for index, nic in enumerate(p.spec.interfaces)]
     mine = (p.body["metadata"].get("creationTimestamp") or "", p.name, p.namespace)
     # What another machine asks for is its own when it asked first, or once its domain may be defined (it may be
@@ -743,11 +748,24 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     overlay_path = f"{pool_dir}/{volumes.overlay}"
     ignition = p.bootstrap is not None and p.bootstrap.format == "ignition"
     try:
+        await host.call(traffic_filters.ensure_filters, any(nic.allowed_addresses for nic in p.spec.interfaces),
+                        doing="look up traffic filters")
+    except traffic_filters.TrafficFilterMissing as error:
+        raise Wait(TRAFFIC_FILTER_NOT_FOUND, str(error), failure=True) from None
+    dhcp_servers = {}
+    for index, nic in enumerate(p.spec.interfaces):
+        facts = (p.segments or {}).get(address_conflicts.segment_of(nic.model_dump(by_alias=True)))
+        own = traffic_filter.ipv4_only(list(facts.own)) if facts else ()
+        if own:
+            dhcp_servers[index] = own[0]  # a libvirt network's DHCP server is its own address
+    try:
         config = domain_xml.from_spec(p.spec, name=p.domain_name, uuid=p.domain_uuid, disk_path=overlay_path,
                                       iso_path=None if ignition else f"{pool_dir}/{volumes.nocloud}",
                                       serial_log_path=f"{pool_dir}/{volumes.serial_log}", owner=owner,
                                       data_disk_paths=tuple(f"{pool_dir}/{disk}" for disk in volumes.data_disks),
-                                      ignition_path=f"{pool_dir}/{volumes.ignition}" if ignition else None)
+                                      ignition_path=f"{pool_dir}/{volumes.ignition}" if ignition else None,
+                                      known_addresses={i: a.addresses for i, a in p.addressing.items()},
+                                      dhcp_servers=dhcp_servers)
     except ValueError as error:  # a spec admission let through that no domain XML can carry: the spec is immutable
         raise Wait(INVALID_SPEC, f"invalid spec: {error}", None, failure=True) from None
     user_data = (p.bootstrap.value if p.bootstrap else None) or b""  # (always set and non-empty: fetched above)
@@ -858,6 +876,10 @@ async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
     """
     if p.domain is None or not ((p.machine or {}).get("status") or {}).get("nodeRef"):
         return
+    if any(posixpath.basename(path) == p.volumes().ignition for path in domain_xml.fw_cfg_files(p.domain.xml)) or \
+            "ignitionConfigRemoved" in p.status:
+        await _remove_ignition_config(deps, p)
+        return
     if p.spec.keep_nocloud_iso:
         p.status["noCloudISORemoved"] = False  # looked at with the node joined, and kept
         return
@@ -880,6 +902,32 @@ async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
     if done:
         await _event(deps, p.body, "Normal", NOCLOUD_ISO_REMOVED, "the node joined, so the bootstrap data was used: "
                      f"NoCloud ISO {', '.join(done)} on host {p.host}")
+
+
+async def _remove_ignition_config(deps: Dependencies, p: MachinePass) -> None:
+    """An Ignition machine's bootstrap data, once the node joined: its fw_cfg entry out of the domain's definition
+    (the running guest read it at boot; the next start comes without it) and its volume deleted from the host. The
+    domain's live XML keeps naming the file until it stops, so status.ignitionConfigRemoved records that it is done."""
+    if p.spec.keep_nocloud_iso:
+        p.status["ignitionConfigRemoved"] = False
+        return
+    if p.status.get("ignitionConfigRemoved"):
+        return
+    host, volumes = deps.hosts.get(p.host or ""), p.volumes()
+    try:
+        done = await host.call(machines.drop_ignition, p.domain_uuid, volumes, doing="remove Ignition config")
+    except errors.HostUnreachable:
+        raise
+    except errors.HypervisorError as error:
+        log.warning("%s/%s: the Ignition config was not removed yet: %s", p.namespace, p.name, error)
+        await _event(deps, p.body, "Warning", IGNITION_CONFIG_NOT_REMOVED,
+                     f"the Ignition config stays for now: {error}")
+        return
+    p.status["ignitionConfigRemoved"] = True
+    said = {"definition": "taken out of the domain's definition", "volume": f"volume {volumes.ignition} deleted"}
+    if done:
+        await _event(deps, p.body, "Normal", IGNITION_CONFIG_REMOVED, "the node joined, so the bootstrap data was "
+                     f"used: Ignition config {', '.join(said[what] for what in done)} on host {p.host}")
 
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,

@@ -1,0 +1,68 @@
+"""The anti-spoofing filter on every NIC (core.traffic_filter): its parameters for addresses known up front, for a
+DHCP address libvirt learns, and for addresses granted beside them; the project's filters; the host's grant."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from capi_libvirt.api import v1alpha1
+from capi_libvirt.core import tenancy, traffic_filter
+from capi_libvirt.core.traffic_filter import TrafficFilter, filterref_element
+
+pytestmark = pytest.mark.unit
+
+
+def parameters(traffic: TrafficFilter) -> tuple[str, list[tuple[str, str]]]:
+    element = filterref_element(traffic)
+    return element.get("filter", ""), [(p.get("name", ""), p.get("value", "")) for p in element]
+
+
+def test_known_addresses_are_the_only_ones_a_nic_may_send_from():
+    assert parameters(TrafficFilter(addresses=("192.168.122.10", "192.168.122.11"))) == \
+        ("clean-traffic", [("IP", "192.168.122.10"), ("IP", "192.168.122.11")])
+
+
+def test_a_dhcp_address_is_learned_from_the_networks_own_dhcp_server():
+    assert parameters(TrafficFilter(dhcp_server="192.168.122.1")) == \
+        ("clean-traffic", [("CTRL_IP_LEARNING", "dhcp"), ("DHCPSERVER", "192.168.122.1")])
+    assert parameters(TrafficFilter()) == ("clean-traffic", [("CTRL_IP_LEARNING", "dhcp")])  # a bridge: any server
+
+
+def test_granted_addresses_take_the_projects_filter():
+    name, given = parameters(TrafficFilter(allowed=("192.168.122.250",), dhcp_server="192.168.122.1"))
+    assert name == traffic_filter.WITH_ALLOWED
+    assert given == [("CTRL_IP_LEARNING", "dhcp"), ("DHCPSERVER", "192.168.122.1"), ("ALLOWED_IP", "192.168.122.250")]
+
+
+def test_only_ipv4_goes_into_a_filter():
+    assert traffic_filter.ipv4_only(["192.168.122.10/24", "fd00::10/64", "10.0.0.1"]) == ("192.168.122.10", "10.0.0.1")
+    with pytest.raises(ValueError, match="IPv4 only"):
+        TrafficFilter(addresses=("fd00::10",))
+
+
+def test_the_projects_filters_return_the_allowed_addresses_in_clean_traffics_chains():
+    filters = {name: ET.fromstring(xml) for name, xml in traffic_filter.project_filters().items()}
+    assert list(filters) == [traffic_filter.ALLOWED_IPV4, traffic_filter.ALLOWED_ARP, traffic_filter.WITH_ALLOWED]
+    ipv4, arp, root = filters.values()
+    assert (ipv4.get("chain"), arp.get("chain")) == ("ipv4-ip", "arp-ip")
+    assert ipv4.find("rule/ip").get("srcipaddr") == "$ALLOWED_IP" and ipv4.find("rule").get("action") == "return"
+    assert arp.find("rule/arp").get("arpsrcipaddr") == "$ALLOWED_IP"
+    assert [ref.get("filter") for ref in root.findall("filterref")] == [
+        traffic_filter.ALLOWED_IPV4, traffic_filter.ALLOWED_ARP, "clean-traffic"]
+
+
+def test_a_tenant_may_send_from_an_extra_address_only_where_the_admin_granted_its_namespace():
+    access = v1alpha1.HostAccess.model_validate({"images": ["base.qcow2"], "allowedAddresses": [
+        {"namespaces": ["team-a"], "cidrs": ["192.168.122.250/32"]}]})
+
+    def spec(address: str) -> v1alpha1.LibvirtMachineSpec:
+        return v1alpha1.LibvirtMachineSpec.model_validate({"image": {"volume": "base.qcow2"}, "interfaces": [
+            {"network": "default", "allowedAddresses": [address]}]})
+    assert tenancy.refusal("h", access, "default", "team-a", spec("192.168.122.250")) is None
+    refused = tenancy.refusal("h", access, "default", "team-b", spec("192.168.122.250"))
+    assert refused is not None and refused.field == "allowedAddresses" and "namespace team-b" in refused.message
+    assert tenancy.refusal("h", access, "default", "team-a", spec("192.168.122.251")) is not None
+    assert tenancy.refusal("h", v1alpha1.HostAccess(images=["base.qcow2"]), "default", "team-a",
+                           spec("192.168.122.250")) is not None  # nothing granted by default

@@ -357,8 +357,9 @@ class LocalControlPlane:
     # -- a minimal client, enough to install CRDs before any operator runs ------------------------------------
 
     def request(self, method: str, path: str, body: Any = None, accept: str = "application/json",
-                content_type: str = "application/json") -> Any:
-        """`content_type` names the body's kind for PATCH, e.g. `application/apply-patch+yaml` (a JSON body is YAML)."""
+                content_type: str = "application/json", as_user: str | None = None) -> Any:
+        """`content_type` names the body's kind for PATCH, e.g. `application/apply-patch+yaml` (a JSON body is YAML);
+        `as_user`: the request is made as that user (the admin impersonates it), with that user's rights alone."""
         if self._ssl is None and self.ca_file.exists():
             self._ssl = ssl.create_default_context(cafile=str(self.ca_file))
         data = json.dumps(body).encode() if body is not None else None
@@ -366,6 +367,8 @@ class LocalControlPlane:
         req.add_header("Authorization", f"Bearer {self.token}")
         req.add_header("Content-Type", content_type)
         req.add_header("Accept", accept)
+        if as_user is not None:
+            req.add_header("Impersonate-User", as_user)
         try:
             with urllib.request.urlopen(req, context=self._ssl, timeout=10) as response:
                 raw = response.read()

@@ -1,0 +1,202 @@
+"""A Debian 13 (trixie) root file system holding libvirt and QEMU, for a LibvirtHost whose daemons run chrooted in it.
+
+This machine is Debian 12: its libvirt (9.0) and QEMU (7.2) are the ones the test hosts run by default. A host given
+`root=ensure_trixie_root()` runs trixie's libvirtd and virtlogd instead (libvirt 11, QEMU 10), chrooted into this root
+inside the host's own network and mount namespaces (see devenv.libvirt_host), so the provider can be tried against a
+newer libvirt without touching the machine's own packages.
+
+The root is debootstrapped once (`--variant=minbase`, only the packages below and what they depend on; no
+Recommends) into the cache, as `<cache>/roots/trixie-<recipe hash>`: the hash covers the suite, the package list and
+RECIPE_REVISION (raise it when what is done after debootstrap changes), so a changed recipe builds a new root and an
+unchanged one only checks the cache. The build happens in a temporary folder beside the result under a lock and is
+renamed into place once complete, so an interrupted build leaves nothing that looks finished (a later build removes
+what it left). The root is shared by every host using it and is not written to at run time: each host mounts its own
+state folders, /run and /tmp over the root's, in its own mount namespace.
+
+    python -m devenv.trixie_root            # build if needed; prints the root's folder
+    python -m devenv.trixie_root --folder   # prints the folder of the current recipe, builds nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+from devenv import paths
+
+log = logging.getLogger(__name__)
+
+SUITE = "trixie"
+MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
+# libvirtd itself (libvirt-daemon; virtlogd comes as libvirt-daemon-log), the drivers a test host uses (QEMU, the
+# NAT network with its dnsmasq, the dir pool, the traffic filters and their clean-traffic set), QEMU for x86 under
+# TCG (its ROMs, SeaBIOS and iPXE, are its dependencies) and qemu-img (qemu-utils) for volumes. libvirt 11's network
+# driver writes its NAT rules with nft (nftables); the nwfilter driver still drives iptables and ebtables.
+PACKAGES = (
+    "libvirt-daemon",
+    "libvirt-daemon-driver-qemu",
+    "libvirt-daemon-driver-network",
+    "libvirt-daemon-driver-storage",
+    "libvirt-daemon-driver-nwfilter",
+    "libvirt-daemon-config-nwfilter",
+    "qemu-system-x86",
+    "qemu-utils",
+    "dnsmasq-base",
+    "nftables",
+    "iptables",
+    "ebtables",
+)
+RECIPE_REVISION = 1  # raise when the steps after debootstrap change
+# Of no use in a root nobody logs into; removed to keep the root small.
+PRUNED = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/info",
+          "usr/share/locale", "usr/share/lintian")
+DEBOOTSTRAP_TIMEOUT_S = 3600.0
+
+
+class TrixieRootError(RuntimeError):
+    pass
+
+
+def recipe() -> str:
+    return f"suite={SUITE}\npackages={','.join(sorted(PACKAGES))}\nrevision={RECIPE_REVISION}\n"
+
+
+def recipe_hash() -> str:
+    return hashlib.sha256(recipe().encode()).hexdigest()[:16]
+
+
+def roots_dir() -> pathlib.Path:
+    return paths.cache_dir() / "roots"
+
+
+def root_folder() -> pathlib.Path:
+    """Where the root of the current recipe is (or will be once built)."""
+    return roots_dir() / f"{SUITE}-{recipe_hash()}"
+
+
+def find_trixie_root() -> pathlib.Path | None:
+    folder = root_folder()
+    return folder if folder.is_dir() else None
+
+
+def ensure_trixie_root() -> pathlib.Path:
+    """The root of the current recipe, built first when missing (a few minutes; one builder at a time)."""
+    folder = root_folder()
+    if folder.is_dir():
+        return folder
+    roots_dir().mkdir(parents=True, exist_ok=True)
+    with _build_lock():
+        if folder.is_dir():  # another builder finished meanwhile
+            return folder
+        for stale in roots_dir().glob(f".build-{SUITE}-*"):
+            log.warning("removing stale build folder %s", stale)
+            remove_build_dir(stale)
+        work = pathlib.Path(tempfile.mkdtemp(prefix=f".build-{folder.name}.", dir=roots_dir()))
+        try:
+            build(work)
+            work.rename(folder)
+        except BaseException:
+            remove_build_dir(work)
+            raise
+    return folder
+
+
+@contextlib.contextmanager
+def _build_lock() -> Iterator[None]:
+    with open(roots_dir() / f".build-{SUITE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def build(root: pathlib.Path) -> None:
+    """debootstrap into `root` (an empty folder), then make it fit to run libvirtd chrooted."""
+    started = time.monotonic()
+    log.info("debootstrap %s into %s (a few minutes)", SUITE, root)
+    # nice: the machine has two cores, and tests may be running beside the build.
+    argv = ["nice", "-n", "10", "debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), MIRROR]
+    build_log = root.parent / f"{root.name}.log"
+    try:
+        with open(build_log, "wb") as output:
+            # A process group of its own: an interrupt ends debootstrap's dpkg children too, before the folder goes.
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                                       start_new_session=True)
+            try:
+                returncode = process.wait(timeout=DEBOOTSTRAP_TIMEOUT_S)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                raise
+        if returncode != 0:
+            tail = build_log.read_text(errors="replace").splitlines()[-30:]
+            raise TrixieRootError(f"debootstrap failed ({returncode}):\n" + "\n".join(tail))
+    finally:
+        unmount_below(root)  # debootstrap mounts /proc and /sys in the root; an interrupted run may leave them
+        build_log.unlink(missing_ok=True)
+    log.info("debootstrap took %.0f s; configuring", time.monotonic() - started)
+    configure(root)
+    log.info("trixie root built in %.0f s: %s (%d MiB)", time.monotonic() - started, root, du_mib(root))
+
+
+def configure(root: pathlib.Path) -> None:
+    for sub in PRUNED:
+        folder = root / sub
+        if folder.is_dir():
+            shutil.rmtree(folder)
+            folder.mkdir()
+    # debootstrap copies this machine's resolver and host name; the root has no use for either.
+    (root / "etc" / "resolv.conf").unlink(missing_ok=True)
+    (root / "etc" / "hostname").write_text("trixie-libvirt\n")
+
+
+def unmount_below(folder: pathlib.Path) -> None:
+    """Lazily unmount whatever is mounted below `folder`, deepest first."""
+    targets = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True).stdout.splitlines()
+    prefix = f"{folder}/"
+    for target in sorted((t for t in targets if t.startswith(prefix)), reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True)
+
+
+def remove_build_dir(folder: pathlib.Path) -> None:
+    unmount_below(folder)
+    subprocess.run(["rm", "-rf", "--one-file-system", str(folder)], check=False)
+    pathlib.Path(f"{folder}.log").unlink(missing_ok=True)
+
+
+def du_mib(folder: pathlib.Path) -> int:
+    out = subprocess.run(["du", "-sxm", str(folder)], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def versions(root: pathlib.Path) -> dict[str, str]:
+    """The installed versions of libvirt and QEMU in the root, by dpkg's database."""
+    out = subprocess.run(["dpkg-query", f"--admindir={root / 'var/lib/dpkg'}", "-W", "-f", "${Package} ${Version}\n",
+                          "libvirt-daemon", "qemu-system-x86"], capture_output=True, text=True, check=True).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--folder", action="store_true", help="print the current recipe's folder, build nothing")
+    args = parser.parse_args()
+    if args.folder:
+        print(root_folder())
+        return
+    logging.basicConfig(level=logging.INFO, format="[trixie-root] %(message)s", stream=sys.stderr)
+    print(ensure_trixie_root())
+
+
+if __name__ == "__main__":
+    main()

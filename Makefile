@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
-.PHONY: help system-deps venv upstream upstream-control-plane upstream-kubernetes guest-image guest-image-minimal \
+.PHONY: help system-deps venv trixie-root upstream upstream-control-plane upstream-kubernetes guest-image guest-image-minimal \
 	guest-image-node prerequisites manifests lint lint-checks lock lock-check image test test-whole-cluster test-fast bench run demo clean \
 	release-manifests
 
@@ -81,7 +81,11 @@ guest-image-node: system-deps upstream-kubernetes
 image: system-deps
 	@$(TIMED) image hack/build-image.sh
 
-prerequisites: venv upstream guest-image image
+# Debian 13's libvirt and QEMU, in a root file system the newer-libvirt test host runs its daemons from (cached).
+trixie-root: venv
+	@$(TIMED) trixie-root $(BIN)/python -m devenv.trixie_root
+
+prerequisites: venv upstream guest-image image trixie-root
 
 manifests: venv
 	$(BIN)/capi-libvirt manifests --dir config/crd

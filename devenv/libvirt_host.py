@@ -73,6 +73,8 @@ class LibvirtHost:
         before_daemons: Callable[[LibvirtHost], None] | None = None,
         dnsmasq_options: Sequence[str] = (),
         dhcp_reserved: int = 0,
+        root: pathlib.Path | None = None,
+        root_binds: Sequence[pathlib.Path] = (),
     ) -> None:
         """`subnet` is the NAT network's (the bridge takes its first address); `network_name` None: no libvirt network
         at all (and no libvirt DHCP), as on a host whose guests sit on a bridge of the LAN. Logs (libvirtd, virtlogd, each guest's
@@ -82,7 +84,12 @@ class LibvirtHost:
         with --listen. `before_daemons` runs once the namespace exists, before the daemons start (to add a link whose
         address libvirtd listens on); a failure there fails start(), which then stops the host. See remote_access.
         `dnsmasq_options` are passed to the network's dnsmasq (the bench sets `no-ping`, see bench/testbed.py).
-        `dhcp_reserved`: the subnet's last addresses DHCP never hands out (a virtual IP's, `reserved_addresses`)."""
+        `dhcp_reserved`: the subnet's last addresses DHCP never hands out (a virtual IP's, `reserved_addresses`).
+        `root`: a root file system holding another libvirt and QEMU (devenv.trixie_root's, Debian 13's); the daemons
+        then run chrooted in it (see _root_steps), and everything else stays as it is: the socket is still
+        `socket_path`, the pool is still `pool_dir`. The host's folders a guest or libvirtd may be given by path
+        (`root_shared_folders`: the state folder, paths.run_dir() and paths.cache_dir(), plus `root_binds`) are seen
+        inside the root at the same paths. None (the default): the machine's own libvirt and QEMU."""
         self.name = name
         self.subnet = ipaddress.IPv4Network(subnet)
         self.pool_name = pool_name
@@ -95,6 +102,10 @@ class LibvirtHost:
         self.before_daemons = before_daemons
         self.dnsmasq_options = tuple(dnsmasq_options)
         self.dhcp_reserved = dhcp_reserved
+        self.root = root.resolve() if root is not None else None
+        self.root_binds = tuple(pathlib.Path(folder) for folder in root_binds)
+        if self.root is not None and not (self.root / "usr" / "sbin" / "libvirtd").exists():
+            raise LibvirtHostError(f"no libvirtd in the root {self.root}")
         if len(str(self.socket_path)) > UNIX_SOCKET_PATH_MAX:
             raise LibvirtHostError(f"state folder path too long for a UNIX socket: {self.socket_path}")
 
@@ -139,6 +150,13 @@ class LibvirtHost:
         sources = {sub: self.state_dir / sub for sub in LIBVIRT_SYSTEM_DIRS}
         sources["log"] = self.log_dir
         return {LIBVIRT_SYSTEM_DIRS[sub]: source for sub, source in sources.items()}
+
+    @property
+    def root_shared_folders(self) -> list[pathlib.Path]:
+        """With a `root`: the host's folders bound into the root at their own paths, outermost only, sorted."""
+        folders = sorted({pathlib.Path(os.path.abspath(folder)) for folder in
+                          (self.state_dir, paths.run_dir(), paths.cache_dir(), *self.root_binds)})
+        return [folder for folder in folders if not any(other in folder.parents for other in folders)]
 
     def _pid_file(self, daemon: str) -> pathlib.Path:
         return self.state_dir / f"{daemon}.pid"
@@ -197,7 +215,7 @@ class LibvirtHost:
             run(["ip", "netns", "delete", self.netns])
         if self.state_dir.exists():
             # libvirt probes QEMU lazily, so the capabilities exist only once a host was used; keep them for the next.
-            keep_qemu_capabilities(self.state_dir / "cache")
+            keep_qemu_capabilities(self.state_dir / "cache", self.root)
             shutil.rmtree(self.state_dir)
         log.info("libvirt host %s stopped and removed", self.name)
 
@@ -218,8 +236,9 @@ class LibvirtHost:
         (etc / "qemu.conf").write_text(QEMU_CONF)
         # libvirt's own traffic filters (clean-traffic and the filters it is made of), as Debian's and Ubuntu's
         # libvirt-daemon-config-nwfilter install them into /etc/libvirt/nwfilter, where libvirtd loads them at start.
-        shutil.copytree(LIBVIRT_NWFILTERS, etc / "nwfilter", dirs_exist_ok=True)
-        seed_qemu_capabilities(self.state_dir / "cache")
+        nwfilters = LIBVIRT_NWFILTERS if self.root is None else self.root / LIBVIRT_NWFILTERS.relative_to("/")
+        shutil.copytree(nwfilters, etc / "nwfilter", dirs_exist_ok=True)
+        seed_qemu_capabilities(self.state_dir / "cache", self.root)
 
     def _libvirtd_conf(self) -> str:
         settings: dict[str, ConfValue] = dict(
@@ -248,11 +267,16 @@ class LibvirtHost:
             # Bind mounts need their mount point; /run/libvirt does not exist where no system libvirtd ever ran.
             target.mkdir(parents=True, exist_ok=True)
         steps = [["mount", "--bind", str(source), str(target)] for target, source in self._bind_mounts().items()]
+        # With a root, the binds above stay too: a program of the machine's entering this mount namespace (remote
+        # access's sshd and virt-ssh-helper) finds the sockets where it looks for them.
+        chroot = [] if self.root is None else ["chroot", str(self.root)]
+        if self.root is not None:
+            steps += self._root_steps()
         if "virtlogd" in daemons:
-            steps.append(["virtlogd", "--daemon", "--config", "/etc/libvirt/virtlogd.conf",
+            steps.append([*chroot, "virtlogd", "--daemon", "--config", "/etc/libvirt/virtlogd.conf",
                           "--pid-file", str(self._pid_file("virtlogd"))])
         if "libvirtd" in daemons:
-            steps.append(["libvirtd", "--daemon", *(["--listen"] if self._listens() else []),
+            steps.append([*chroot, "libvirtd", "--daemon", *(["--listen"] if self._listens() else []),
                           "--config", "/etc/libvirt/libvirtd.conf", "--pid-file", str(self._pid_file("libvirtd"))])
         script = " && ".join(shlex.join(step) for step in steps)
         # unshare's default propagation is private: the bind mounts stay inside this host's mount namespace.
@@ -260,12 +284,41 @@ class LibvirtHost:
         for daemon in daemons:
             log.info("libvirt host %s: started %s (pid %s) in netns %s", self.name, daemon, self._read_pid(daemon), self.netns)
 
+    def _root_steps(self) -> list[list[str]]:
+        """What the daemons need inside the root, all mounted in their own mount namespace (it ends with them, so
+        nothing stays mounted on the machine or in the root, which several hosts may share): the machine's /dev (with
+        /dev/net/tun and /dev/pts), /proc, and the /sys that `ip netns exec` mounted for the namespace (its links,
+        and /sys/fs/cgroup); a fresh /run and /tmp; the host's shared folders at their own paths; and the state
+        folders over the root's own libvirt folders, as over the machine's outside a root."""
+        assert self.root is not None
+        root = self.root
+
+        def inside(folder: pathlib.Path) -> str:
+            return str(root / folder.relative_to("/"))
+
+        # First the root onto itself: the root of a chroot must be a mount point, or libvirt cannot give each QEMU its
+        # own mount namespace ("Failed disable mount propagation out of the root filesystem: Invalid argument").
+        steps = [["mount", "--bind", str(root), str(root)]]
+        steps += [["mount", "--rbind", folder, inside(pathlib.Path(folder))] for folder in ("/dev", "/proc", "/sys")]
+        steps += [["mount", "-t", "tmpfs", "-o", "mode=0755", "capi-libvirt-run", inside(pathlib.Path("/run"))],
+                  ["mount", "-t", "tmpfs", "-o", "mode=1777", "capi-libvirt-tmp", inside(pathlib.Path("/tmp"))]]
+        for folder in self.root_shared_folders:
+            steps += [["mkdir", "-p", str(folder), inside(folder)], ["mount", "--bind", str(folder), inside(folder)]]
+        for target, source in self._bind_mounts().items():
+            steps += [["mkdir", "-p", inside(target)], ["mount", "--bind", str(source), inside(target)]]
+        return steps
+
     def mount_tmpfs(self, folder: pathlib.Path, size_mib: int) -> None:
         """A tmpfs of `size_mib` on `folder`, in the daemons' mount namespace: a folder pool on it is a small pool
-        (its capacity exactly that; memory is taken only for what is written). It goes with the namespace."""
+        (its capacity exactly that; memory is taken only for what is written). It goes with the namespace.
+        With a `root`, `folder` must lie in one of `root_shared_folders`: the tmpfs is mounted on its path in the
+        root and bound onto the folder outside the root as well, so both views see the one tmpfs."""
         folder.mkdir(parents=True, exist_ok=True)
-        run(["nsenter", f"--target={self._read_pid('libvirtd')}", "--mount", "--", "mount", "-t", "tmpfs", "-o",
-             f"size={size_mib}m,mode=0711", "capi-libvirt-test", str(folder)])
+        enter = ["nsenter", f"--target={self._read_pid('libvirtd')}", "--mount", "--"]
+        target = folder if self.root is None else self.root / folder.resolve().relative_to("/")
+        run([*enter, "mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0711", "capi-libvirt-test", str(target)])
+        if self.root is not None:
+            run([*enter, "mount", "--bind", str(target), str(folder)])
 
     def kill_and_restart_libvirtd(self) -> tuple[int, int]:
         """SIGKILL libvirtd, as a crash or the OOM killer would end it (guests, dnsmasq and virtlogd live on), and start
@@ -373,17 +426,20 @@ def conf_value(value: ConfValue) -> str:
     return "[" + ", ".join(conf_value(item) for item in value) + "]"
 
 
-def shared_capabilities_dir() -> pathlib.Path:
-    return paths.cache_dir() / "libvirt" / "qemu-capabilities"
+def shared_capabilities_dir(root: pathlib.Path | None = None) -> pathlib.Path:
+    """The machine's libvirt's, or a root's own: the files are named by the emulator's path, the same in both, and
+    each libvirt would take the other's for stale and probe again."""
+    folder = paths.cache_dir() / "libvirt" / "qemu-capabilities"
+    return folder if root is None else folder.with_name(f"{folder.name}-{root.name}")
 
 
-def seed_qemu_capabilities(cache: pathlib.Path) -> None:
+def seed_qemu_capabilities(cache: pathlib.Path, root: pathlib.Path | None = None) -> None:
     """Give a new host the QEMU capabilities an earlier host probed; libvirt re-probes by itself if they are stale."""
-    copy_files_atomically(shared_capabilities_dir(), cache / "qemu" / "capabilities")
+    copy_files_atomically(shared_capabilities_dir(root), cache / "qemu" / "capabilities")
 
 
-def keep_qemu_capabilities(cache: pathlib.Path) -> None:
-    copy_files_atomically(cache / "qemu" / "capabilities", shared_capabilities_dir())
+def keep_qemu_capabilities(cache: pathlib.Path, root: pathlib.Path | None = None) -> None:
+    copy_files_atomically(cache / "qemu" / "capabilities", shared_capabilities_dir(root))
 
 
 def copy_files_atomically(source: pathlib.Path, target: pathlib.Path) -> None:

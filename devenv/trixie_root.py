@@ -5,8 +5,8 @@ This machine is Debian 12: its libvirt (9.0) and QEMU (7.2) are the ones the tes
 inside the host's own network and mount namespaces (see devenv.libvirt_host), so the provider can be tried against a
 newer libvirt without touching the machine's own packages.
 
-The root is debootstrapped once (`--variant=minbase`, only the packages below and what they depend on; no
-Recommends) into the cache, as `<cache>/roots/trixie-<recipe hash>`: the hash covers the suite, the package list and
+The root is debootstrapped once (`--variant=minbase`, then apt installs the packages below and what they depend
+on, without Recommends) into the cache, as `<cache>/roots/trixie-<recipe hash>`: the hash covers the suite, the package list and
 RECIPE_REVISION (raise it when what is done after debootstrap changes), so a changed recipe builds a new root and an
 unchanged one only checks the cache. The build happens in a temporary folder beside the result under a lock and is
 renamed into place once complete, so an interrupted build leaves nothing that looks finished (a later build removes
@@ -62,7 +62,7 @@ RECIPE_REVISION = 1  # raise when the steps after debootstrap change
 # Of no use in a root nobody logs into; removed to keep the root small.
 PRUNED = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/info",
           "usr/share/locale", "usr/share/lintian")
-DEBOOTSTRAP_TIMEOUT_S = 3600.0
+STEP_TIMEOUT_S = 3600.0
 
 
 class TrixieRootError(RuntimeError):
@@ -105,6 +105,7 @@ def ensure_trixie_root() -> pathlib.Path:
             remove_build_dir(stale)
         work = pathlib.Path(tempfile.mkdtemp(prefix=f".build-{folder.name}.", dir=roots_dir()))
         try:
+            work.chmod(0o755)  # it becomes the root's /: the daemons' unprivileged helpers (dnsmasq) must enter it
             build(work)
             work.rename(folder)
         except BaseException:
@@ -121,19 +122,41 @@ def _build_lock() -> Iterator[None]:
 
 
 def build(root: pathlib.Path) -> None:
-    """debootstrap into `root` (an empty folder), then make it fit to run libvirtd chrooted."""
+    """debootstrap the bare minbase into `root` (an empty folder), install PACKAGES into it with apt, prune it."""
     started = time.monotonic()
-    log.info("debootstrap %s into %s (a few minutes)", SUITE, root)
-    # nice: the machine has two cores, and tests may be running beside the build.
-    argv = ["nice", "-n", "10", "debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), MIRROR]
+    log.info("debootstrap %s into %s", SUITE, root)
+    # Not `--include=PACKAGES`: bookworm's debootstrap (1.0.128) cannot order trixie's systemd (pulled in by libvirt)
+    # in its one dpkg run ("systemd pre-depends on libsystemd-shared ... unpacked, but has never been configured");
+    # apt, run in the root afterwards, can.
+    run_logged(["debootstrap", "--variant=minbase", SUITE, str(root), MIRROR], root)
+    log.info("debootstrap took %.0f s; installing libvirt and QEMU with apt", time.monotonic() - started)
+    # No service of the root is ever started by a package's scripts (there is no init in it anyway).
+    policy = root / "usr" / "sbin" / "policy-rc.d"
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    # /proc for the packages' scripts, mounted in a mount namespace of its own: it goes when the command ends.
+    chroot = f"chroot {root}"
+    script = " && ".join([
+        f"mount -t proc proc {root}/proc",
+        f"{chroot} apt-get update -q",
+        f"{chroot} apt-get install -y -q --no-install-recommends {' '.join(PACKAGES)}",
+        f"{chroot} apt-get clean",
+    ])
+    run_logged(["unshare", "--mount", "--", "sh", "-ec", script], root, env={"DEBIAN_FRONTEND": "noninteractive"})
+    configure(root)
+    log.info("trixie root built in %.0f s (%d MiB)", time.monotonic() - started, du_mib(root))
+
+
+def run_logged(argv: list[str], root: pathlib.Path, env: dict[str, str] | None = None) -> None:
+    """Run a build step niced (the machine has two cores, and tests may run beside the build), its output in a log
+    beside the build folder, in a process group of its own so an interrupt ends its children (dpkg) too."""
     build_log = root.parent / f"{root.name}.log"
     try:
         with open(build_log, "wb") as output:
-            # A process group of its own: an interrupt ends debootstrap's dpkg children too, before the folder goes.
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-                                       start_new_session=True)
+            process = subprocess.Popen(["nice", "-n", "10", *argv], stdin=subprocess.DEVNULL, stdout=output,
+                                       stderr=output, start_new_session=True, env={**os.environ, **(env or {})})
             try:
-                returncode = process.wait(timeout=DEBOOTSTRAP_TIMEOUT_S)
+                returncode = process.wait(timeout=STEP_TIMEOUT_S)
             except BaseException:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
@@ -141,13 +164,10 @@ def build(root: pathlib.Path) -> None:
                 raise
         if returncode != 0:
             tail = build_log.read_text(errors="replace").splitlines()[-30:]
-            raise TrixieRootError(f"debootstrap failed ({returncode}):\n" + "\n".join(tail))
+            raise TrixieRootError(f"{argv[0]} failed ({returncode}):\n" + "\n".join(tail))
     finally:
         unmount_below(root)  # debootstrap mounts /proc and /sys in the root; an interrupted run may leave them
         build_log.unlink(missing_ok=True)
-    log.info("debootstrap took %.0f s; configuring", time.monotonic() - started)
-    configure(root)
-    log.info("trixie root built in %.0f s: %s (%d MiB)", time.monotonic() - started, root, du_mib(root))
 
 
 def configure(root: pathlib.Path) -> None:

@@ -1,5 +1,5 @@
 """No spoofing on a shared network, proven with a real guest whose root tries: the machine's NIC carries libvirt's
-clean-traffic filter (its DHCP address learned, its allowedAddresses granted), and the guest, as root, writes whole
+clean-traffic filter (pinned to the address the host's network leased it, its allowedAddresses granted), and the guest, as root, writes whole
 Ethernet frames on a raw socket (nothing its kernel would refuse to route): UDP datagrams to the gateway from its own
 address, from its allowed virtual IP, from another address of the subnet, from the network's gateway address, and
 from its own address with a MAC that is not its NIC's. The host's side of the network (its bridge, captured like
@@ -113,9 +113,13 @@ async def test_a_guests_root_cannot_send_as_another_address_or_mac(control_plane
         domain_uuid = naming.domain_uuid(body["metadata"]["uid"])
         await wait_until("the guest agent", lambda: asyncio.to_thread(guest_agent.agent_answers, spoof_host,
                                                                          domain_uuid), PROVISION_DEADLINE_S, 2.0)
-        with spoof_host.connect() as conn:
-            live = conn.lookupByUUIDString(domain_uuid).XMLDesc(0)
-        assert f"filter='{traffic_filter.WITH_ALLOWED}'" in live and f"value='{VIP}'" in live, live
+
+        def pinned() -> str | None:  # held to its MAC until the host's lease pins its address (same pass, or next)
+            with spoof_host.connect() as conn:
+                live = conn.lookupByUUIDString(domain_uuid).XMLDesc(0)
+            return live if f"filter='{traffic_filter.WITH_ALLOWED}'" in live else None
+        live = await wait_until("the NIC's filter pinned to its lease", lambda: asyncio.to_thread(pinned), 120)
+        assert f"name='IP' value='{own}'" in live and f"value='{VIP}'" in live, live
 
         def inside(script: str) -> bytes:
             return guest_agent.guest_output(spoof_host, domain_uuid, script)

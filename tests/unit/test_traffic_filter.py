@@ -1,5 +1,6 @@
-"""The anti-spoofing filter on every NIC (core.traffic_filter): its parameters for addresses known up front, for a
-DHCP address libvirt learns, and for addresses granted beside them; the project's filters; the host's grant."""
+"""The anti-spoofing filter on every NIC (core.traffic_filter): its parameters for addresses known up front (or leased
+by the host's network), held to the MAC before that, and for addresses granted beside them; the project's filters;
+the host's grant."""
 
 from __future__ import annotations
 
@@ -24,16 +25,25 @@ def test_known_addresses_are_the_only_ones_a_nic_may_send_from():
         ("clean-traffic", [("IP", "192.168.122.10"), ("IP", "192.168.122.11")])
 
 
-def test_a_dhcp_address_is_learned_from_the_networks_own_dhcp_server():
-    assert parameters(TrafficFilter(dhcp_server="192.168.122.1")) == \
-        ("clean-traffic", [("CTRL_IP_LEARNING", "dhcp"), ("DHCPSERVER", "192.168.122.1")])
-    assert parameters(TrafficFilter()) == ("clean-traffic", [("CTRL_IP_LEARNING", "dhcp")])  # a bridge: any server
+def test_a_nic_without_a_known_address_is_held_to_its_mac_until_a_lease_pins_it():
+    assert parameters(TrafficFilter()) == (traffic_filter.MAC_ONLY, [])
+    assert parameters(TrafficFilter(allowed=("192.168.122.250",))) == (traffic_filter.MAC_ONLY, [])  # not before
+    assert not TrafficFilter().pinned and TrafficFilter(addresses=("192.168.122.7",)).pinned
+
+
+def test_a_filterref_reads_back_as_the_filter_it_was_made_from():
+    for traffic in (TrafficFilter(), TrafficFilter(addresses=("192.168.122.7",)),
+                    TrafficFilter(addresses=("192.168.122.7",), allowed=("192.168.122.250",))):
+        interface = ET.Element("interface")
+        interface.append(filterref_element(traffic))
+        assert traffic_filter.parse_filterref(interface) == traffic
+    assert traffic_filter.parse_filterref(ET.Element("interface")) is None
 
 
 def test_granted_addresses_take_the_projects_filter():
-    name, given = parameters(TrafficFilter(allowed=("192.168.122.250",), dhcp_server="192.168.122.1"))
+    name, given = parameters(TrafficFilter(addresses=("192.168.122.7",), allowed=("192.168.122.250",)))
     assert name == traffic_filter.WITH_ALLOWED
-    assert given == [("CTRL_IP_LEARNING", "dhcp"), ("DHCPSERVER", "192.168.122.1"), ("ALLOWED_IP", "192.168.122.250")]
+    assert given == [("IP", "192.168.122.7"), ("ALLOWED_IP", "192.168.122.250")]
 
 
 def test_only_ipv4_goes_into_a_filter():
@@ -44,8 +54,12 @@ def test_only_ipv4_goes_into_a_filter():
 
 def test_the_projects_filters_return_the_allowed_addresses_in_clean_traffics_chains():
     filters = {name: ET.fromstring(xml) for name, xml in traffic_filter.project_filters().items()}
-    assert list(filters) == [traffic_filter.ALLOWED_IPV4, traffic_filter.ALLOWED_ARP, traffic_filter.WITH_ALLOWED]
-    ipv4, arp, root = filters.values()
+    assert list(filters) == [traffic_filter.ALLOWED_IPV4, traffic_filter.ALLOWED_ARP, traffic_filter.WITH_ALLOWED,
+                             traffic_filter.MAC_ONLY]
+    ipv4, arp, root, mac_only = filters.values()
+    assert "$IP" not in traffic_filter.project_filters()[traffic_filter.MAC_ONLY]  # nothing for libvirt to learn
+    assert [ref.get("filter") for ref in mac_only.findall("filterref")] == [
+        "no-mac-spoofing", "no-arp-mac-spoofing", "no-other-l2-traffic", "qemu-announce-self"]
     assert (ipv4.get("chain"), arp.get("chain")) == ("ipv4-ip", "arp-ip")
     assert ipv4.find("rule/ip").get("srcipaddr") == "$ALLOWED_IP" and ipv4.find("rule").get("action") == "return"
     assert arp.find("rule/arp").get("arpsrcipaddr") == "$ALLOWED_IP"

@@ -236,7 +236,6 @@ def from_spec(
     data_disk_paths: tuple[str, ...] = (),
     ignition_path: str | None = None,
     known_addresses: Mapping[int, Sequence[str]] | None = None,
-    dhcp_servers: Mapping[int, str] | None = None,
 ) -> DomainConfig:
     """The domain config of a machine: the spec's hardware plus the names and paths the caller created or chose.
 
@@ -244,9 +243,9 @@ def from_spec(
     (qemu) domains get a 64 MiB TCG cache, the NoCloud CD-ROM sits on virtio-scsi (no SATA driver needed in the guest,
     valid on q35 and pc), and the serial log is only kept when the spec asks for it. `data_disk_paths` are the spec's
     data disks' volumes, in order; `ignition_path` (Ignition bootstrap data) becomes the fw_cfg file Ignition reads.
-    Every NIC carries the anti-spoofing filter (core.traffic_filter): its IPv4 addresses known up front
-    (`known_addresses`, by interface index; else learned from DHCP, from the network's `dhcp_servers` when known) and
-    its allowedAddresses.
+    Every NIC carries the anti-spoofing filter (core.traffic_filter): held to its IPv4 addresses known up front
+    (`known_addresses`, by interface index) and its allowedAddresses; without any, to its MAC until the host's DHCP
+    lease pins it.
     """
     if len(data_disk_paths) != len(spec.data_disks):
         raise ValueError(f"{len(spec.data_disks)} data disks in the spec, {len(data_disk_paths)} volumes given")
@@ -257,8 +256,7 @@ def from_spec(
             bridge=nic.bridge,
             model=nic.model,
             traffic=TrafficFilter(addresses=ipv4_only(list((known_addresses or {}).get(index, ()))),
-                                  allowed=ipv4_only(nic.allowed_addresses or []),
-                                  dhcp_server=(dhcp_servers or {}).get(index)),
+                                  allowed=ipv4_only(nic.allowed_addresses or [])),
         )
         for index, nic in enumerate(spec.interfaces)
     )

@@ -1,14 +1,21 @@
 """The anti-spoofing filter on every NIC of a machine (libvirt's nwfilter), as element trees. Pure.
 
-Every interface references libvirt's own `clean-traffic` filter (frames only from the NIC's MAC; IPv4 and ARP only
-from the NIC's addresses; no other layer-2 traffic, so no IPv6 either), with the addresses the provider knows before
-the guest boots (static, or from an IP pool) as its `IP` parameters. An interface whose address comes from DHCP has
-none: libvirt learns it by snooping the DHCP exchange (`CTRL_IP_LEARNING=dhcp`), trusting only the network's own
-DHCP server when the host names one (`DHCPSERVER`).
+A NIC whose addresses the provider knows before the guest boots (static, or from an IP pool) references libvirt's own
+`clean-traffic` filter (frames only from the NIC's MAC; IPv4 and ARP only from its addresses, given as `IP`
+parameters; no other layer-2 traffic, so no IPv6 either) from its first frame.
 
-An interface with `allowedAddresses` (a virtual IP it may take over, which the host's admin granted its namespace)
-references this project's root filter instead, `clean-traffic` plus two filters that let the `ALLOWED_IP` addresses
-pass the same chains (`ipv4-ip`, `arp-ip`) before their final drop. The provider defines these on each host through
+A NIC whose address comes from DHCP starts with this project's MAC-only filter (frames and ARP only from its MAC,
+IPv4 and ARP passed, nothing else) and is pinned to clean-traffic with its address once the host's libvirt network
+has leased one to its MAC (reconcile: pin_leased_addresses): the address comes from the host's DHCP server, never
+from the guest. libvirt's own DHCP snooping (CTRL_IP_LEARNING=dhcp) would learn it from the first frame, but on
+libvirt 9.0 a libvirtd restart with such guests running deadlocks its nwfilter driver (seen in tests/e2e/test_chaos.py:
+daemon-init and the snooping threads wait on each other's locks), so no learning is used. On a bridge, where the
+LAN's DHCP server is not the host's, nothing tells the host the address: the NIC keeps the MAC-only filter (static
+addresses or an IP pool pin it from the start).
+
+A NIC with `allowedAddresses` (a virtual IP it may take over, which the host's admin granted its namespace) references
+this project's root filter instead, `clean-traffic` plus two filters that let the `ALLOWED_IP` addresses pass the
+same chains (`ipv4-ip`, `arp-ip`) before their final drop. The provider defines its filters on each host through
 libvirt's nwfilter API (hypervisor.traffic_filters); the names carry a version, so a changed filter is a new one and
 running guests keep theirs.
 """
@@ -21,6 +28,7 @@ import xml.etree.ElementTree as ET
 
 CLEAN_TRAFFIC = "clean-traffic"  # libvirt's own (Debian, Ubuntu: libvirt-daemon-config-nwfilter)
 WITH_ALLOWED = "capi-libvirt-clean-traffic-v1"
+MAC_ONLY = "capi-libvirt-mac-only-v1"
 ALLOWED_IPV4 = "capi-libvirt-allowed-ipv4-v1"
 ALLOWED_ARP = "capi-libvirt-allowed-arp-v1"
 ALLOWED_PARAMETER = "ALLOWED_IP"
@@ -28,21 +36,27 @@ ALLOWED_PARAMETER = "ALLOWED_IP"
 
 @dataclasses.dataclass(frozen=True)
 class TrafficFilter:
-    """What one NIC may send from: `addresses` (its own, known up front; none: learned from DHCP, from
-    `dhcp_server` when known) and `allowed` (taken over at times: a virtual IP)."""
+    """What one NIC may send from: `addresses` (its own: known up front, or leased to it by the host's network; none
+    yet: only its MAC is held to) and `allowed` (taken over at times: a virtual IP)."""
 
     addresses: tuple[str, ...] = ()
     allowed: tuple[str, ...] = ()
-    dhcp_server: str | None = None
 
     def __post_init__(self) -> None:
-        for address in (*self.addresses, *self.allowed, *([self.dhcp_server] if self.dhcp_server else [])):
+        for address in (*self.addresses, *self.allowed):
             if ipaddress.ip_address(address).version != 4:
                 raise ValueError(f"traffic filter address {address!r}: IPv4 only (clean-traffic drops IPv6)")
 
     @property
     def name(self) -> str:
+        if not self.addresses:
+            return MAC_ONLY
         return WITH_ALLOWED if self.allowed else CLEAN_TRAFFIC
+
+    @property
+    def pinned(self) -> bool:
+        """Held to its addresses (not only to its MAC)."""
+        return bool(self.addresses)
 
 
 def ipv4_only(addresses: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -55,18 +69,25 @@ def filterref_element(traffic: TrafficFilter) -> ET.Element:
     """<filterref> of a NIC, with its parameters."""
     element = ET.Element("filterref", filter=traffic.name)
     parameters = [("IP", address) for address in traffic.addresses]
-    if not traffic.addresses:
-        parameters.append(("CTRL_IP_LEARNING", "dhcp"))
-        if traffic.dhcp_server:
-            parameters.append(("DHCPSERVER", traffic.dhcp_server))
-    parameters += [(ALLOWED_PARAMETER, address) for address in traffic.allowed]
+    if traffic.addresses:
+        parameters += [(ALLOWED_PARAMETER, address) for address in traffic.allowed]
     for name, value in parameters:
         ET.SubElement(element, "parameter", name=name, value=value)
     return element
 
 
+def parse_filterref(interface: ET.Element) -> TrafficFilter | None:
+    """The TrafficFilter an <interface> element carries (None: no filter, or one that is not this project's kind)."""
+    ref = interface.find("filterref")
+    if ref is None or ref.get("filter") not in (CLEAN_TRAFFIC, WITH_ALLOWED, MAC_ONLY):
+        return None
+    values = [(p.get("name"), p.get("value") or "") for p in ref.findall("parameter")]
+    return TrafficFilter(addresses=tuple(v for n, v in values if n == "IP"),
+                         allowed=tuple(v for n, v in values if n == ALLOWED_PARAMETER))
+
+
 def project_filters() -> dict[str, str]:
-    """This project's filters by name, as libvirt's nwfilterDefineXML takes them (the root one last)."""
+    """This project's filters by name, as libvirt's nwfilterDefineXML takes them (the root ones last)."""
     ipv4 = ET.Element("filter", name=ALLOWED_IPV4, chain="ipv4-ip", priority="-710")  # no-ip-spoofing's chain
     rule = ET.SubElement(ipv4, "rule", action="return", direction="out", priority="400")  # before its drop (1000)
     ET.SubElement(rule, "ip", srcipaddr=f"${ALLOWED_PARAMETER}")
@@ -76,4 +97,13 @@ def project_filters() -> dict[str, str]:
     root = ET.Element("filter", name=WITH_ALLOWED, chain="root")
     for referenced in (ALLOWED_IPV4, ALLOWED_ARP, CLEAN_TRAFFIC):
         ET.SubElement(root, "filterref", filter=referenced)
-    return {element.get("name", ""): ET.tostring(element, encoding="unicode") for element in (ipv4, arp, root)}
+    mac_only = ET.Element("filter", name=MAC_ONLY, chain="root")  # clean-traffic's parts that need no address
+    for referenced in ("no-mac-spoofing", "no-arp-mac-spoofing"):
+        ET.SubElement(mac_only, "filterref", filter=referenced)
+    for protocol in ("ipv4", "arp"):
+        rule = ET.SubElement(mac_only, "rule", action="accept", direction="inout", priority="-500")
+        ET.SubElement(rule, "mac", protocolid=protocol)
+    ET.SubElement(mac_only, "filterref", filter="no-other-l2-traffic")
+    ET.SubElement(mac_only, "filterref", filter="qemu-announce-self")
+    return {element.get("name", ""): ET.tostring(element, encoding="unicode")
+            for element in (ipv4, arp, root, mac_only)}

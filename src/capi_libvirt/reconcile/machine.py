@@ -23,6 +23,7 @@ import datetime
 import functools
 import logging
 import posixpath
+import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -70,6 +71,7 @@ IPAM_FORBIDDEN = "IPAddressClaimsForbidden"
 CPU_MODEL_NOT_SUPPORTED = "CPUModelNotSupported"
 MACHINE_TYPE_NOT_SUPPORTED = "MachineTypeNotSupported"
 TRAFFIC_FILTER_NOT_FOUND = "TrafficFilterNotFound"
+TRAFFIC_FILTER_PINNED = "TrafficFilterPinned"
 BOOTSTRAP_FORMATS = ("cloud-config", "ignition")  # cloud-config on a NoCloud ISO; ignition through fw_cfg
 
 # clusterctl move puts this on every source object just before deleting it: the object goes, its machine does not.
@@ -748,24 +750,16 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     overlay_path = f"{pool_dir}/{volumes.overlay}"
     ignition = p.bootstrap is not None and p.bootstrap.format == "ignition"
     try:
-        await host.call(traffic_filters.ensure_filters, any(nic.allowed_addresses for nic in p.spec.interfaces),
-                        doing="look up traffic filters")
+        await host.call(traffic_filters.ensure_filters, doing="look up traffic filters")
     except traffic_filters.TrafficFilterMissing as error:
         raise Wait(TRAFFIC_FILTER_NOT_FOUND, str(error), failure=True) from None
-    dhcp_servers = {}
-    for index, nic in enumerate(p.spec.interfaces):
-        facts = (p.segments or {}).get(address_conflicts.segment_of(nic.model_dump(by_alias=True)))
-        own = traffic_filter.ipv4_only(list(facts.own)) if facts else ()
-        if own:
-            dhcp_servers[index] = own[0]  # a libvirt network's DHCP server is its own address
     try:
         config = domain_xml.from_spec(p.spec, name=p.domain_name, uuid=p.domain_uuid, disk_path=overlay_path,
                                       iso_path=None if ignition else f"{pool_dir}/{volumes.nocloud}",
                                       serial_log_path=f"{pool_dir}/{volumes.serial_log}", owner=owner,
                                       data_disk_paths=tuple(f"{pool_dir}/{disk}" for disk in volumes.data_disks),
                                       ignition_path=f"{pool_dir}/{volumes.ignition}" if ignition else None,
-                                      known_addresses={i: a.addresses for i, a in p.addressing.items()},
-                                      dhcp_servers=dhcp_servers)
+                                      known_addresses={i: a.addresses for i, a in p.addressing.items()})
     except ValueError as error:  # a spec admission let through that no domain XML can carry: the spec is immutable
         raise Wait(INVALID_SPEC, f"invalid spec: {error}", None, failure=True) from None
     user_data = (p.bootstrap.value if p.bootstrap else None) or b""  # (always set and non-empty: fetched above)
@@ -828,6 +822,25 @@ async def observe_addresses(deps: Dependencies, p: MachinePass) -> None:
         raise Wait(Reason.WAITING_FOR_ADDRESS, "the domain runs; waiting for its address", RECHECK_ADDRESS)
     p.status["ready"] = True  # v1beta1 contract
     p.status["initialization"] = {"provisioned": True}  # v1beta2 contract
+
+
+async def pin_leased_addresses(deps: Dependencies, p: MachinePass) -> None:
+    """A NIC on a libvirt network whose address comes from DHCP starts held to its MAC only; once the host's network
+    has leased it an address, its filter is pinned to that address (core.traffic_filter), on the running domain and
+    its definition, without a restart. Asked of the host only while a NIC of the domain read this pass is unpinned."""
+    if p.domain is None or p.domain.state != "running":
+        return
+    unpinned = [nic for nic in ET.fromstring(p.domain.xml).findall("devices/interface[@type='network']")
+                if (found := traffic_filter.parse_filterref(nic)) is not None and not found.pinned]
+    if not unpinned:
+        return
+    allowed = {(nic.mac_address or naming.mac_address(p.uid, index)).lower():
+               traffic_filter.ipv4_only(nic.allowed_addresses or []) for index, nic in enumerate(p.spec.interfaces)}
+    pinned = await deps.hosts.get(p.host or "").call(traffic_filters.pin_leased_addresses, p.domain_uuid, allowed,
+                                                     doing="pin traffic filters")
+    for mac, address in pinned:
+        await _event(deps, p.body, "Normal", TRAFFIC_FILTER_PINNED, f"the NIC {mac} may now send only from {address}"
+                     " (leased by the host's network) and its allowed addresses")
 
 
 def control_plane_initialized(cluster: dict[str, Any]) -> bool:
@@ -932,8 +945,8 @@ async def _remove_ignition_config(deps: Dependencies, p: MachinePass) -> None:
 
 PHASES = (find_owner_machine, find_cluster, honour_pause, wait_for_cluster_infrastructure, adopt_moved_machine,
           read_bootstrap_data, choose_host, clean_former_hosts, check_networks, record_owner, resolve_addressing,
-          check_addresses, ensure_image, ensure_overlay, ensure_domain, ensure_running, publish_provider_id, observe_addresses,
-          patch_workload_node, remove_nocloud_iso)
+          check_addresses, ensure_image, ensure_overlay, ensure_domain, ensure_running, publish_provider_id,
+          observe_addresses, pin_leased_addresses, patch_workload_node, remove_nocloud_iso)
 CREATION = (ensure_overlay, ensure_domain, ensure_running)  # under the host's creation slot while the domain is new
 
 

@@ -10,6 +10,7 @@ through LibvirtHost objects over qemu+tls and qemu+ssh, as a remote hypervisor i
 - libvirt 11's ARP lookup answers for a running guest, where this machine's libvirt 9.0 fails (`wrong nlmsg len`):
   the address source the provider asks for bridged NICs works on such hosts.
 - Deleted, both leave nothing on the host but the imported image.
+- A Linux guest's QEMU guest agent answers libvirt 11 with the guest's address (the agent source).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ import libvirt
 import pytest
 from kubernetes_asyncio import client
 
+import guest_agent
 from capi_libvirt.api import meta
 from capi_libvirt.core import images, naming, traffic_filter
-from devenv import capi_objects, ipxe_image, trixie_root
+from devenv import base_image, capi_objects, ipxe_image, trixie_root
 from devenv import remote_access as ra
 from devenv.image_server import ImageServer, Served
 from devenv.libvirt_host import LibvirtHost
-from guests import provider_objects
+from guests import host_access, machine_spec, provider_objects
 
 from fixtures_control_plane import PROVIDER_NAMESPACE, operator_running
 from fixtures_libvirt import require_libvirt_host_prerequisites
@@ -47,8 +49,9 @@ DEADLINE_S = CONVERGENCE_S
 
 
 @pytest.fixture(scope="module")
-def trixie(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ra.RemoteAccess, str]]:
-    """The host (trixie's libvirtd, chrooted) with qemu+tls and qemu+ssh access; the root's libvirt version."""
+def trixie(tmp_path_factory: pytest.TempPathFactory, guest_image) -> Iterator[tuple[ra.RemoteAccess, str, dict]]:
+    """The host (trixie's libvirtd, chrooted) with qemu+tls and qemu+ssh access; the root's libvirt version; the spec
+    of a Linux guest (the minimal image, uploaded to its pool) with its guest agent."""
     require_libvirt_host_prerequisites()
     for program in ("/usr/sbin/sshd", "openssl", "ssh-keygen", "chroot"):
         require(__import__("shutil").which(program) is not None, f"{program} (make test installs it)")
@@ -58,7 +61,9 @@ def trixie(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ra.Remote
     with ra.RemoteAccess(host, link_index=LINK) as access:
         with host.connect() as conn:
             version = conn.getLibVersion()
-        yield access, f"{version // 1000000}.{version // 1000 % 1000}.{version % 1000}"
+            base = base_image.upload_base_image(conn, host.pool_name, guest_image)
+        yield access, f"{version // 1000000}.{version // 1000 % 1000}.{version % 1000}", \
+            machine_spec(host, guest_image, base)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +81,7 @@ def b64(data: bytes) -> str:
 @pytest.fixture(scope="module")
 async def hosts(control_plane, api_client, trixie, served) -> AsyncIterator[dict]:
     """Two LibvirtHosts of the one trixie hypervisor: over qemu+tls and over qemu+ssh; the operator running."""
-    access, _ = trixie
+    access, _, linux = trixie
     server = served[0]
     core, objects = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
     folder = access.client_dir
@@ -95,8 +100,7 @@ async def hosts(control_plane, api_client, trixie, served) -> AsyncIterator[dict
                 "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": name},
                 "spec": {"uri": uri, "storagePool": access.host.pool_name,
                          "credentialsSecretRef": {"name": name, "namespace": PROVIDER_NAMESPACE},
-                         "access": {"networks": [access.host.network_name],
-                                    "imageURLPrefixes": [server.url("/images/")]}}})
+                         "access": {**host_access(linux), "imageURLPrefixes": [server.url("/images/")]}}})
         try:
             yield {"access": access, "server": server}
         finally:
@@ -119,7 +123,7 @@ async def host_status(api_client, name: str) -> dict:
 
 async def test_the_newer_libvirt_runs_machines_over_tls_and_ssh_and_answers_every_address_source(
         api_client, namespace, trixie, hosts, served):
-    access, version = trixie
+    access, version, _ = trixie
     server, ipxe = served
     assert int(version.split(".")[0]) >= 11, f"trixie's libvirt, not this machine's: {version}"
     for name in (TLS_HOST, SSH_HOST):
@@ -190,3 +194,40 @@ async def test_the_newer_libvirt_runs_machines_over_tls_and_ssh_and_answers_ever
     await wait_until("both machines deleted", all_gone, DEADLINE_S)
     left = provider_objects(access.host, images.image_volume_name(digest))
     assert [item for item in left if images.verified_marker_name(digest) not in item] == [], left
+
+
+async def test_a_linux_guests_agent_answers_on_the_newer_libvirt(api_client, namespace, trixie, hosts):
+    """The third address source: a Linux guest (the minimal image, direct kernel boot) over qemu+tls, its address
+    read through its QEMU guest agent by libvirt 11, the same the provider's agent source reads."""
+    access, _, linux = trixie
+    objects = client.CustomObjectsApi(api_client)
+    await capi_objects.create_cluster(api_client, namespace, "newer")
+    made = await capi_objects.create_machine(api_client, namespace, "newer", f"linux-{uuid.uuid4().hex[:4]}",
+                                             "#cloud-config\n", linux | {"host": TLS_HOST})
+
+    async def provisioned():
+        body = await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
+                                                          made.libvirt_machine)
+        return body if ((body.get("status") or {}).get("initialization") or {}).get("provisioned") else None
+    body = await wait_until("the Linux guest provisioned", provisioned, DEADLINE_S)
+    address = next(a["address"] for a in body["status"]["addresses"] if a["type"] == "InternalIP")
+    uuid_ = naming.domain_uuid(body["metadata"]["uid"])
+    await wait_until("its guest agent", lambda: asyncio.to_thread(guest_agent.agent_answers, access.host, uuid_),
+                     DEADLINE_S, 2.0)
+
+    def agent_addresses() -> list[str]:
+        with access.host.connect() as conn:
+            found = conn.lookupByUUIDString(uuid_).interfaceAddresses(
+                libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, 0) or {}
+        return [entry["addr"] for name, interface in found.items() if name != "lo"
+                for entry in interface.get("addrs") or [] if ipaddress.ip_address(entry["addr"]).version == 4]
+    reported = await wait_until("the agent's addresses", lambda: asyncio.to_thread(agent_addresses), 60, 2.0)
+    assert reported == [address], (reported, address)
+    print(f"[newer libvirt] agent source: {reported}")
+    await objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
+                                                  made.libvirt_machine)
+
+    async def gone():
+        listed = await objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines")
+        return not listed["items"]
+    await wait_until("the Linux guest deleted", gone, DEADLINE_S)

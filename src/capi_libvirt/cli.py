@@ -53,7 +53,7 @@ def _cmd_release_manifests(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from capi_libvirt.operator import config, logs, main
 
-    logs.configure(args.log_format, verbose=args.verbose)
+    logs.configure(args.log_format, verbose=args.verbose or args.run_verbose or args.v >= DEBUG_VERBOSITY)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     operator_config = config.from_environment(args.host, workers=args.workers,
@@ -63,13 +63,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                               management_cluster_id=args.management_cluster_id,
                                               orphan_grace=args.orphan_grace_period)
     operator = main.run_operator(args.namespace, operator_config=operator_config,
-                                 peering=None if args.standalone else args.peering,
+                                 peering=election_peering(args),
                                  health_address=args.health_address, metrics_address=args.metrics_address)
     try:
         asyncio.run(operator)  # SIGTERM/SIGINT: kopf stops gracefully (it handles them in the main thread)
     except asyncio.CancelledError:  # how kopf ends its root task after a signal: a clean stop
         pass
     return 0
+
+
+def election_peering(args: argparse.Namespace) -> str | None:
+    """The peering object the replicas elect their leader in; None: no election (--standalone, --leader-elect=false)."""
+    return None if args.standalone or not args.leader_elect else str(args.peering)
 
 
 def _address(value: str) -> str:
@@ -89,6 +94,32 @@ def _peering_name(value: str) -> str:
     if not PEERING_NAME.match(value):
         raise argparse.ArgumentTypeError(f"peering name {value!r}: must be a lowercase DNS subdomain name")
     return value
+
+
+DEBUG_VERBOSITY = 4  # Cluster API's managers log at debug from --v=4 on (klog's convention)
+
+
+def _boolean(value: str) -> bool:
+    """true or false, as Go's flag package reads a boolean flag's value (--leader-elect=false)."""
+    words = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}
+    if value.lower() not in words:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected true or false")
+    return words[value.lower()]
+
+
+def _verbosity(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a verbosity of 0 or more")
+    return int(value)
+
+
+def _log_format(value: str) -> str:
+    from capi_libvirt.operator import logs
+
+    chosen = {"text": logs.PLAIN}.get(value, value)  # Cluster API's name for it
+    if chosen not in logs.FORMATS:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected json or text")
+    return chosen
 
 
 def _positive_int(value: str) -> int:
@@ -137,8 +168,13 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
                                "capi-libvirt, from config/peering)")
     election.add_argument("--standalone", action="store_true",
                           help="no leader election: run as if alone (development)")
-    run.add_argument("--workers", type=_positive_int, default=config.DEFAULT_WORKERS, metavar="N",
-                     help=f"machine reconciles at once (default: {config.DEFAULT_WORKERS})")
+    run.add_argument("--leader-elect", type=_boolean, nargs="?", const=True, default=True, metavar="BOOL",
+                     help="Cluster API's flag: true (the default) elects a leader among the replicas (in the "
+                          "--peering object); false runs as if alone, as --standalone")
+    run.add_argument("--libvirtmachine-concurrency", "--workers", dest="workers", type=_positive_int,
+                     default=config.DEFAULT_WORKERS, metavar="N",
+                     help=f"LibvirtMachine reconciles at once (default: {config.DEFAULT_WORKERS}; --workers: its "
+                          "old name)")
     run.add_argument("--creates-per-host", type=_positive_int, default=config.DEFAULT_CREATES_PER_HOST, metavar="N",
                      help="machines created on one libvirt host at once; a burst queues behind them "
                           f"(default: {config.DEFAULT_CREATES_PER_HOST})")
@@ -156,12 +192,21 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
                      help="remove a domain this management cluster made whose LibvirtMachine is gone once it has "
                           f"been orphaned this long; never: report only (default: ${config.ORPHAN_GRACE_ENV}, else "
                           f"{config.ORPHAN_GRACE_S:.0f})")
-    run.add_argument("--health-address", default="0.0.0.0:8081", type=_address, metavar="HOST:PORT",
-                     help="serve /healthz and /readyz here (default: 0.0.0.0:8081; 0: off)")
-    run.add_argument("--metrics-address", default=":8080", type=_address, metavar="HOST:PORT",
-                     help="serve Prometheus /metrics here (default: :8080, every interface; 0: off)")
-    run.add_argument("--log-format", choices=logs.FORMATS, default=logs.default_format(),
-                     help="json (one object per line) or plain text (default: json in a pod, plain elsewhere)")
+    run.add_argument("--health-addr", "--health-address", dest="health_address", default="0.0.0.0:8081",
+                     type=_address, metavar="HOST:PORT",
+                     help="serve /healthz and /readyz here (default: 0.0.0.0:8081; 0: off; --health-address: its old "
+                          "name)")
+    run.add_argument("--metrics-bind-addr", "--metrics-address", dest="metrics_address", default=":8080",
+                     type=_address, metavar="HOST:PORT",
+                     help="serve Prometheus /metrics here (default: :8080, every interface; 0: off; "
+                          "--metrics-address: its old name)")
+    run.add_argument("--logging-format", "--log-format", dest="log_format", type=_log_format,
+                     default=logs.default_format(), metavar="json|text",
+                     help="json (one object per line) or text (default: json in a pod, text elsewhere; "
+                          "--log-format and `plain`: the old names)")
+    run.add_argument("--v", dest="v", type=_verbosity, default=0, metavar="LEVEL",
+                     help="log verbosity, as Cluster API's managers take it: 0 (default) info, 4 and above debug")
+    run.add_argument("-v", "--verbose", dest="run_verbose", action="store_true", help="debug logging (as --v=4)")
 
 
 def _cmd_console_log(args: argparse.Namespace) -> int:
@@ -225,11 +270,16 @@ def _positive_bytes(value: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="capi-libvirt", description=__doc__)
+    from capi_libvirt import __version__
+
+    top = argparse.ArgumentParser(prog="capi-libvirt", description=__doc__, allow_abbrev=False)
     top.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    top.add_argument("--version", action="version", version=f"capi-libvirt {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the operator against the cluster of the kubeconfig (or in-cluster)")
+    run = sub.add_parser("run", help="run the operator against the cluster of the kubeconfig (or in-cluster)",
+                         allow_abbrev=False)
+    run.add_argument("--version", action="version", version=f"capi-libvirt {__version__}")
     run.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     run.add_argument("--host", action="append", default=[], metavar="NAME=URI",
@@ -267,7 +317,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose or getattr(args, "run_verbose", False) else logging.INFO,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
     return args.func(args)

@@ -47,8 +47,14 @@ def test_the_pools_overcommit_lets_thin_disks_promise_more():
 def test_a_host_without_the_pool_active_is_no_candidate():
     hosts = [host("a", pools={"other": PoolRoom(1000 * GIB)}), host("b", pools={"default": PoolRoom(100 * GIB)})]
     assert choose_host(request(10), hosts) == Placed("b", None)
-    result = choose_host(request(10), hosts[:1])
-    assert isinstance(result, NoHost) and "it has no active storage pool default" in result.message
+    assert choose_host(request(10), hosts[:1]) == NoHost(placement.POOL_NOT_FOUND,
+                                                         "no host has an active storage pool default: a")
+    pinned = choose_host(request(10, pinned_host="a"), hosts)
+    assert pinned == NoHost(placement.POOL_NOT_FOUND, "pinned host a has no active storage pool default")
+    small = [host("a", pools={"other": PoolRoom(1000 * GIB)}), host("b", pools={"default": PoolRoom(1 * GIB)})]
+    result = choose_host(request(10), small)  # one host has the pool, without room: capacity, naming both
+    assert isinstance(result, NoHost) and result.reason == placement.INSUFFICIENT_CAPACITY
+    assert "a: " in result.message and "it has no active storage pool default" in result.message
 
 
 def test_storage_steers_a_pinned_machine_to_a_clear_refusal():

@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from capi_libvirt.core.conditions import Reason
 from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.core.tenancy import Holding
 
@@ -136,6 +137,7 @@ INSUFFICIENT_CAPACITY = "InsufficientCapacity"
 NO_HOST_IN_FAILURE_DOMAIN = "NoHostInFailureDomain"
 TENANT_NOT_ALLOWED = "TenantNotAllowed"
 QUOTA_EXCEEDED = "QuotaExceeded"
+POOL_NOT_FOUND = Reason.POOL_NOT_FOUND
 
 
 def fits_free_memory(host: HostLoad, request: Request) -> bool:
@@ -148,6 +150,11 @@ def fits_free_memory(host: HostLoad, request: Request) -> bool:
     what an overcommit above 1, or guests and processes the accounting does not see, would otherwise let through.
     """
     return host.available_memory_mib is None or request.memory_mib <= host.available_memory_mib
+
+
+def lacks_pool(host: HostLoad, request: Request) -> bool:
+    """The host's probe saw no active pool of the machine's (unknown pools: not counted, so not lacking)."""
+    return request.pool is not None and host.pools is not None and request.pool not in host.pools
 
 
 def fits_storage(host: HostLoad, request: Request) -> bool:
@@ -218,6 +225,8 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
             return NoHost(HOST_NOT_FOUND, f"pinned host {host.name} does not take control-plane machines")
         if host.over_quota is not None:
             return NoHost(QUOTA_EXCEEDED, host.over_quota)
+        if lacks_pool(host, request):
+            return NoHost(POOL_NOT_FOUND, f"pinned host {host.name} has no active storage pool {request.pool}")
         if not fits(host, request):
             return NoHost(INSUFFICIENT_CAPACITY, f"pinned host cannot take {wanted}: {_shortfall(host, request)}")
         return Placed(host.name, host.failure_domain)
@@ -238,6 +247,9 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
     if not within_quota:
         return NoHost(QUOTA_EXCEEDED, "; ".join(str(h.over_quota) for h in sorted(candidates, key=lambda h: h.name)))
     candidates = within_quota
+    if all(lacks_pool(h, request) for h in candidates):
+        return NoHost(POOL_NOT_FOUND, f"no host has an active storage pool {request.pool}: " + ", ".join(
+            sorted(h.name for h in candidates)))
     roomy = [h for h in candidates if fits(h, request)]
     if not roomy:
         return NoHost(INSUFFICIENT_CAPACITY,

@@ -186,6 +186,14 @@ def without(rule_index: int, verb: str) -> dict:
 CASES = [(index, verb) for index, rule in enumerate(ROLE["rules"]) for verb in rule["verbs"]]
 
 
+def canary_for(bed: dict, removed_index: int, removed_verb: str) -> Callable[[str], object]:
+    """A request of a rule and verb other than the one removed (the first case that is not it)."""
+    index, verb = next((i, v) for i, v in CASES if (i, v) != (removed_index, removed_verb)
+                       and not ROLE["rules"][i].get("resourceNames") and v in ("get", "list"))
+    rule = ROLE["rules"][index]
+    return request_for(bed, rule["apiGroups"][0], rule["resources"][0], verb, [])
+
+
 def test_every_verb_of_every_rule_is_a_request_the_provider_makes(control_plane: cp.LocalControlPlane, bed: dict):
     bed["plane"] = control_plane
     whole = dict(copy.deepcopy(ROLE), metadata={"name": "rbac-probe-whole"})
@@ -195,6 +203,10 @@ def test_every_verb_of_every_rule_is_a_request_the_provider_makes(control_plane:
         rule = ROLE["rules"][index]
         user = f"rbac-probe-{index}-{verb}"
         control_plane.grant(without(index, verb), user)
+        # A refusal proves something only once the binding is in force: a request the reduced role still allows
+        # must pass first (a binding not yet seen by the authorizer refuses everything).
+        canary = canary_for(bed, index, verb)
+        assert settled(canary, user, want_refused=False), f"{user}: the reduced role never took effect"
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 call = request_for(bed, group, resource, verb, rule.get("resourceNames") or [])
@@ -227,5 +239,6 @@ def test_the_role_reaches_no_secret_and_no_verb_the_provider_does_not_use(contro
         "get another Namespace": lambda user: control_plane.request("GET", f"/api/v1/namespaces/{namespace}",
                                                                    as_user=user),
     }
+    assert settled(canary_for(bed, -1, ""), "rbac-probe-whole", want_refused=False), "the role never took effect"
     for what, call in denied.items():
         assert settled(call, "rbac-probe-whole", want_refused=True), f"the role allows: {what}"

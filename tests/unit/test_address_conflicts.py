@@ -79,3 +79,13 @@ def test_a_virtual_address_meets_the_networks_rules_and_is_never_another_machine
     assert first_conflict([vip], FACTS, [sibling]) is None  # control-plane machines share their virtual IP
     taken = first_conflict([nic("192.168.122.250/24")], FACTS, [sibling])
     assert taken is not None and "a virtual address other machines may hold there" in taken.message
+
+
+def test_a_virtual_address_may_not_be_another_machines_own_or_leased_to_another_mac():
+    published = holder({"interfaces": [{"network": "default"}]},
+                       {"addresses": [{"type": "InternalIP", "address": "192.168.122.30"}]}, earlier=False)
+    taken = first_conflict([Nic(0, NET, "52:54:00:00:00:01", allowed=("192.168.122.30",))], FACTS, [published])
+    assert taken is not None and "allowedAddresses: address 192.168.122.30 is already another machine's" in \
+        taken.message
+    leased = first_conflict([Nic(0, NET, "52:54:00:00:00:01", allowed=("192.168.122.50",))], FACTS, [])
+    assert leased is not None and "leased by the network's DHCP server to another MAC" in leased.message

@@ -372,9 +372,10 @@ def test_from_spec_derives_unset_macs_from_the_uid_and_keeps_fixed_ones_lowercas
         )
     )
     first, second = config.interfaces
-    learned = TrafficFilter()  # every NIC carries the filter; with no address known up front it learns from DHCP
-    assert first == Interface(mac=naming.mac_address(UID, 0), network="default", traffic=learned)
-    assert second == Interface(mac="aa:bb:cc:dd:ee:ff", bridge="br0", model="e1000", traffic=learned)
+    # Every NIC carries the filter; with no address known up front, on a network: a DHCP client's until its lease.
+    assert first == Interface(mac=naming.mac_address(UID, 0), network="default",
+                              traffic=TrafficFilter(awaiting_lease=True))
+    assert second == Interface(mac="aa:bb:cc:dd:ee:ff", bridge="br0", model="e1000", traffic=TrafficFilter())
 
 
 @pytest.mark.parametrize("memory_mib, cache_mib", [(256, 256), (1024, 512), (2048, 1024), (8192, 1024)])

@@ -83,9 +83,23 @@ def first_conflict(nics: Sequence[Nic], facts: Mapping[Segment, SegmentFacts],
             if found is not None:
                 return found
         for address in nic.allowed:
-            found = _network_conflict(f"{where} allowedAddresses", ipaddress.ip_address(address), known)
+            found = _network_conflict(f"{where} allowedAddresses", ipaddress.ip_address(address), known) or \
+                _held_conflict(f"{where} allowedAddresses", str(ipaddress.ip_address(address)), nic, known, holders)
             if found is not None:
                 return found
+    return None
+
+
+def _held_conflict(where: str, ip: str, nic: Nic, known: SegmentFacts, holders: list[Holder]) -> Conflict | None:
+    """`ip` is leased to another MAC, or another machine's own there (published, or asked for first). Another
+    machine's allowed address is no conflict for an allowed address: control-plane machines share their VIP."""
+    leased_to = known.leases.get(ip)
+    if leased_to is not None and leased_to != nic.mac:
+        return Conflict(f"{where}: address {ip} is leased by the network's DHCP server to another MAC", True)
+    for holder in holders:
+        if nic.segment in holder.segments and \
+                (ip in holder.published or (holder.earlier and (nic.segment, ip) in holder.asked)):
+            return Conflict(f"{where}: address {ip} is already another machine's there", True)
     return None
 
 
@@ -111,15 +125,11 @@ def _address_conflict(where: str, address: ipaddress.IPv4Interface | ipaddress.I
     found = _network_conflict(where, address.ip, known)
     if found is not None:
         return found
-    leased_to = known.leases.get(ip)
-    if leased_to is not None and leased_to != nic.mac:
-        return Conflict(f"{where}: address {ip} is leased by the network's DHCP server to another MAC", True)
+    held = _held_conflict(where, ip, nic, known, holders)
+    if held is not None:
+        return held
     for holder in holders:
-        if nic.segment not in holder.segments:
-            continue
-        if ip in holder.published or (holder.earlier and (nic.segment, ip) in holder.asked):
-            return Conflict(f"{where}: address {ip} is already another machine's there", True)
-        if (nic.segment, ip) in holder.allowed:
+        if nic.segment in holder.segments and (nic.segment, ip) in holder.allowed:
             return Conflict(f"{where}: address {ip} is a virtual address other machines may hold there", True)
     return None
 

@@ -244,8 +244,8 @@ def from_spec(
     valid on q35 and pc), and the serial log is only kept when the spec asks for it. `data_disk_paths` are the spec's
     data disks' volumes, in order; `ignition_path` (Ignition bootstrap data) becomes the fw_cfg file Ignition reads.
     Every NIC carries the anti-spoofing filter (core.traffic_filter): held to its IPv4 addresses known up front
-    (`known_addresses`, by interface index) and its allowedAddresses; without any, to its MAC until the host's DHCP
-    lease pins it.
+    (`known_addresses`, by interface index) and its allowedAddresses; without any, on a libvirt network, to a DHCP
+    client's traffic until the host's lease pins it; on a bridge, to its MAC.
     """
     if len(data_disk_paths) != len(spec.data_disks):
         raise ValueError(f"{len(spec.data_disks)} data disks in the spec, {len(data_disk_paths)} volumes given")
@@ -256,7 +256,8 @@ def from_spec(
             bridge=nic.bridge,
             model=nic.model,
             traffic=TrafficFilter(addresses=ipv4_only(list((known_addresses or {}).get(index, ()))),
-                                  allowed=ipv4_only(nic.allowed_addresses or [])),
+                                  allowed=ipv4_only(nic.allowed_addresses or []),
+                                  awaiting_lease=nic.network is not None),
         )
         for index, nic in enumerate(spec.interfaces)
     )

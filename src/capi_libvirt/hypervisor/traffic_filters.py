@@ -29,7 +29,7 @@ def ensure_filters(conn: libvirt.virConnect) -> None:
 
 def pin_leased_addresses(conn: libvirt.virConnect, uuid: str,
                          allowed: dict[str, tuple[str, ...]]) -> list[tuple[str, str]]:
-    """Each NIC of the domain on a libvirt network still held to its MAC only, whose network has leased its MAC an
+    """Each NIC of the domain on a libvirt network still before its lease, whose network has leased its MAC an
     IPv4 address: its filter becomes clean-traffic with that address (and `allowed`, by MAC), on the running domain
     (a filter change, no restart) and in its definition. Returns (MAC, address) of each NIC pinned."""
     domain = conn.lookupByUUIDString(uuid)  # VIR_ERR_NO_DOMAIN -> DomainNotFound
@@ -38,12 +38,14 @@ def pin_leased_addresses(conn: libvirt.virConnect, uuid: str,
         current = traffic_filter.parse_filterref(live)
         mac = _mac_of(live)
         network = next((source.get("network") for source in live.findall("source")), None)
-        if current is None or current.pinned or not mac or not network:
+        if current is None or not current.awaiting_lease or not mac or not network:
             continue
-        leased = [str(lease["ipaddr"]) for lease in conn.networkLookupByName(network).DHCPLeases(mac)
-                  if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 and lease.get("ipaddr")]
-        if not leased:
+        leases = sorted((lease for lease in conn.networkLookupByName(network).DHCPLeases(mac)
+                         if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 and lease.get("ipaddr")),
+                        key=lambda lease: lease.get("expirytime") or 0)
+        if not leases:
             continue
+        leased = [str(leases[-1]["ipaddr"])]  # the newest (a guest that booted twice may hold an older one)
         wanted = traffic_filter.TrafficFilter(addresses=(leased[0],), allowed=allowed.get(mac, ()))
         inactive = ET.fromstring(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
         for element, flags in ((live, libvirt.VIR_DOMAIN_AFFECT_LIVE),

@@ -72,6 +72,7 @@ CPU_MODEL_NOT_SUPPORTED = "CPUModelNotSupported"
 MACHINE_TYPE_NOT_SUPPORTED = "MachineTypeNotSupported"
 TRAFFIC_FILTER_NOT_FOUND = "TrafficFilterNotFound"
 TRAFFIC_FILTER_PINNED = "TrafficFilterPinned"
+TRAFFIC_FILTER_NOT_PINNED = "TrafficFilterNotPinned"
 BOOTSTRAP_FORMATS = ("cloud-config", "ignition")  # cloud-config on a NoCloud ISO; ignition through fw_cfg
 
 # clusterctl move puts this on every source object just before deleting it: the object goes, its machine does not.
@@ -825,19 +826,26 @@ async def observe_addresses(deps: Dependencies, p: MachinePass) -> None:
 
 
 async def pin_leased_addresses(deps: Dependencies, p: MachinePass) -> None:
-    """A NIC on a libvirt network whose address comes from DHCP starts held to its MAC only; once the host's network
-    has leased it an address, its filter is pinned to that address (core.traffic_filter), on the running domain and
+    """A NIC on a libvirt network whose address comes from DHCP starts able to send only a DHCP client's traffic; once
+    the host's network has leased it an address, its filter is pinned to that address (core.traffic_filter), on the running domain and
     its definition, without a restart. Asked of the host only while a NIC of the domain read this pass is unpinned."""
     if p.domain is None or p.domain.state != "running":
         return
     unpinned = [nic for nic in ET.fromstring(p.domain.xml).findall("devices/interface[@type='network']")
-                if (found := traffic_filter.parse_filterref(nic)) is not None and not found.pinned]
+                if (found := traffic_filter.parse_filterref(nic)) is not None and found.awaiting_lease]
     if not unpinned:
         return
     allowed = {(nic.mac_address or naming.mac_address(p.uid, index)).lower():
                traffic_filter.ipv4_only(nic.allowed_addresses or []) for index, nic in enumerate(p.spec.interfaces)}
-    pinned = await deps.hosts.get(p.host or "").call(traffic_filters.pin_leased_addresses, p.domain_uuid, allowed,
-                                                     doing="pin traffic filters")
+    try:
+        pinned = await deps.hosts.get(p.host or "").call(traffic_filters.pin_leased_addresses, p.domain_uuid,
+                                                         allowed, doing="pin traffic filters")
+    except errors.HostUnreachable:
+        raise
+    except errors.HypervisorError as error:  # no provisioning failure: the next pass tries again
+        log.warning("%s/%s: traffic filter not pinned yet: %s", p.namespace, p.name, error)
+        await _event(deps, p.body, "Warning", TRAFFIC_FILTER_NOT_PINNED, f"the NIC's filter is not pinned yet: {error}")
+        return
     for mac, address in pinned:
         await _event(deps, p.body, "Normal", TRAFFIC_FILTER_PINNED, f"the NIC {mac} may now send only from {address}"
                      " (leased by the host's network) and its allowed addresses")

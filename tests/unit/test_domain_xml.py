@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from capi_libvirt.api import v1alpha1
+from capi_libvirt.core import domain_xml as domain_xml_module
 from capi_libvirt.core import naming
 from capi_libvirt.core.domain_xml import (
     DEFAULT_TCG_TB_CACHE_MIB,
@@ -427,3 +428,19 @@ def test_addresses_are_asked_only_of_sources_that_can_answer(parts, expected) ->
     from capi_libvirt.hypervisor import machines
 
     assert machines.address_sources(_devices_xml(*parts)) == expected
+
+
+def test_an_ignition_config_leaves_the_definition_and_nothing_else_does() -> None:
+    """The fw_cfg entry naming the Ignition volume goes (with its <sysinfo> when nothing is left in it); an XML
+    without it is left alone (None), and another fw_cfg entry stays."""
+    xml = ("<domain><name>d</name><sysinfo type='fwcfg'>"
+           "<entry name='opt/com.coreos/config' file='/pool/capi-ns-m-1234.ign'/>"
+           "<entry name='opt/other' file='/pool/other'/></sysinfo><devices/></domain>")
+    assert domain_xml_module.fw_cfg_files(xml) == ["/pool/capi-ns-m-1234.ign", "/pool/other"]
+    without = domain_xml_module.without_fw_cfg_file_xml(xml, "capi-ns-m-1234.ign")
+    assert without is not None and domain_xml_module.fw_cfg_files(without) == ["/pool/other"]
+    assert domain_xml_module.without_fw_cfg_file_xml(without, "capi-ns-m-1234.ign") is None
+    only = domain_xml_module.without_fw_cfg_file_xml(
+        "<domain><sysinfo type='fwcfg'><entry name='opt/com.coreos/config' file='/p/x.ign'/></sysinfo></domain>",
+        "x.ign")
+    assert only is not None and "sysinfo" not in only

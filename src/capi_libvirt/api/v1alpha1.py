@@ -160,7 +160,8 @@ class NetworkInterface(meta.Model):
     addresses_from_pools: list[IPPoolReference] | None = pydantic.Field(default=None, min_length=1, max_length=2)
     """IP pools of a Cluster API IPAM provider (for example one IPv4 and one IPv6 pool): the provider claims an
     address from each (an IPAddressClaim) and writes it, with the pool's prefix and gateway, into the network-config
-    before the guest boots. Not together with static."""
+    before the guest boots. Not together with static. (The anti-spoofing filter every NIC carries passes IPv4 and ARP
+    only: an IPv6 address is configured but its traffic is dropped.)"""
 
     @pydantic.model_validator(mode="after")
     def _exactly_one_attachment(self) -> NetworkInterface:

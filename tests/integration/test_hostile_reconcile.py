@@ -36,7 +36,7 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 from kubernetes_asyncio import client, config
 
-from capi_libvirt.api import meta
+from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import address_conflicts, conditions, domain_xml, naming
 from capi_libvirt.hypervisor import connection
 from capi_libvirt.kube import api
@@ -71,9 +71,9 @@ SECRET_MARK = b"s3cr3t-hostile-bootstrap"
 CLUSTER = "hostile"
 # Every reason a pass may end in. ReconcileError (an exception nobody expected) is not among them.
 KNOWN_REASONS = {
-    conditions.Reason.WAITING_FOR_ADDRESS, conditions.Reason.PROVISIONED, conditions.Reason.IMAGE_NOT_FOUND,
-    conditions.Reason.BOOTSTRAP_FORMAT_UNSUPPORTED, conditions.Reason.BOOTSTRAP_DATA_MISSING,
-    conditions.Reason.WAITING_FOR_BOOTSTRAP_DATA, conditions.Reason.HOST_UNREACHABLE, "HypervisorError",
+    reasons.WAITING_FOR_ADDRESS, reasons.PROVISIONED_REASON, reasons.IMAGE_NOT_FOUND,
+    reasons.BOOTSTRAP_FORMAT_UNSUPPORTED, reasons.BOOTSTRAP_DATA_MISSING,
+    reasons.WAITING_FOR_BOOTSTRAP_DATA, reasons.HOST_UNREACHABLE, "HypervisorError",
     reconcile.NETWORK_NOT_FOUND, reconcile.ADOPTION_REFUSED, reconcile.INVALID_SPEC, "InsufficientCapacity",
     "HostNotFound", reconcile.TENANT_NOT_ALLOWED, reconcile.SECRETS_FORBIDDEN, reconcile.MACHINE_TYPE_NOT_SUPPORTED,
     address_conflicts.ADDRESS_CONFLICT,
@@ -213,7 +213,7 @@ class Case:
             assert provisioned is not None, body["status"]
             reason = provisioned["reason"]
             assert reason in KNOWN_REASONS, (reason, provisioned["message"])
-            failing = reason not in (conditions.Reason.WAITING_FOR_ADDRESS, conditions.Reason.PROVISIONED)
+            failing = reason not in (reasons.WAITING_FOR_ADDRESS, reasons.PROVISIONED_REASON)
             if failing:
                 assert provisioned["message"] and provisioned["status"] == "False", provisioned
                 # no crash loop: a failure waits for a watch event, or backs off, never sooner than before
@@ -379,10 +379,10 @@ SECRETS = st.one_of(
               st.dictionaries(st.sampled_from(["extra", "a" * 253, "v-._1"]), st.binary(max_size=64), min_size=1)),
 )
 SECRET_EXPECTATIONS = {  # what the condition says, by the data's shape
-    "ok": {conditions.Reason.WAITING_FOR_ADDRESS},
-    "format": {conditions.Reason.BOOTSTRAP_FORMAT_UNSUPPORTED},
-    "missing": {conditions.Reason.BOOTSTRAP_DATA_MISSING},
-    "no-secret": {conditions.Reason.WAITING_FOR_BOOTSTRAP_DATA},
+    "ok": {reasons.WAITING_FOR_ADDRESS},
+    "format": {reasons.BOOTSTRAP_FORMAT_UNSUPPORTED},
+    "missing": {reasons.BOOTSTRAP_DATA_MISSING},
+    "no-secret": {reasons.WAITING_FOR_BOOTSTRAP_DATA},
 }
 
 
@@ -429,7 +429,7 @@ def test_preset_provider_ids_are_refused_or_adopted_never_placed_again(case, hos
     def one(provider_id: str) -> None:
         case(unique("preset"), {}, {**spec, "providerID": provider_id},
              {"value": SECRET_MARK, "format": b"cloud-config"},
-             expect={reconcile.ADOPTION_REFUSED, conditions.Reason.HOST_UNREACHABLE, "HostNotFound"})
+             expect={reconcile.ADOPTION_REFUSED, reasons.HOST_UNREACHABLE, "HostNotFound"})
 
     before = COUNTS["reconcile: cases on libvirtd"]
     one()

@@ -8,7 +8,7 @@ import types
 import libvirt
 import pytest
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import conditions, machine_addresses
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile import machine as machine_reconcile
@@ -151,7 +151,7 @@ async def test_without_known_addresses_a_machine_waits_for_discovery_then_keeps_
     p = machine_pass({}, {})
     with pytest.raises(machine_reconcile.Wait) as waiting:
         await observe(p, machines.Discovery([], None, ["agent", "arp"]))
-    assert waiting.value.reason == conditions.Reason.WAITING_FOR_ADDRESS
+    assert waiting.value.reason == reasons.WAITING_FOR_ADDRESS
     p = machine_pass(p.status, {})
     await observe(p, machines.Discovery(["192.0.2.50"], "agent", ["agent"]))
     assert internal(p.status) == ["192.0.2.50"]

@@ -21,7 +21,9 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-ADDRESS_CONFLICT = "AddressConflict"
+from capi_libvirt.api import reasons
+
+ADDRESS_CONFLICT = reasons.ADDRESS_CONFLICT
 
 Segment = tuple[str, str]  # ("network", name) or ("bridge", name)
 

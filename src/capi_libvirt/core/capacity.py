@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import conditions
 
 
@@ -37,7 +37,7 @@ def template_status_update(spec: v1alpha1.LibvirtMachineTemplateSpec, status: di
         if edited is None or edited.get("observedGeneration") != generation:
             wanted["conditions"] = conditions.set_condition(
                 current.get("conditions"), v1alpha1.TEMPLATE_EDITED_IN_PLACE, "True",
-                v1alpha1.TEMPLATE_EDITED_IN_PLACE, v1alpha1.template_edited_message(generation), now=now,
+                reasons.EDITED_IN_PLACE, v1alpha1.template_edited_message(generation), now=now,
                 observed_generation=generation)
     changed = {key: value for key, value in wanted.items() if current.get(key) != value}
     return changed or None

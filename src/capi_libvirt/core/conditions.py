@@ -14,45 +14,19 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
+from capi_libvirt.api import reasons
+
 Status = Literal["True", "False", "Unknown"]
 STATUSES: tuple[Status, ...] = ("True", "False", "Unknown")
 MESSAGE_MAX = 32768  # metav1.Condition's limit on message; longer text would get the whole status patch refused
 _REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?")
 
-# Condition types.
-READY = "Ready"
-PROVISIONED = "Provisioned"  # the provisioning condition: its reason says which step the machine is at or waits for
-PAUSED = "Paused"
-DELETING = "Deleting"
-# Where the last look found the machine's addresses (core.machine_addresses); informational: Ready ignores it.
-ADDRESSES_DISCOVERED = "AddressesDiscovered"
-
-
-class Reason:
-    """Reasons of the provisioning phases, in the order a machine goes through them."""
-
-    WAITING_FOR_CLUSTER_INFRASTRUCTURE = "WaitingForClusterInfrastructure"
-    WAITING_FOR_BOOTSTRAP_DATA = "WaitingForBootstrapData"
-    PAUSED = "Paused"
-    HOST_UNREACHABLE = "HostUnreachable"
-    IMAGE_NOT_FOUND = "ImageNotFound"
-    IMAGE_IMPORTING = "ImageImporting"  # spec.image.url: the host's pool gets the image (once per host and sha256)
-    IMAGE_DOWNLOAD_FAILED = "ImageDownloadFailed"
-    IMAGE_CHECKSUM_MISMATCH = "ImageChecksumMismatch"
-    IMAGE_REFUSED = "ImageRefused"  # a qcow2 naming a backing or external data file: a host path behind the image
-    INSUFFICIENT_STORAGE = "InsufficientStorage"
-    POOL_NOT_FOUND = "PoolNotFound"
-    BOOTSTRAP_FORMAT_UNSUPPORTED = "BootstrapFormatUnsupported"
-    BOOTSTRAP_DATA_MISSING = "BootstrapDataMissing"  # the Secret exists, but without data under `value`
-    CREATING_OVERLAY = "CreatingOverlay"
-    UPLOADING_BOOTSTRAP_DATA = "UploadingBootstrapData"
-    DEFINING_DOMAIN = "DefiningDomain"
-    STARTING_DOMAIN = "StartingDomain"
-    WAITING_FOR_ADDRESS = "WaitingForAddress"
-    PROVISIONED = "Provisioned"
-    DELETING = "Deleting"
-    DELETION_FAILED = "DeletionFailed"
-    NO_CONDITIONS = "NoConditions"  # Ready when there is nothing to summarise yet
+# Condition types (api.reasons has each with its meaning, and every reason).
+READY = reasons.READY
+PROVISIONED = reasons.PROVISIONED  # its reason says which step the machine is at or waits for
+PAUSED = reasons.PAUSED
+DELETING = reasons.DELETING
+ADDRESSES_DISCOVERED = reasons.ADDRESSES_DISCOVERED  # informational: Ready ignores it
 
 
 def get_condition(conditions: Sequence[dict[str, Any]] | None, type: str) -> dict[str, Any] | None:
@@ -118,7 +92,7 @@ def summarize_ready(
     order: Sequence[str] = (),
     ignore: Collection[str] = (PAUSED,),
     negative_polarity: Collection[str] = (DELETING,),
-    true_reason: str = Reason.PROVISIONED,
+    true_reason: str = reasons.PROVISIONED_REASON,
 ) -> list[dict[str, Any]]:
     """A new list with Ready computed from the other conditions.
 
@@ -148,7 +122,7 @@ def summarize_ready(
     elif considered:
         status, reason, message = "True", true_reason, ""
     else:
-        status, reason, message = "Unknown", Reason.NO_CONDITIONS, ""
+        status, reason, message = "Unknown", reasons.NO_CONDITIONS, ""
     return set_condition(
         conditions, READY, status, reason, message, now=now, observed_generation=observed_generation
     )

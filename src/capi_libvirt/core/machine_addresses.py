@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core.conditions import Status
 
 # Discovery's sources, as hypervisor.machines names them (libvirt's VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_*), in the order
@@ -22,8 +22,8 @@ LEASE, AGENT, ARP = "lease", "agent", "arp"
 SOURCES = (LEASE, AGENT, ARP)
 SOURCE_TEXT = {LEASE: "libvirt's DHCP leases", AGENT: "the guest agent", ARP: "the host's ARP table"}
 # The condition's reasons: where the addresses came from, or that nothing answered.
-SOURCE_REASON = {LEASE: "DHCPLease", AGENT: "GuestAgent", ARP: "ARPTable"}
-NOTHING_DISCOVERED = "NothingDiscovered"
+SOURCE_REASON = {LEASE: reasons.DHCP_LEASE, AGENT: reasons.GUEST_AGENT, ARP: reasons.ARP_TABLE}
+NOTHING_DISCOVERED = reasons.NOTHING_DISCOVERED
 
 
 def known_addresses(addressing: Mapping[int, v1alpha1.StaticAddressing]) -> list[str]:

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from capi_libvirt.core.conditions import Reason
+from capi_libvirt.api import reasons
 from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.core.tenancy import Holding
 
@@ -130,14 +130,14 @@ class NoHost:
     message: str
 
 
-HOST_NOT_FOUND = "HostNotFound"
-HOST_UNREACHABLE = "HostUnreachable"
-HOST_DECOMMISSIONED = "HostDecommissioned"
-INSUFFICIENT_CAPACITY = "InsufficientCapacity"
-NO_HOST_IN_FAILURE_DOMAIN = "NoHostInFailureDomain"
-TENANT_NOT_ALLOWED = "TenantNotAllowed"
-QUOTA_EXCEEDED = "QuotaExceeded"
-POOL_NOT_FOUND = Reason.POOL_NOT_FOUND
+HOST_NOT_FOUND = reasons.HOST_NOT_FOUND
+HOST_UNREACHABLE = reasons.HOST_UNREACHABLE
+HOST_DECOMMISSIONED = reasons.HOST_DECOMMISSIONED
+INSUFFICIENT_CAPACITY = reasons.INSUFFICIENT_CAPACITY
+NO_HOST_IN_FAILURE_DOMAIN = reasons.NO_HOST_IN_FAILURE_DOMAIN
+TENANT_NOT_ALLOWED = reasons.TENANT_NOT_ALLOWED
+QUOTA_EXCEEDED = reasons.QUOTA_EXCEEDED
+POOL_NOT_FOUND = reasons.POOL_NOT_FOUND
 
 
 def fits_free_memory(host: HostLoad, request: Request) -> bool:

@@ -25,6 +25,31 @@ DEFAULT_WORKERS = 16  # machine reconciles at once (each mostly waits on libvirt
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvironmentVariable:
+    name: str
+    meaning: str
+
+
+# Every environment variable the product reads (the book's reference is generated from this list, and a test fails
+# when the code reads one that is not here).
+ENVIRONMENT = (
+    EnvironmentVariable(HOSTS_ENV, "Static libvirt hosts beside the LibvirtHost objects, `name=uri,name=uri` "
+                        "(`run --host` and `console-log --host` add to them)."),
+    EnvironmentVariable(MANAGEMENT_CLUSTER_ENV, "This management cluster's identity in domains' owner metadata, when "
+                        "`--management-cluster-id` is not given (else the kube-system Namespace's UID)."),
+    EnvironmentVariable(ORPHAN_GRACE_ENV, "Seconds an orphaned domain waits before it is removed, or `never`, when "
+                        "`--orphan-grace-period` is not given."),
+    EnvironmentVariable(NAMESPACE_ENV, "The provider's own namespace (the Deployment sets it from the pod's): the only "
+                        "one LibvirtHost credentials Secrets may live in."),
+    EnvironmentVariable("KUBECONFIG", "The kubeconfig to use outside a pod (`--kubeconfig` sets it)."),
+    EnvironmentVariable("KUBERNETES_SERVICE_HOST", "Set by Kubernetes in a pod: with no KUBECONFIG, the in-cluster "
+                        "ServiceAccount is used and logs default to JSON."),
+    EnvironmentVariable("KUBERNETES_SERVICE_PORT", "Set by Kubernetes in a pod: the API server's port in-cluster "
+                        "(default 443)."),
+)
+
+
+@dataclasses.dataclass(frozen=True)
 class OperatorConfig:
     hosts: dict[str, str]  # host name (as in providerIDs) -> libvirt URI
     workers: int = DEFAULT_WORKERS

@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from capi_libvirt.api import meta
+from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import conditions
-from capi_libvirt.core.conditions import Reason
 from capi_libvirt.reconcile.machine import (
     DELETE_FOR_MOVE_ANNOTATION,
     RECHECK_WAITING,
@@ -24,7 +23,7 @@ from capi_libvirt.reconcile.machine import (
 log = logging.getLogger(__name__)
 
 MANAGED_BY_LABEL = "cluster.x-k8s.io/managed-by"
-WAITING_FOR_ENDPOINT = "WaitingForControlPlaneEndpoint"
+WAITING_FOR_ENDPOINT = reasons.WAITING_FOR_ENDPOINT
 RECHECK_FAILURE_DOMAINS = 60.0  # failure domains follow the inventory
 
 
@@ -66,7 +65,7 @@ async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | No
         state, retry = ("False", WAITING_FOR_OWNER, "waiting for Cluster API to set the owner Cluster"), RECHECK_WAITING
     elif is_paused(body, cluster):
         status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PAUSED, "True",
-                                                        Reason.PAUSED, "reconciliation is paused", now=now,
+                                                        reasons.PAUSED_REASON, "reconciliation is paused", now=now,
                                                         observed_generation=generation)
         await _write(deps, body, status)
         return None
@@ -76,10 +75,10 @@ async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | No
     else:
         if (body.get("spec") or {}).get("controlPlaneEndpoint") != endpoint:
             await deps.kube.patch_libvirt_cluster(namespace, name, {"spec": {"controlPlaneEndpoint": endpoint}})
-        state, retry = ("True", Reason.PROVISIONED, ""), RECHECK_FAILURE_DOMAINS
+        state, retry = ("True", reasons.PROVISIONED_REASON, ""), RECHECK_FAILURE_DOMAINS
         status.update(ready=True, initialization={"provisioned": True},
                       failureDomains=deps.inventory.failure_domains())
-    status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PAUSED, "False", "NotPaused",
+    status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PAUSED, "False", reasons.NOT_PAUSED,
                                                     "", now=now, observed_generation=generation) \
         if cluster is not None else status.get("conditions")
     status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PROVISIONED, *state, now=now,

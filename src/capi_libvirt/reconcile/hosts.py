@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import pydantic
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import conditions
 from capi_libvirt.hypervisor import connection, credentials, machines
 from capi_libvirt.kube import api
@@ -28,9 +28,9 @@ from capi_libvirt.reconcile.machine import (
 
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = inventory_.PROBE_INTERVAL_S
-REACHABLE, UNREACHABLE, INVALID, IN_USE = "Reachable", "HostUnreachable", "InvalidSpec", "HostInUse"
-DECOMMISSIONED = "Decommissioned"
-CREDENTIALS_NAMESPACE = "CredentialsNamespaceNotAllowed"
+REACHABLE, UNREACHABLE, INVALID, IN_USE = reasons.REACHABLE, reasons.HOST_UNREACHABLE, reasons.INVALID_SPEC, reasons.HOST_IN_USE
+DECOMMISSIONED = reasons.DECOMMISSIONED
+CREDENTIALS_NAMESPACE = reasons.CREDENTIALS_NAMESPACE
 
 
 async def _close(replaced: connection.HostConnection | None) -> None:

@@ -23,9 +23,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from capi_libvirt import download
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import images, tenancy
-from capi_libvirt.core.conditions import Reason
 from capi_libvirt.hypervisor import connection, errors
 from capi_libvirt.hypervisor import images as host_images
 
@@ -74,7 +73,7 @@ class ImageImports:
         key = (host.host, pool, image.sha256)
         current = self._running.get(key)
         if current is not None and not current.task.done():
-            raise NotReady(Reason.IMAGE_IMPORTING, _importing(current.url, image.sha256, pool, host.host),
+            raise NotReady(reasons.IMAGE_IMPORTING, _importing(current.url, image.sha256, pool, host.host),
                            RECHECK_IMPORTING_S, failure=False)
         error = None if current is None or current.task.cancelled() else current.task.exception()
         if current is not None and error is not None:
@@ -99,7 +98,7 @@ class ImageImports:
         task.add_done_callback(functools.partial(self._finished, entry, functools.partial(on_imported, host.host)))
         self._running[key] = entry
         self.started += 1
-        raise NotReady(Reason.IMAGE_IMPORTING, _importing(image.url, image.sha256, pool, host.host),
+        raise NotReady(reasons.IMAGE_IMPORTING, _importing(image.url, image.sha256, pool, host.host),
                        RECHECK_IMPORTING_S, failure=False)
 
     def _finished(self, entry: _Import, wake: Callable[[], None], task: asyncio.Task[host_images.ImageVolume]) -> None:
@@ -145,15 +144,15 @@ def _failed(error: BaseException, url: str, pool: str, host: str) -> BaseExcepti
     if isinstance(error, download.RedirectRefused):
         return NotReady(tenancy.TENANT_NOT_ALLOWED, str(error), RETRY_AFTER_S, failure=True)
     if isinstance(error, download.DownloadFailed):
-        return NotReady(Reason.IMAGE_DOWNLOAD_FAILED, str(error), RETRY_AFTER_S, failure=True)
+        return NotReady(reasons.IMAGE_DOWNLOAD_FAILED, str(error), RETRY_AFTER_S, failure=True)
     if isinstance(error, host_images.ChecksumMismatch):
-        return NotReady(Reason.IMAGE_CHECKSUM_MISMATCH, f"image {shown}: {error.message}", RETRY_AFTER_S, failure=True)
+        return NotReady(reasons.IMAGE_CHECKSUM_MISMATCH, f"image {shown}: {error.message}", RETRY_AFTER_S, failure=True)
     if isinstance(error, host_images.InsufficientStorage):
-        return NotReady(Reason.INSUFFICIENT_STORAGE, f"image {shown} into pool {pool} on host {host}: {error.message}",
+        return NotReady(reasons.INSUFFICIENT_STORAGE, f"image {shown} into pool {pool} on host {host}: {error.message}",
                         RETRY_AFTER_S, failure=True)
     if isinstance(error, host_images.ImageRefused):
-        return NotReady(Reason.IMAGE_REFUSED, f"image {shown}: {error.message}", RETRY_AFTER_S, failure=True)
+        return NotReady(reasons.IMAGE_REFUSED, f"image {shown}: {error.message}", RETRY_AFTER_S, failure=True)
     if isinstance(error, errors.HypervisorError):
         return error
-    return NotReady(Reason.IMAGE_DOWNLOAD_FAILED, f"importing image {shown} failed: unexpected {type(error).__name__}; "
+    return NotReady(reasons.IMAGE_DOWNLOAD_FAILED, f"importing image {shown} failed: unexpected {type(error).__name__}; "
                     "see the operator log", RETRY_AFTER_S, failure=True)

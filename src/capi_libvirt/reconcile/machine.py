@@ -29,7 +29,7 @@ from typing import Any
 
 import pydantic
 
-from capi_libvirt.api import meta, v1alpha1
+from capi_libvirt.api import meta, reasons, v1alpha1
 from capi_libvirt.core import (
     address_conflicts,
     cloud_init,
@@ -45,7 +45,6 @@ from capi_libvirt.core import (
     tenancy,
     traffic_filter,
 )
-from capi_libvirt.core.conditions import Reason
 from capi_libvirt.hypervisor import connection, errors, host_domains, machines, networks, traffic_filters
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import images as images_
@@ -53,26 +52,26 @@ from capi_libvirt.reconcile import inventory as inventory_
 
 log = logging.getLogger(__name__)
 
-WAITING_FOR_OWNER = "WaitingForOwner"
-INVALID_SPEC = "InvalidSpec"
-NETWORK_NOT_FOUND = "NetworkNotFound"
-RECONCILE_ERROR = "ReconcileError"
-ADOPTION_REFUSED = "AdoptionRefused"
+WAITING_FOR_OWNER = reasons.WAITING_FOR_OWNER
+INVALID_SPEC = reasons.INVALID_SPEC
+NETWORK_NOT_FOUND = reasons.NETWORK_NOT_FOUND
+RECONCILE_ERROR = reasons.RECONCILE_ERROR
+ADOPTION_REFUSED = reasons.ADOPTION_REFUSED
 TENANT_NOT_ALLOWED = tenancy.TENANT_NOT_ALLOWED
-SECRETS_FORBIDDEN = "SecretsForbidden"
-DELETED_FOR_MOVE = "DeletedForMove"
-REPLACED = "Replaced"
-DOMAIN_HOST_MISMATCH = "DomainHostMismatch"
-NOCLOUD_ISO_REMOVED = "NoCloudISODetached"
-NOCLOUD_ISO_NOT_REMOVED = "NoCloudISONotRemoved"
-IGNITION_CONFIG_REMOVED = "IgnitionConfigRemoved"
-IGNITION_CONFIG_NOT_REMOVED = "IgnitionConfigNotRemoved"
-IPAM_FORBIDDEN = "IPAddressClaimsForbidden"
-CPU_MODEL_NOT_SUPPORTED = "CPUModelNotSupported"
-MACHINE_TYPE_NOT_SUPPORTED = "MachineTypeNotSupported"
-TRAFFIC_FILTER_NOT_FOUND = "TrafficFilterNotFound"
-TRAFFIC_FILTER_PINNED = "TrafficFilterPinned"
-TRAFFIC_FILTER_NOT_PINNED = "TrafficFilterNotPinned"
+SECRETS_FORBIDDEN = reasons.SECRETS_FORBIDDEN
+DELETED_FOR_MOVE = reasons.DELETED_FOR_MOVE
+REPLACED = reasons.REPLACED
+DOMAIN_HOST_MISMATCH = reasons.DOMAIN_HOST_MISMATCH
+NOCLOUD_ISO_REMOVED = reasons.NOCLOUD_ISO_REMOVED
+NOCLOUD_ISO_NOT_REMOVED = reasons.NOCLOUD_ISO_NOT_REMOVED
+IGNITION_CONFIG_REMOVED = reasons.IGNITION_CONFIG_REMOVED
+IGNITION_CONFIG_NOT_REMOVED = reasons.IGNITION_CONFIG_NOT_REMOVED
+IPAM_FORBIDDEN = reasons.IPAM_FORBIDDEN
+CPU_MODEL_NOT_SUPPORTED = reasons.CPU_MODEL_NOT_SUPPORTED
+MACHINE_TYPE_NOT_SUPPORTED = reasons.MACHINE_TYPE_NOT_SUPPORTED
+TRAFFIC_FILTER_NOT_FOUND = reasons.TRAFFIC_FILTER_NOT_FOUND
+TRAFFIC_FILTER_PINNED = reasons.TRAFFIC_FILTER_PINNED
+TRAFFIC_FILTER_NOT_PINNED = reasons.TRAFFIC_FILTER_NOT_PINNED
 BOOTSTRAP_FORMATS = ("cloud-config", "ignition")  # cloud-config on a NoCloud ISO; ignition through fw_cfg
 
 # clusterctl move puts this on every source object just before deleting it: the object goes, its machine does not.
@@ -266,7 +265,7 @@ async def honour_pause(deps: Dependencies, p: MachinePass) -> None:
     paused = is_paused(p.body, p.cluster)
     p.status["conditions"] = conditions.set_condition(
         p.status.get("conditions"), conditions.PAUSED, "True" if paused else "False",
-        Reason.PAUSED if paused else "NotPaused", "reconciliation is paused" if paused else "",
+        reasons.PAUSED_REASON if paused else reasons.NOT_PAUSED, "reconciliation is paused" if paused else "",
         now=deps.now(), observed_generation=p.body["metadata"].get("generation"))
     if paused:
         raise Paused()
@@ -275,7 +274,7 @@ async def honour_pause(deps: Dependencies, p: MachinePass) -> None:
 async def wait_for_cluster_infrastructure(deps: Dependencies, p: MachinePass) -> None:
     status = (p.cluster or {}).get("status", {})
     if not (status.get("initialization", {}).get("infrastructureProvisioned") or status.get("infrastructureReady")):
-        raise Wait(Reason.WAITING_FOR_CLUSTER_INFRASTRUCTURE, "the Cluster's infrastructure is not provisioned yet")
+        raise Wait(reasons.WAITING_FOR_CLUSTER_INFRASTRUCTURE, "the Cluster's infrastructure is not provisioned yet")
 
 
 async def read_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
@@ -288,22 +287,22 @@ async def read_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
 async def _fetch_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
     secret_name = (p.machine or {}).get("spec", {}).get("bootstrap", {}).get("dataSecretName")
     if not secret_name:
-        raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, "waiting for the Machine's bootstrap.dataSecretName")
+        raise Wait(reasons.WAITING_FOR_BOOTSTRAP_DATA, "waiting for the Machine's bootstrap.dataSecretName")
     try:
         p.bootstrap = await deps.kube.get_bootstrap_data(p.namespace, secret_name)
     except api.Forbidden:
         raise Wait(SECRETS_FORBIDDEN, secrets_forbidden_message(p.namespace, deps.provider_namespace),
                    failure=True) from None
     if p.bootstrap is None:
-        raise Wait(Reason.WAITING_FOR_BOOTSTRAP_DATA, f"bootstrap Secret {secret_name} not found", RECHECK_BOOTSTRAP)
+        raise Wait(reasons.WAITING_FOR_BOOTSTRAP_DATA, f"bootstrap Secret {secret_name} not found", RECHECK_BOOTSTRAP)
     # Both refusals back off (a bootstrap provider may still rewrite the Secret, which is not watched); the format is
     # quoted cut short (it is not secret, but it is anyone's text), the data never.
     if p.bootstrap.format not in BOOTSTRAP_FORMATS:
-        raise Wait(Reason.BOOTSTRAP_FORMAT_UNSUPPORTED,
+        raise Wait(reasons.BOOTSTRAP_FORMAT_UNSUPPORTED,
                    f"bootstrap data format {p.bootstrap.format[:64]!r} is not supported; use cloud-config or ignition",
                    RECHECK_PROVISIONED, failure=True)
     if not p.bootstrap.value:
-        raise Wait(Reason.BOOTSTRAP_DATA_MISSING, f"bootstrap Secret {secret_name} has no data under 'value'",
+        raise Wait(reasons.BOOTSTRAP_DATA_MISSING, f"bootstrap Secret {secret_name} has no data under 'value'",
                    RECHECK_PROVISIONED, failure=True)
 
 
@@ -393,7 +392,7 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
             raise Wait(result.reason, result.message, RECHECK_WAITING, failure=result.reason == TENANT_NOT_ALLOWED)
         p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, placement_patch(p.body, result.host))
         _placed_on(p, result)
-    await _event(deps, p.body, "Normal", "Placed", f"placed on host {p.host}")
+    await _event(deps, p.body, "Normal", reasons.PLACED, f"placed on host {p.host}")
 
 
 async def _choose(deps: Dependencies, p: MachinePass) -> placement.Placed | placement.NoHost:
@@ -537,7 +536,7 @@ async def adopt_moved_machine(deps: Dependencies, p: MachinePass) -> None:
     p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {"metadata": {
         "annotations": annotations, "finalizers": finalizers + [f for f in [FINALIZER] if f not in finalizers],
         "resourceVersion": p.body["metadata"]["resourceVersion"]}})
-    await _event(deps, p.body, "Normal", "Adopted", f"adopted domain {naming.domain_uuid(identity)} on host "
+    await _event(deps, p.body, "Normal", reasons.ADOPTED, f"adopted domain {naming.domain_uuid(identity)} on host "
                  f"{provider_id.parse_provider_id(recorded).host} by its owner metadata")
 
 
@@ -622,7 +621,7 @@ async def record_owner(deps: Dependencies, p: MachinePass) -> None:
                     dataclasses.replace(owner, management_cluster=deps.management_cluster), owner,
                     doing="set owner metadata")
     p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
-    await _event(deps, p.body, "Normal", "OwnerRecorded", f"domain {p.domain_name} on host {p.host} now records this "
+    await _event(deps, p.body, "Normal", reasons.OWNER_RECORDED, f"domain {p.domain_name} on host {p.host} now records this "
                  f"management cluster as its owner (was {owner.management_cluster or 'none'})")
 
 
@@ -645,7 +644,7 @@ async def resolve_addressing(deps: Dependencies, p: MachinePass) -> None:
             except api.Forbidden as error:
                 raise Wait(IPAM_FORBIDDEN, f"{error}: the provider's ClusterRole must allow ipaddressclaims",
                            failure=True) from None
-            await _event(deps, p.body, "Normal", "IPAddressClaimCreated", f"created IPAddressClaim {ref.name} for "
+            await _event(deps, p.body, "Normal", reasons.IP_ADDRESS_CLAIM_CREATED, f"created IPAddressClaim {ref.name} for "
                          f"interface {ref.interface} from {ref.pool_ref.kind} {ref.pool_ref.name}")
         if not any(owner.get("uid") == p.body["metadata"]["uid"]
                    for owner in claim["metadata"].get("ownerReferences") or []):
@@ -729,7 +728,7 @@ async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
         await host.call(machines.ensure_overlay, p.volumes(), base_pool, base_volume, p.spec.disk_gib,
                         doing="create overlay volume")
     except errors.VolumeNotFound:
-        raise Wait(Reason.IMAGE_NOT_FOUND, f"base image volume {base_volume!r} not found in pool "
+        raise Wait(reasons.IMAGE_NOT_FOUND, f"base image volume {base_volume!r} not found in pool "
                    f"{base_pool!r} on host {p.host}", failure=True) from None
     if p.spec.data_disks:
         await host.call(machines.ensure_data_disks, p.volumes(), [disk.size_gib for disk in p.spec.data_disks],
@@ -783,7 +782,7 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
             "resourceVersion": p.body["metadata"]["resourceVersion"]}})
     p.domain = await host.call(machines.define_domain, p.domain_uuid, domain_xml.domain_xml(config),
                                doing="define domain")
-    await _event(deps, p.body, "Normal", "DomainDefined", f"domain {p.domain_name} defined on host {p.host}")
+    await _event(deps, p.body, "Normal", reasons.DOMAIN_DEFINED, f"domain {p.domain_name} defined on host {p.host}")
 
 
 async def ensure_running(deps: Dependencies, p: MachinePass) -> None:
@@ -791,7 +790,7 @@ async def ensure_running(deps: Dependencies, p: MachinePass) -> None:
     if p.domain is None or p.domain.state != "running":
         paused_for = p.domain.pause_reason if p.domain else None
         if await host.call(machines.start_domain, p.domain_uuid, doing="start domain"):
-            await _event(deps, p.body, "Warning", "DomainResumed",
+            await _event(deps, p.body, "Warning", reasons.DOMAIN_RESUMED,
                          f"domain {p.domain_name} on host {p.host} was paused ({paused_for or 'reason unknown'}); resumed")
         p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
     p.status["state"] = p.domain.state if p.domain else "unknown"
@@ -820,7 +819,7 @@ async def observe_addresses(deps: Dependencies, p: MachinePass) -> None:
         *machine_addresses.discovery_condition(discovery.asked, discovery.source, discovery.addresses, known, kept),
         now=deps.now(), observed_generation=p.body["metadata"].get("generation"))
     if not internal:
-        raise Wait(Reason.WAITING_FOR_ADDRESS, "the domain runs; waiting for its address", RECHECK_ADDRESS)
+        raise Wait(reasons.WAITING_FOR_ADDRESS, "the domain runs; waiting for its address", RECHECK_ADDRESS)
     p.status["ready"] = True  # v1beta1 contract
     p.status["initialization"] = {"provisioned": True}  # v1beta2 contract
 
@@ -880,7 +879,7 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
         log.info("workload cluster of %s/%s not usable yet: %s", p.namespace, p.name, type(error).__name__)
         return
     if outcome == "patched":
-        await _event(deps, p.body, "Normal", "NodeProviderIDSet", f"set providerID on Node {naming.hostname(p.name)}")
+        await _event(deps, p.body, "Normal", reasons.NODE_PROVIDER_ID_SET, f"set providerID on Node {naming.hostname(p.name)}")
     elif outcome == "other":
         log.warning("Node %s of %s/%s carries another providerID", naming.hostname(p.name), p.namespace, p.name)
 
@@ -1014,10 +1013,10 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
 
 def _wait_for_hypervisor(error: errors.HypervisorError) -> Wait:
     if isinstance(error, errors.HostUnreachable):
-        return Wait(Reason.HOST_UNREACHABLE, str(error), failure=True)
+        return Wait(reasons.HOST_UNREACHABLE, str(error), failure=True)
     if isinstance(error, errors.PoolNotFound):
-        return Wait(Reason.POOL_NOT_FOUND, str(error), failure=True)
-    return Wait("HypervisorError", str(error), failure=True)
+        return Wait(reasons.POOL_NOT_FOUND, str(error), failure=True)
+    return Wait(reasons.HYPERVISOR_ERROR, str(error), failure=True)
 
 
 def _with_backoff(deps: Dependencies, key: tuple[str, ...], wait: Wait) -> Wait:
@@ -1034,7 +1033,7 @@ async def _write_status(deps: Dependencies, body: dict[str, Any], status: dict[s
     previous = conditions.get_condition(status.get("conditions"), conditions.PROVISIONED)
     if not paused:
         state: tuple[conditions.Status, str, str] = \
-            ("True", Reason.PROVISIONED, "") if wait is None else ("False", wait.reason, wait.message)
+            ("True", reasons.PROVISIONED_REASON, "") if wait is None else ("False", wait.reason, wait.message)
         status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PROVISIONED, *state,
                                                         now=now, observed_generation=generation)
     status.setdefault("ready", False)
@@ -1108,7 +1107,7 @@ async def _release_ip_address_claims(deps: Dependencies, body: dict[str, Any]) -
     for ref in ipam.claims(name, spec.interfaces):
         try:
             if await deps.kube.delete_ip_address_claim(namespace, ref.name):
-                await _event(deps, body, "Normal", "IPAddressReleased", f"deleted IPAddressClaim {ref.name}")
+                await _event(deps, body, "Normal", reasons.IP_ADDRESS_RELEASED, f"deleted IPAddressClaim {ref.name}")
         except api.Forbidden:
             await _event(deps, body, "Warning", IPAM_FORBIDDEN, f"may not delete IPAddressClaim {ref.name}; "
                          "its owner reference lets the garbage collector remove it")
@@ -1179,7 +1178,7 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
     except errors.HypervisorError as error:
         wait = _wait_for_hypervisor(error)
         if not isinstance(error, errors.HostUnreachable):
-            wait.reason = Reason.DELETION_FAILED
+            wait.reason = reasons.DELETION_FAILED
         status["conditions"] = conditions.set_condition(
             status.get("conditions"), conditions.DELETING, "True", wait.reason, f"cannot delete yet: {error}",
             now=deps.now(), observed_generation=body["metadata"].get("generation"))
@@ -1189,7 +1188,7 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
         raise _with_backoff(deps, key, wait) from None
     deps.failures.pop(key, None)
     if removed:
-        await _event(deps, body, "Normal", "Deleted", f"removed from host {host_name}: {', '.join(removed)}")
+        await _event(deps, body, "Normal", reasons.DELETED, f"removed from host {host_name}: {', '.join(removed)}")
 
 
 def volume_names(volumes: machines.MachineVolumes) -> list[str]:

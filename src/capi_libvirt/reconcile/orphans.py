@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from capi_libvirt.api import reasons
 from capi_libvirt.core import orphans
 from capi_libvirt.hypervisor import errors, host_domains
 from capi_libvirt.reconcile import inventory as inventory_
@@ -40,7 +41,7 @@ from capi_libvirt.reconcile.machine import Dependencies
 log = logging.getLogger(__name__)
 INTERVAL_S = 60.0
 LIST_TIMEOUT_S = 60.0  # a host that does not answer delays a round by this much at most
-ORPHAN_FOUND, ORPHAN_REMOVED = "OrphanFound", "OrphanRemoved"
+ORPHAN_FOUND, ORPHAN_REMOVED = reasons.ORPHAN_FOUND, reasons.ORPHAN_REMOVED
 
 
 async def collect_host(deps: Dependencies, name: str, namespaces: Sequence[str] = (),

@@ -9,7 +9,7 @@ export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
 .PHONY: help system-deps venv trixie-root upstream upstream-control-plane upstream-kubernetes guest-image guest-image-minimal \
 	guest-image-node prerequisites manifests lint lint-checks lock lock-check image test test-whole-cluster test-fast bench run demo clean \
-	release-manifests
+	release-manifests templates reference docs
 
 # Each set-up step runs through hack/timed.sh: one line when it starts and when it ends, its output in out/logs/, its
 # seconds in out/timing/setup.tsv (the timing report of `make test`, tests/timing_report.py, shows them).
@@ -26,6 +26,10 @@ help:
 	@echo "make test-whole-cluster  whole clusters from the default and clusterclass flavors, alone (25-40 minutes)"
 	@echo "make test-control-plane-rollout  a rollout of a whole cluster's control-plane machine, alone (not in make test)"
 	@echo "make manifests  regenerate config/crd from the API models"
+	@echo "make templates  regenerate templates/ (the flavors' cluster templates and the ClusterClasses)"
+	@echo "make reference  regenerate the book's reference pages from the code"
+	@echo "make docs       build the book (docs/book) with mdBook"
+	@echo "make release-manifests  write the clusterctl release to out/ (Python only)"
 	@echo "make image      build the operator image from the Dockerfile (buildah; no Docker engine needed)"
 	@echo "make bench      provisioning speed, idle cost and API traffic at N = 1, 10, 50, against the bare libvirt floor"
 
@@ -93,14 +97,45 @@ manifests: venv
 # v + the package version (pyproject.toml); the manager image in config/manager carries the same tag.
 RELEASE_VERSION ?= v$(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 
-release-manifests: venv
-	$(BIN)/capi-libvirt release-manifests --out out --version $(RELEASE_VERSION)
+# Needs Python only (no apt, Go or root): a venv of its own with the API models' two libraries, pinned and hashed as
+# requirements.lock pins them.
+RELEASE_VENV := .venv-release
+RELEASE_PACKAGES := annotated-types pydantic pydantic-core pyyaml typing-extensions typing-inspection
+$(RELEASE_VENV)/.installed: requirements.lock
+	$(PYTHON) -m venv $(RELEASE_VENV)
+	awk -v want=" $(RELEASE_PACKAGES) " '/^[a-z]/ { split($$1, p, "=="); keep = index(want, " " p[1] " ") > 0 } keep' \
+	  requirements.lock > $(RELEASE_VENV)/requirements.txt
+	$(RELEASE_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes \
+	  -r $(RELEASE_VENV)/requirements.txt
+	@touch $@
+
+release-manifests: $(RELEASE_VENV)/.installed
+	PYTHONPATH=src $(RELEASE_VENV)/bin/python -m capi_libvirt.api.release write --out out --version $(RELEASE_VERSION)
+
+# The cluster templates of every flavor and the ClusterClasses, committed under templates/ (a unit test checks them).
+templates: $(RELEASE_VENV)/.installed
+	PYTHONPATH=src $(RELEASE_VENV)/bin/python -m capi_libvirt.api.release templates --dir templates
+
+# The book's reference pages (docs/book/src/reference), generated from the code (a unit test checks them).
+reference: venv
+	$(BIN)/python hack/reference.py
+
+# The book as HTML in docs/book/book/, with mdBook from crates.io (built once into the cache with the machine's cargo).
+MDBOOK_VERSION := 0.4.52
+MDBOOK := $(CAPI_LIBVIRT_CACHE)/mdbook-$(MDBOOK_VERSION)/bin/mdbook
+$(MDBOOK):
+	cargo install mdbook --version $(MDBOOK_VERSION) --locked --no-default-features --features search \
+	  --root $(CAPI_LIBVIRT_CACHE)/mdbook-$(MDBOOK_VERSION)
+
+docs: reference $(MDBOOK)
+	$(MDBOOK) build docs/book
+	@echo "the book: docs/book/book/index.html"
 
 lint: venv lock-check
 	@$(TIMED) lint $(MAKE) --no-print-directory lint-checks
 
 lint-checks:
-	$(BIN)/ruff check src tests bench devenv
+	$(BIN)/ruff check src tests bench devenv hack/reference.py
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile

@@ -32,22 +32,16 @@ def _cmd_manifests(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_release_manifests(args: argparse.Namespace) -> int:
-    from capi_libvirt.api import manifests, release
+def _cmd_templates(args: argparse.Namespace) -> int:
+    from capi_libvirt.api import release
 
-    config_dir = pathlib.Path(args.config)
-    stale = manifests.differences(config_dir / "crd")
-    if stale:
-        print(f"generated manifests are out of date in {config_dir / 'crd'}: {', '.join(stale)}; run `make manifests`")
-        return 1
-    try:
-        written = release.write(pathlib.Path(args.out), args.version, config_dir)
-    except release.ReleaseError as error:
-        print(f"release-manifests: {error}")
-        return 1
-    for path in written:
-        print(f"wrote {path}")
-    return 0
+    return release.main(["templates", "--dir", args.dir, *(["--check"] if args.check else [])])
+
+
+def _cmd_release_manifests(args: argparse.Namespace) -> int:
+    from capi_libvirt.api import release
+
+    return release.main(["write", "--out", args.out, "--version", args.version, "--config", args.config])
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -302,6 +296,12 @@ def parser() -> argparse.ArgumentParser:
     manifests.add_argument("--dir", default="config/crd", help="output folder (default: config/crd)")
     manifests.add_argument("--check", action="store_true", help="only report whether the folder is current")
     manifests.set_defaults(func=_cmd_manifests)
+
+    cluster_templates = sub.add_parser("templates", help="write the cluster templates of every flavor and the "
+                                       "ClusterClasses (the release's, committed under templates/)")
+    cluster_templates.add_argument("--dir", default="templates", help="output folder (default: templates)")
+    cluster_templates.add_argument("--check", action="store_true", help="only report whether the folder is current")
+    cluster_templates.set_defaults(func=_cmd_templates)
 
     release_manifests = sub.add_parser(
         "release-manifests", help="write the clusterctl release (components, metadata, cluster template)")

@@ -1,5 +1,7 @@
 """The clusterctl release artifacts: infrastructure-components.yaml, metadata.yaml and the cluster templates.
 
+`python -m capi_libvirt.api.release` writes them with nothing but Python, pydantic and pyyaml installed (`make
+release-manifests`, `make templates`); `capi-libvirt release-manifests` and `capi-libvirt templates` are the same.
 Laid out as a clusterctl local repository, `<out>/infrastructure-libvirt/<version>/`, so
 `providers: [{name: libvirt, type: InfrastructureProvider, url: file://<out>/infrastructure-libvirt/<version>/
 infrastructure-components.yaml}]` in clusterctl.yaml serves them. Every document is built as a Python dict and dumped
@@ -8,20 +10,27 @@ by pyyaml; clusterctl's variables (`${VAR}`, `${VAR:=default}`) are plain string
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import re
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 import yaml
 
-from capi_libvirt.api import quoting, templates
+from capi_libvirt.api import manifests, quoting, templates
 
 PROVIDER_LABEL = "infrastructure-libvirt"  # clusterctl's name for the provider: <type>-<name>
 PROVIDER_LABEL_KEY = "cluster.x-k8s.io/provider"
 IMAGE_VARIABLE = "CAPI_LIBVIRT_IMAGE"
 IMAGE_REPOSITORY = "ghcr.io/capi-libvirt/capi-libvirt"
 CONTRACT = "v1beta2"  # the Cluster API contract the release series implements (Cluster API v1.11 and later)
+# Every release series there has been, oldest first, with the contract it implements: metadata.yaml lists them all,
+# since `clusterctl upgrade` looks up both the installed release's series and the new one's. A new minor adds a line.
+RELEASE_SERIES: tuple[tuple[int, int, str], ...] = (
+    (0, 1, CONTRACT),
+)
 
 COMPONENTS = "infrastructure-components.yaml"
 METADATA = "metadata.yaml"
@@ -125,13 +134,18 @@ def components(config_dir: pathlib.Path, version: str) -> list[dict[str, Any]]:
 
 # -- metadata.yaml ---------------------------------------------------------------------------------------------------
 
-def metadata(version: str) -> dict[str, Any]:
-    """The release series -> contract map clusterctl reads (and validates: apiVersion, kind, non-empty series)."""
+def metadata(version: str, series: Iterable[tuple[int, int, str]] = RELEASE_SERIES) -> dict[str, Any]:
+    """The release series -> contract map clusterctl reads (and validates: apiVersion, kind, non-empty series): every
+    series up to this release's, which must be among them (a release of an unlisted series is refused)."""
     major, minor = parse_version(version)
+    known = sorted(series)
+    if not any((s_major, s_minor) == (major, minor) for s_major, s_minor, _ in known):
+        raise ReleaseError(f"version {version}: its series v{major}.{minor} is not in release.RELEASE_SERIES")
     return {
         "apiVersion": "clusterctl.cluster.x-k8s.io/v1alpha3",
         "kind": "Metadata",
-        "releaseSeries": [{"major": major, "minor": minor, "contract": CONTRACT}],
+        "releaseSeries": [{"major": s_major, "minor": s_minor, "contract": contract}
+                          for s_major, s_minor, contract in known if (s_major, s_minor) <= (major, minor)],
     }
 
 
@@ -144,14 +158,22 @@ def _dump_all(documents: Iterable[dict[str, Any]]) -> str:
     return HEADER + yaml.dump_all(list(documents), Dumper=quoting.Dumper, sort_keys=False, width=120, explicit_start=True)
 
 
+def rendered_templates() -> dict[str, str]:
+    """File name -> YAML text of the cluster templates (one per flavor) and the ClusterClasses: the same in every
+    release of this code, and committed under templates/ (`make templates`; a test fails when they drift)."""
+    return {
+        **{templates.file_name(flavor): _dump_all(build()) for flavor, build in templates.FLAVORS.items()},
+        **{templates.cluster_class_file_name(name): _dump_all(build())
+           for name, build in templates.CLUSTER_CLASSES.items()},
+    }
+
+
 def rendered(config_dir: pathlib.Path, version: str) -> dict[str, str]:
     """File name -> YAML text of the release's files."""
     return {
         COMPONENTS: _dump_all(components(config_dir, version)),
         METADATA: HEADER + yaml.safe_dump(metadata(version), sort_keys=False),
-        **{templates.file_name(flavor): _dump_all(build()) for flavor, build in templates.FLAVORS.items()},
-        **{templates.cluster_class_file_name(name): _dump_all(build())
-           for name, build in templates.CLUSTER_CLASSES.items()},
+        **rendered_templates(),
     }
 
 
@@ -172,3 +194,64 @@ def write(out: pathlib.Path, version: str, config_dir: pathlib.Path) -> list[pat
         written.append(path)
     return written
 
+
+
+def stale_templates(directory: pathlib.Path) -> list[str]:
+    """The files of `directory` that differ from, are missing from or are not among the rendered templates."""
+    files = rendered_templates()
+    stale = [name for name, text in files.items()
+             if not (directory / name).is_file() or (directory / name).read_text() != text]
+    return sorted(stale + [path.name for path in directory.glob("*.yaml") if path.name not in files])
+
+
+def write_templates(directory: pathlib.Path) -> list[pathlib.Path]:
+    """Write the rendered templates into `directory`, removing YAML files no flavor renders any more."""
+    files = rendered_templates()
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in directory.glob("*.yaml"):
+        if path.name not in files:
+            path.unlink()
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    return [directory / name for name in files]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m capi_libvirt.api.release", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    write_ = sub.add_parser("write", help="the release, as a clusterctl local repository")
+    write_.add_argument("--out", default="out", help="output folder (default: out); the files go to "
+                        "OUT/infrastructure-libvirt/VERSION/, a clusterctl local repository")
+    write_.add_argument("--version", required=True, help="release version, e.g. v0.1.0")
+    write_.add_argument("--config", default="config", help="the config/ folder (default: config)")
+    templates_ = sub.add_parser("templates", help="the cluster templates and ClusterClasses alone")
+    templates_.add_argument("--dir", default="templates", help="output folder (default: templates)")
+    templates_.add_argument("--check", action="store_true", help="only report whether the folder is current")
+    args = parser.parse_args(argv)
+    if args.command == "templates":
+        directory = pathlib.Path(args.dir)
+        if args.check:
+            stale = stale_templates(directory)
+            print(f"cluster templates are out of date in {directory}: {', '.join(stale)}; run `make templates`"
+                  if stale else f"{directory}: up to date")
+            return 1 if stale else 0
+        written = write_templates(directory)
+    else:
+        config_dir = pathlib.Path(args.config)
+        stale = manifests.differences(config_dir / "crd")
+        if stale:
+            print(f"generated manifests are out of date in {config_dir / 'crd'}: {', '.join(stale)}; "
+                  "run `make manifests`")
+            return 1
+        try:
+            written = write(pathlib.Path(args.out), args.version, config_dir)
+        except ReleaseError as error:
+            print(f"release-manifests: {error}")
+            return 1
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

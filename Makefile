@@ -144,7 +144,7 @@ lint-checks:
 # (pytest-xdist; tests/conftest.py keeps the guest-booting modules on one of them, so at most two guests boot at once
 # on 2 cores). Then the whole cluster, alone, in a pytest process of its own: its control-plane VM takes most of the
 # 2 cores under TCG, so nothing else may run beside it, not even the first run's shared beds, which live as long as
-# the process that made them (README "Test tiers"). Both run even if the first fails, and `make test` fails if either
+# the process that made them (docs/book/src/development/tiers.md). Both run even if the first fails, and `make test` fails if either
 # did. At the end it prints where the time went, for both runs; out/timing/report.md has all of it.
 PYTEST_WORKERS ?= 2
 WHOLE_CLUSTER_TEST := tests/e2e/test_whole_cluster.py
@@ -160,7 +160,7 @@ test:
 test-whole-cluster: prerequisites
 	$(BIN)/pytest -s $(WHOLE_CLUSTER_TEST)
 
-# Not part of `make test`: two control-plane VMs at once under TCG on 2 cores (README "A whole cluster on libvirt").
+# Not part of `make test`: two control-plane VMs at once under TCG on 2 cores (docs/book/src/topics/whole-cluster.md).
 test-control-plane-rollout: prerequisites
 	$(BIN)/pytest -s $(CONTROL_PLANE_ROLLOUT_TEST)
 

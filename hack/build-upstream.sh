@@ -198,7 +198,7 @@ build_etcd() {
 # install-conf from its module, in a scratch module whose main.go is flannel's own minus two backends the flavors do
 # not use: tencentvpc (the proxy refuses its Tencent Cloud SDK modules) and udp (its C proxy needs cgo; upstream's
 # image links it with musl). Its CNI plugin: flannel-io/cni-plugin is refused by the proxy, so the same plugin from
-# containernetworking/plugins v0.9.1, its home before it moved there (README "Stand-ins").
+# containernetworking/plugins v0.9.1, its home before it moved there (docs/book/src/development/stand-ins.md).
 flannel_version=$(PYTHONPATH="$repo/src" python3 -c 'from capi_libvirt.api import pod_network; print(pod_network.FLANNEL_VERSION)')
 flannel_cni_plugin_source=v0.9.1
 flannel_build() {

@@ -19,7 +19,7 @@ xdist only keeps them there).
 Each pytest process (each xdist worker) writes out/timing/tests-<worker>.json; the process that ends the session
 merges them with setup.tsv into out/timing/report.md and prints its summary last. A run with
 CAPI_LIBVIRT_TIMING_APPEND=1 (`make test`'s second run, the whole cluster alone after the rest) keeps the earlier
-run's files and adds its own, so its report covers both. README "Numbers" says how to read it.
+run's files and adds its own, so its report covers both. docs/book/src/development/numbers.md says how to read it.
 """
 
 from __future__ import annotations

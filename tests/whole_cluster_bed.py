@@ -56,7 +56,7 @@ LEADER_ELECTION = {"leader-elect-lease-duration": "180s", "leader-elect-renew-de
 # etcd-join phase lists etcd's members once right after writing the new member's manifest (GetMemberID ->
 # listMembers, whose retry loop ends at the first failed call), with a 2 s dial and call deadline (a constant), so one
 # slow answer of the old control-plane VM's etcd ends the join; under TCG on 2 host cores, with the new VM starting its
-# static pods, that happens (README "A whole cluster on libvirt"). The phase is idempotent (an announced member is
+# static pods, that happens (docs/book/src/topics/whole-cluster.md). The phase is idempotent (an announced member is
 # found and kept), so running it again is what an operator would do by hand. Each retry prints ETCD_JOIN_RETRY_MARK
 # on the console, and the test reports how many there were.
 ETCD_JOIN_ATTEMPTS = 5

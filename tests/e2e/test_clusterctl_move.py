@@ -7,7 +7,7 @@ tests/e2e/test_autoscaler.py); its one worker joins through Cluster API's kubead
 kubelet, so its Machine has the nodeRef move requires. The libvirt host is reached over qemu+ssh through a LibvirtHost
 and its credentials Secret in the provider's namespace, which carries an ownerReference to the LibvirtHost (the
 documented step that makes move copy it with the host). The cluster's namespace and the Secrets RoleBinding the cluster
-templates carry are made on both (clusterctl moves no RoleBinding; the README says so).
+templates carry are made on both (clusterctl moves no RoleBinding; docs/book/src/topics/move.md says so).
 
 What is proved, with the source's manager running throughout and the target's started before the move (never
 restarted); the target management cluster is made while the worker joins:
@@ -181,7 +181,7 @@ def ready_to_move(plane: cp.LocalControlPlane) -> dict | None:
 
 def cluster_namespace(plane: cp.LocalControlPlane) -> None:
     """The cluster's namespace with the RoleBinding the cluster templates carry (the provider reads its Secrets there).
-    clusterctl move copies no RoleBinding: the user makes it on the target too (README)."""
+    clusterctl move copies no RoleBinding: the user makes it on the target too (docs/book/src/topics/move.md)."""
     plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": NAMESPACE}})
     binding = templates.secrets_binding()

@@ -9,7 +9,7 @@ many times the test bed's kubeadm wrapper ran kubeadm's etcd-join phase again. D
 the host.
 
 Not in `make test`: `make test-control-plane-rollout` runs it, alone. On this machine (2 cores, TCG) two control-plane
-VMs at once starve each other (README "A whole cluster on libvirt"); what is changed for it, and why:
+VMs at once starve each other (docs/book/src/topics/whole-cluster.md); what is changed for it, and why:
 whole_cluster_bed.for_a_control_plane_rollout.
 """
 

@@ -147,7 +147,7 @@ async def test_a_guest_takes_its_address_from_a_pool_and_an_exhausted_pool_waits
         # Three full runs in a row (cold, warm, CI at 7c5a445) read HostUnreachable here once, a pass whose host call
         # failed while the first guest booted under load; the next pass (backoff 5 s) waits on the pool again. What
         # this test claims is the waiting, so it waits for it and prints what it saw meanwhile; the call's message is
-        # now in the operator's log (hypervisor.connection), to find the cause (README "Test tiers").
+        # now in the operator's log (hypervisor.connection), to find the cause (docs/book/src/development/tiers.md).
         seen: list[tuple[str, str]] = []
 
         async def still_waits():

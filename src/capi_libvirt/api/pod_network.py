@@ -21,7 +21,7 @@ NAME = "flannel"
 CNI_CONF = "/etc/cni/net.d/10-flannel.conflist"
 CNI_BIN_DIR = "/opt/cni/bin"  # where image-builder's images keep the CNI plugins, and where flannel puts its own
 # CNI spec 0.4.0, not kube-flannel.yml's 1.0.0: every CNI plugin release since 2019 reads it, and the node image's
-# flannel plugin is an older build of the same code (README "Stand-ins").
+# flannel plugin is an older build of the same code (docs/book/src/development/stand-ins.md).
 CNI_VERSION = "0.4.0"
 HEALTH_PORT = 8081
 

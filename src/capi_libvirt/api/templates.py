@@ -159,7 +159,7 @@ def pod_network_objects() -> list[dict[str, Any]]:
 
 def secrets_binding() -> dict[str, Any]:
     """The provider may read this namespace's Secrets (bootstrap data, `<cluster>-kubeconfig`): a RoleBinding of its
-    ClusterRole to its ServiceAccount, in the cluster's namespace only (never a ClusterRoleBinding: README "Tenants").
+    ClusterRole to its ServiceAccount, in the cluster's namespace only (never a ClusterRoleBinding: docs/book/src/topics/tenants.md).
     One per cluster, so deleting one cluster's objects leaves the others' binding."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",

@@ -71,7 +71,7 @@ class HostConnection:
         self._lock = threading.Lock()  # guards _open and the counters
         self._open: set[libvirt.virConnect] = set()
         self.opened = 0  # connections opened: at most THREADS_PER_HOST in a healthy life
-        self.calls = 0  # operations run on the host (each one or a few libvirt API calls), for the README's numbers
+        self.calls = 0  # operations run on the host (each one or a few libvirt API calls), for the numbers (docs/book/src/development/numbers.md)
 
     async def call(self, fn: Callable[..., T], *args: object, doing: str = "", transfer: bool = False) -> T:
         """`fn(conn, *args)` in the host's pool (`transfer`: in its transfer thread, for long streams)."""

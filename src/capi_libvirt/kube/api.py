@@ -99,7 +99,7 @@ class KubeAPI:
         self.core = client.CoreV1Api(api_client)
         self.cache = cache if cache is not None else ObjectCache()
         self.primed = False  # the cache holds every LibvirtMachine: placement may count from it
-        self.calls = 0  # API calls made, for the numbers in the README
+        self.calls = 0  # API calls made, for the numbers (docs/book/src/development/numbers.md)
 
     async def prime(self, namespaces: list[str]) -> None:
         """One LIST of each cached kind (all namespaces, or each watched one) into the cache."""

@@ -20,10 +20,10 @@ SAMPLE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 READ_VERBS, WRITE_VERBS = {"GET", "LIST"}, {"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"}
 Key = tuple[str, str]  # (verb, resource[/subresource])
-# What the operator's ClusterRole lets it touch (config/rbac/role.yaml); the rest is kube-apiserver's own traffic
+# What the operator's roles let it touch (config/rbac); the rest is kube-apiserver's own traffic
 # (its lease and endpoints heartbeat, its loopback informers' watches).
 OPERATOR_RESOURCES = {"libvirtmachines", "libvirtclusters", "libvirthosts", "libvirtmachinetemplates", "machines",
-                      "clusters", "secrets", "events", "customresourcedefinitions", "clusterkopfpeerings",
+                      "clusters", "secrets", "events", "customresourcedefinitions", "leases",
                       "namespaces"}
 
 

@@ -48,7 +48,6 @@ COLLECTIONS = {
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
-    "ClusterKopfPeering": ("/apis/zalando.org/v1", "clusterkopfpeerings", False),
 }
 
 

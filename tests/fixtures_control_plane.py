@@ -56,14 +56,15 @@ PROVIDER_NAMESPACE = meta.PROVIDER_NAMESPACE
 
 def bind_operator_role(plane: cp.LocalControlPlane) -> None:
     """The operator in tests runs as a user bound ONLY to what config/rbac ships: the ClusterRole (role.yaml) by a
-    ClusterRoleBinding, and the Secrets ClusterRole (secrets_role.yaml) by a RoleBinding in the provider's namespace
-    only, as secrets_role_binding.yaml binds it. A missing rule fails the tests; a namespace whose Secrets the operator
+    ClusterRoleBinding, the Secrets ClusterRole (secrets_role.yaml) by a RoleBinding in the provider's namespace
+    only, as secrets_role_binding.yaml binds it, and the leader election Role there (leader_election_role.yaml). A missing rule fails the tests; a namespace whose Secrets the operator
     must read gets its RoleBinding from `allow_secrets`, the documented way."""
     rbac = REPO / "config" / "rbac"
     plane.grant(yaml.safe_load((rbac / "role.yaml").read_text()), OPERATOR_USER)
     plane.apply("/apis/rbac.authorization.k8s.io/v1/clusterroles", yaml.safe_load((rbac / "secrets_role.yaml").read_text()))
     plane.ensure_namespace(PROVIDER_NAMESPACE)
     allow_secrets(plane, PROVIDER_NAMESPACE)
+    plane.grant(yaml.safe_load((rbac / "leader_election_role.yaml").read_text()), OPERATOR_USER)  # the Lease
 
 
 def allow_secrets(plane: cp.LocalControlPlane, namespace: str) -> None:

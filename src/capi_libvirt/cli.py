@@ -12,6 +12,10 @@ import pathlib
 import re
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from capi_libvirt.operator import election
 
 log = logging.getLogger("capi_libvirt")
 
@@ -45,7 +49,7 @@ def _cmd_release_manifests(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from capi_libvirt.operator import config, logs, main
+    from capi_libvirt.operator import config, election, logs, main
 
     logs.configure(args.log_format, verbose=args.verbose or args.run_verbose or args.v >= DEBUG_VERBOSITY)
     if args.kubeconfig:
@@ -56,19 +60,52 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                               replace_after_s=args.replace_unreachable_after,
                                               management_cluster_id=args.management_cluster_id,
                                               orphan_grace=args.orphan_grace_period)
-    operator = main.run_operator(args.namespace, operator_config=operator_config,
-                                 peering=election_peering(args),
+    try:
+        lease = election_lease(args)
+    except ValueError as error:
+        print(f"capi-libvirt run: {error}", file=sys.stderr)
+        return 2
+    operator = main.run_operator(args.namespace, operator_config=operator_config, lease=lease,
                                  health_address=args.health_address, metrics_address=args.metrics_address)
     try:
         asyncio.run(operator)  # SIGTERM/SIGINT: kopf stops gracefully (it handles them in the main thread)
     except asyncio.CancelledError:  # how kopf ends its root task after a signal: a clean stop
         pass
+    except election.LeadershipLost as error:  # the pod restarts and stands by, as controller-runtime's managers do
+        log.error("leader election lost: %s", error)
+        return 1
     return 0
 
 
-def election_peering(args: argparse.Namespace) -> str | None:
-    """The peering object the replicas elect their leader in; None: no election (--standalone, --leader-elect=false)."""
-    return None if args.standalone or not args.leader_elect else str(args.peering)
+def election_lease(args: argparse.Namespace) -> election.Lease | None:
+    """The Lease the replicas elect their leader in, in the provider's namespace; None: no election (--standalone,
+    --leader-elect=false)."""
+    from capi_libvirt.operator import config, election
+
+    if args.standalone or not args.leader_elect:
+        return None
+    return election.Lease(name=args.leader_election_id, namespace=config.provider_namespace(),
+                          identity=election.new_identity(), duration_s=args.leader_elect_lease_duration,
+                          renew_deadline_s=args.leader_elect_renew_deadline,
+                          retry_period_s=args.leader_elect_retry_period)
+
+
+GO_DURATION = re.compile(r"(\d+(?:\.\d*)?)(h|ms|m|s)")
+
+
+def _duration(value: str) -> float:
+    """Seconds, from a Go duration as Cluster API's managers take it (15s, 1m30s, 500ms) or a plain number."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    try:
+        seconds = float(value)
+    except ValueError:
+        parts = GO_DURATION.findall(value)
+        if not parts or "".join(number + unit for number, unit in parts) != value:
+            raise argparse.ArgumentTypeError(f"{value!r}: expected a duration such as 15s, 1m30s or 500ms") from None
+        seconds = sum(float(number) * units[unit] for number, unit in parts)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a duration above 0")
+    return seconds
 
 
 def _address(value: str) -> str:
@@ -81,12 +118,12 @@ def _address(value: str) -> str:
     return value
 
 
-PEERING_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+LEASE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
-def _peering_name(value: str) -> str:
-    if not PEERING_NAME.match(value):
-        raise argparse.ArgumentTypeError(f"peering name {value!r}: must be a lowercase DNS subdomain name")
+def _lease_name(value: str) -> str:
+    if not LEASE_NAME.match(value):
+        raise argparse.ArgumentTypeError(f"lease name {value!r}: must be a lowercase DNS subdomain name")
     return value
 
 
@@ -155,16 +192,28 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     """Leader election, endpoints, concurrency and log format of `run` (the Deployment's args:
     config/manager/manager.yaml)."""
     from capi_libvirt.operator import config, logs
+    from capi_libvirt.operator import election as election_
 
     election = run.add_mutually_exclusive_group()
-    election.add_argument("--peering", default="capi-libvirt", type=_peering_name, metavar="NAME",
-                          help="elect a leader among the replicas in the ClusterKopfPeering NAME (default: "
-                               "capi-libvirt, from config/peering)")
+    election.add_argument("--leader-election-id", "--peering", dest="leader_election_id",
+                          default=election_.DEFAULT_LEASE_NAME, type=_lease_name, metavar="NAME",
+                          help="the Lease (coordination.k8s.io, in the provider's namespace) the replicas elect their "
+                               f"leader in (default: {election_.DEFAULT_LEASE_NAME}; --peering: its old name, "
+                               "deprecated)")
     election.add_argument("--standalone", action="store_true",
                           help="no leader election: run as if alone (development)")
     run.add_argument("--leader-elect", type=_boolean, nargs="?", const=True, default=True, metavar="BOOL",
-                     help="Cluster API's flag: true (the default) elects a leader among the replicas (in the "
-                          "--peering object); false runs as if alone, as --standalone")
+                     help="Cluster API's flag: true (the default) elects a leader among the replicas over the Lease; "
+                          "false runs as if alone, as --standalone")
+    run.add_argument("--leader-elect-lease-duration", type=_duration, default=election_.DEFAULT_LEASE_DURATION_S,
+                     metavar="DURATION", help="how long a standby waits for a silent leader before it takes over "
+                     f"(default: {election_.DEFAULT_LEASE_DURATION_S:g}s)")
+    run.add_argument("--leader-elect-renew-deadline", type=_duration, default=election_.DEFAULT_RENEW_DEADLINE_S,
+                     metavar="DURATION", help="how long the leader keeps trying to renew before it gives up and exits "
+                     f"(default: {election_.DEFAULT_RENEW_DEADLINE_S:g}s)")
+    run.add_argument("--leader-elect-retry-period", type=_duration, default=election_.DEFAULT_RETRY_PERIOD_S,
+                     metavar="DURATION", help="how often every replica tries to take or renew the Lease (default: "
+                     f"{election_.DEFAULT_RETRY_PERIOD_S:g}s)")
     run.add_argument("--libvirtmachine-concurrency", "--workers", dest="workers", type=_positive_int,
                      default=config.DEFAULT_WORKERS, metavar="N",
                      help=f"LibvirtMachine reconciles at once (default: {config.DEFAULT_WORKERS}; --workers: its "

@@ -3,10 +3,10 @@ makes of our release, run as its Deployment says, logged in with its ServiceAcco
 
 What is proved:
 - `clusterctl generate provider --infrastructure libvirt` output, applied to the API server, is everything the
-  manager needs: Namespace, CRDs, ServiceAccount, ClusterRole and binding, peering, Deployment;
+  manager needs: Namespace, CRDs, ServiceAccount, ClusterRole and binding, leader election Role and binding, Deployment;
 - the Deployment's container, run from the built image by podman (devenv.pod_runner, the kubelet's stand-in), starts
   as a non-root user, logs in with the ServiceAccount token and CA at the in-cluster paths (no kubeconfig anywhere),
-  leads its peering, and reports ready on its readinessProbe;
+  takes the leader election Lease, and reports ready on its readinessProbe;
 - it reaches a LibvirtHost over qemu+ssh with the key and known_hosts of the host's credentials Secret (the host key
   verified by the ssh client inside the image), and provisions a machine that boots and runs its bootstrap data;
 - deleting the machine leaves nothing on the host; SIGTERM ends the container with exit code 0; its log holds no key
@@ -142,7 +142,7 @@ async def test_the_image_installed_from_the_components_provisions_over_qemu_ssh_
         assert pod.terminate() == 0, f"SIGTERM: the manager did not exit cleanly:\n{pod.logs()[-4000:]}"
         logs = pod.logs()
         print(f"[image] container log: {len(logs.splitlines())} lines")
-        assert "role: leader" in logs, f"the container did not lead its peering:\n{logs[-2000:]}"
+        assert "role: leader" in logs, f"the container did not take its Lease:\n{logs[-2000:]}"
         key = access.ssh_key.read_text()
         secret_line = next(line for line in key.splitlines() if line and not line.startswith("-----"))
         assert secret_line not in logs and marker not in logs

@@ -159,8 +159,8 @@ def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: 
     documents = [d for d in yaml.safe_load_all(out) if d]
     kinds = collections.Counter(d["kind"] for d in documents)
     assert kinds["Namespace"] == 1
-    assert kinds["CustomResourceDefinition"] == len(list((REPO / "config" / "crd").glob(f"{meta.GROUP}_*.yaml"))) + 1
-    assert kinds["ClusterKopfPeering"] == 1  # leader election (config/peering), with its CRD
+    assert kinds["CustomResourceDefinition"] == len(list((REPO / "config" / "crd").glob(f"{meta.GROUP}_*.yaml")))
+    assert kinds["Role"] == 1  # leader election: a Lease in the provider's namespace (no third-party CRD)
     assert kinds["Deployment"] == 1
     for document in documents:
         labels = document["metadata"].get("labels", {})
@@ -168,13 +168,13 @@ def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: 
 
     for document in documents:
         if document["kind"] == "CustomResourceDefinition":
-            folder = "crd" if document["spec"]["group"] == meta.GROUP else "peering"
-            committed = yaml.safe_load((REPO / "config" / folder / f"{document['spec']['group']}_"
+            assert document["spec"]["group"] == meta.GROUP
+            committed = yaml.safe_load((REPO / "config" / "crd" / f"{document['spec']['group']}_"
                                         f"{document['spec']['names']['plural']}.yaml").read_text())
             assert document["spec"] == committed["spec"]
-            if document["spec"]["group"] == meta.GROUP:  # what clusterctl move lists (and, on hosts, copies)
-                assert committed["metadata"]["labels"].items() <= document["metadata"]["labels"].items()
-                assert document["metadata"]["labels"]["clusterctl.cluster.x-k8s.io"] == ""
+            # What clusterctl move lists (and, on hosts, copies).
+            assert committed["metadata"]["labels"].items() <= document["metadata"]["labels"].items()
+            assert document["metadata"]["labels"]["clusterctl.cluster.x-k8s.io"] == ""
     deployment = next(d for d in documents if d["kind"] == "Deployment")
     assert deployment["metadata"]["namespace"] == namespace
     [manager] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "manager"]
@@ -184,17 +184,17 @@ def test_components_apply_to_the_api_server(repository: pathlib.Path, tmp_path: 
         capture_output=True, text=True, timeout=60).stdout
     binding = next(d for d in documents if d["kind"] == "ClusterRoleBinding")
     assert {s["namespace"] for s in binding["subjects"]} == {namespace}
-    # Secrets only through RoleBindings: the one of the host credentials sits in the provider's namespace.
-    secrets = next(d for d in documents if d["kind"] == "RoleBinding")
-    assert (secrets["metadata"]["namespace"], secrets["roleRef"]["name"]) == (namespace, "capi-libvirt-secrets")
-    assert {s["namespace"] for s in secrets["subjects"]} == {namespace}
+    # Secrets only through RoleBindings: the one of the host credentials sits in the provider's namespace, as does
+    # the leader election Role's.
+    role_bindings = {d["roleRef"]["name"]: d for d in documents if d["kind"] == "RoleBinding"}
+    assert set(role_bindings) == {"capi-libvirt-secrets", "capi-libvirt-leader-election"}
+    for role_binding in role_bindings.values():
+        assert role_binding["metadata"]["namespace"] == namespace
+        assert {s["namespace"] for s in role_binding["subjects"]} == {namespace}
 
     cache: dict[str, Any] = {}
     [namespace_object] = [d for d in documents if d["kind"] == "Namespace"]
     apply(control_plane, namespace_object, cache, dry_run=False)  # what the namespaced objects' dry-runs need
-    # The peering CRD for real (ours are installed already): what the peering object's dry-run needs.
-    control_plane.install_crd_documents(d for d in documents if d["kind"] == "CustomResourceDefinition"
-                                        and d["spec"]["group"] != meta.GROUP)
     try:
         for document in documents:
             if document["kind"] != "Namespace":

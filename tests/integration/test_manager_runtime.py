@@ -1,11 +1,11 @@
 """The manager as users run it: `capi-libvirt run` in a process of its own, as the user bound only to the shipped
-ClusterRole, against the real API server. Probes and metrics answer, replicas elect one leader over kopf's peering
-(config/peering) and the next one takes over when it goes, SIGTERM stops an operator cleanly, and JSON logs hold no
-credentials.
+ClusterRole and leader election Role, against the real API server. Probes and metrics answer, replicas elect one
+leader over a Lease and the next one takes over when it goes (at once: the Lease is released), a leader that loses
+its Lease exits, SIGTERM stops an operator cleanly, and JSON logs hold no credentials.
 
 The operators watch the whole cluster, as the Deployment runs them. What they are checked on is their own: the
-objects of the test's namespace, their metrics, their peering records. The election tests use a peering object of
-their own, so they cannot see one another.
+objects of the test's namespace, their metrics, their Lease. The election tests use a Lease of their own, so they
+cannot see one another.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-import yaml
 from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -31,7 +30,7 @@ from capi_libvirt.api import meta
 from capi_libvirt.operator import election, metrics
 from devenv import control_plane as cp
 
-from fixtures_control_plane import OPERATOR_USER, PROVIDER_NAMESPACE, REPO
+from fixtures_control_plane import OPERATOR_USER, PROVIDER_NAMESPACE
 from waiting import CONVERGENCE_S, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -39,7 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 DEADLINE_S = CONVERGENCE_S
 EXIT_TIMEOUT_S = 60.0
 CLUSTER = "LibvirtCluster"
-PEERING_DIR = REPO / "config" / "peering"
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{PROVIDER_NAMESPACE}/leases"
 MARKER = "c2VjcmV0LWtleS1tYXRlcmlhbA-json-logs-marker"
 FAKE_PEM = f"-----BEGIN PRIVATE KEY-----\n{MARKER}\n-----END PRIVATE KEY-----\n".encode()
 
@@ -47,9 +46,10 @@ FAKE_PEM = f"-----BEGIN PRIVATE KEY-----\n{MARKER}\n-----END PRIVATE KEY-----\n"
 class OperatorProcess:
     """`python -m capi_libvirt.cli run ...` with the restricted user's kubeconfig, its log in a file."""
 
-    def __init__(self, plane: cp.LocalControlPlane, log: pathlib.Path, *args: str, verbose: bool = False) -> None:
+    def __init__(self, plane: cp.LocalControlPlane, log: pathlib.Path, *args: str, verbose: bool = False,
+                 env: dict[str, str] | None = None) -> None:
         self.health, self.metrics_port, self.log = cp.free_port(), cp.free_port(), log
-        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig_for(OPERATOR_USER))}
+        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig_for(OPERATOR_USER)), **(env or {})}
         env.pop("KUBERNETES_SERVICE_HOST", None)
         with log.open("wb") as output:
             self.process = subprocess.Popen(
@@ -106,24 +106,23 @@ class OperatorProcess:
         return self.log.read_text(errors="replace")[-4000:]
 
 
-@pytest.fixture(scope="module")
-def peering_crd(control_plane: cp.LocalControlPlane) -> cp.LocalControlPlane:
-    """The shipped peering CRD and ClusterKopfPeering (config/peering), as an installer would apply them."""
-    control_plane.install_crds(sorted(PEERING_DIR.glob("*.yaml")))
-    for document in yaml.safe_load_all((PEERING_DIR / "peering.yaml").read_text()):
-        control_plane.apply(f"/apis/{election.GROUP}/{election.VERSION}/{election.PLURAL}", document)
-    return control_plane
-
-
 @pytest.fixture
-def peering(peering_crd: cp.LocalControlPlane) -> str:
-    """A peering object of the test's own."""
+def lease(control_plane: cp.LocalControlPlane) -> str:
+    """A Lease name of the test's own (the first replica creates it); removed at the end."""
     name = f"test-{uuid.uuid4().hex[:8]}"
-    peering_crd.apply(f"/apis/{election.GROUP}/{election.VERSION}/{election.PLURAL}", {
-        "apiVersion": f"{election.GROUP}/{election.VERSION}", "kind": "ClusterKopfPeering",
-        "metadata": {"name": name}})
     yield name
-    peering_crd.request("DELETE", f"/apis/{election.GROUP}/{election.VERSION}/{election.PLURAL}/{name}")
+    with contextlib.suppress(cp.ControlPlaneError):
+        control_plane.request("DELETE", f"{LEASES}/{name}")
+
+
+def holder(plane: cp.LocalControlPlane, name: str) -> str | None:
+    """The Lease's holderIdentity ("" once released), or None while there is no Lease."""
+    try:
+        return plane.request("GET", f"{LEASES}/{name}")["spec"].get("holderIdentity", "")
+    except cp.ControlPlaneError as error:
+        if error.status == 404:
+            return None
+        raise
 
 
 @pytest.fixture
@@ -131,18 +130,13 @@ def operators(control_plane: cp.LocalControlPlane, tmp_path: pathlib.Path):
     """Start operators with `start(*args)`; whatever still runs at the end is killed."""
     started: list[OperatorProcess] = []
 
-    def start(*args: str, verbose: bool = False) -> OperatorProcess:
+    def start(*args: str, verbose: bool = False, env: dict[str, str] | None = None) -> OperatorProcess:
         log = tmp_path / f"operator-{len(started)}.log"
-        started.append(OperatorProcess(control_plane, log, *args, verbose=verbose))
+        started.append(OperatorProcess(control_plane, log, *args, verbose=verbose, env=env))
         return started[-1]
     yield start
     for operator in started:
         operator.stop()
-
-
-def peering_records(plane: cp.LocalControlPlane, name: str) -> dict:
-    body = plane.request("GET", f"/apis/{election.GROUP}/{election.VERSION}/{election.PLURAL}/{name}")
-    return body.get("status") or {}
 
 
 async def create_libvirt_cluster(api_client: client.ApiClient, namespace: str, name: str) -> None:
@@ -162,11 +156,13 @@ async def wait_for_status(api_client: client.ApiClient, namespace: str, name: st
 
 # -- probes and metrics -----------------------------------------------------------------------------------------------
 
-async def test_restricted_operator_with_peering_is_ready_and_serves_its_metrics(peering_crd, operators) -> None:
-    operator = operators("--log-format", "json")  # the default peering: the shipped capi-libvirt
+async def test_restricted_operator_leads_over_the_default_lease_and_serves_its_metrics(control_plane,
+                                                                                      operators) -> None:
+    operator = operators("--log-format", "json")  # the Deployment's election: the default Lease
     report = await operator.wait_ready()
-    assert report["role"] == election.LEADER and report["peering"] == election.DEFAULT_PEERING
-    assert report["identity"] in peering_records(peering_crd, election.DEFAULT_PEERING)
+    assert report["role"] == election.LEADER
+    assert report["lease"] == f"{PROVIDER_NAMESPACE}/{election.DEFAULT_LEASE_NAME}"
+    assert holder(control_plane, election.DEFAULT_LEASE_NAME) == report["identity"]
     assert await operator.get(operator.health, "/healthz") == (200, '{"alive": true}')
 
     status, text = await operator.get(operator.metrics_port, "/metrics")
@@ -175,6 +171,7 @@ async def test_restricted_operator_with_peering_is_ready_and_serves_its_metrics(
     assert set(metrics.NAMES) <= exposed, f"missing: {set(metrics.NAMES) - exposed}"
     assert f"{metrics.LEADER} 1.0" in text.splitlines()
     assert operator.terminate() == 0
+    assert holder(control_plane, election.DEFAULT_LEASE_NAME) == ""  # released
 
 
 # -- leader election ---------------------------------------------------------------------------------------------------
@@ -184,10 +181,10 @@ async def roles(*operators: OperatorProcess) -> list[str | None]:
 
 
 async def test_one_of_two_replicas_works_and_the_other_takes_over_when_it_stops(
-        api_client, control_plane, peering, operators, namespace) -> None:
-    pair = [operators("--peering", peering, "--log-format", "json") for _ in range(2)]
+        api_client, control_plane, lease, operators, namespace) -> None:
+    pair = [operators("--leader-election-id", lease, "--log-format", "json") for _ in range(2)]
     for operator in pair:
-        await operator.wait_ready()
+        await operator.wait_ready()  # a standby is ready too: it stands by
 
     async def one_leader() -> list[OperatorProcess] | None:
         found = await roles(*pair)
@@ -195,16 +192,18 @@ async def test_one_of_two_replicas_works_and_the_other_takes_over_when_it_stops(
             return None
         return pair if found[0] == election.LEADER else pair[::-1]
     leader, standby = await wait_until("one leader and one standby", one_leader, DEADLINE_S)
+    leader_identity = (await leader.readiness())[1]["identity"]
+    assert holder(control_plane, lease) == leader_identity
+    assert (await standby.readiness())[1]["problem"] == f"held by {leader_identity}"
     before = {operator: await operator.reconciles(CLUSTER) for operator in pair}
 
     await create_libvirt_cluster(api_client, namespace, "first")
     await wait_for_status(api_client, namespace, "first")
     await wait_until("the leader to reconcile it", lambda: leader.reconciled_since(before[leader]), DEADLINE_S)
-    assert await standby.reconciles(CLUSTER) == before[standby]  # the standby's daemons do not run
+    assert await standby.reconciles(CLUSTER) == before[standby]  # the standby runs no kopf at all
 
-    leader_identity = (await leader.readiness())[1]["identity"]
     assert leader.terminate() == 0
-    assert leader_identity not in peering_records(control_plane, peering)  # removed on exit, not left to expire
+    assert holder(control_plane, lease) in ("", (await standby.readiness())[1]["identity"])  # released on exit
 
     async def took_over() -> bool:
         return (await roles(standby)) == [election.LEADER]
@@ -215,40 +214,60 @@ async def test_one_of_two_replicas_works_and_the_other_takes_over_when_it_stops(
     assert standby.terminate() == 0
 
 
-async def test_without_its_peering_object_the_operator_is_not_ready_and_says_why(peering_crd, operators) -> None:
-    operator = operators("--peering", f"missing-{uuid.uuid4().hex[:8]}")
+async def test_a_leader_that_loses_its_lease_stops(control_plane, lease, operators) -> None:
+    """Another holder written into the Lease (as after a network partition, when a standby took it over): the leader
+    can no longer renew, and once its renew deadline passes it exits with an error, for its pod to restart."""
+    operator = operators("--leader-election-id", lease, "--leader-elect-lease-duration=20s",
+                         "--leader-elect-renew-deadline=4s", "--leader-elect-retry-period=1s", "--log-format", "plain")
+    assert (await operator.wait_ready())["role"] == election.LEADER
+    body = control_plane.request("GET", f"{LEASES}/{lease}")
+    body["spec"] |= {"holderIdentity": "someone-else", "renewTime": election.micro_time(election._now())}
+    control_plane.request("PUT", f"{LEASES}/{lease}", body)
+
+    async def exited() -> int | None:
+        return operator.process.poll()
+    assert await wait_until("the leader to exit", exited, DEADLINE_S) == 1, operator.tail()
+    log = operator.log.read_text()
+    assert "leader election lost" in log and "held by someone-else" in log, operator.tail()
+    assert holder(control_plane, lease) == "someone-else"  # not released: it was not ours any more
+
+
+async def test_without_the_right_to_its_lease_the_operator_is_not_ready_and_says_why(operators) -> None:
+    """In a namespace where the leader election Role is not bound (the provider's namespace taken from POD_NAMESPACE,
+    as in a pod), the Lease is refused: not ready, alive, and the reason is on /readyz."""
+    operator = operators("--leader-election-id", f"refused-{uuid.uuid4().hex[:8]}", env={"POD_NAMESPACE": "default"})
 
     async def explained() -> dict | None:
         assert operator.process.poll() is None, operator.tail()
         status, report = await operator.readiness()
-        return report if status == 503 and "not found" in report.get("problem", "") else None
-    report = await wait_until("a 503 that names the missing ClusterKopfPeering", explained, DEADLINE_S)
-    assert report["role"] is None and "apply config/peering" in report["problem"]
+        return report if status == 503 and "403" in report.get("problem", "") else None
+    report = await wait_until("a 503 that names the refused Lease", explained, DEADLINE_S)
+    assert report["role"] is None and report["problem"].startswith("Lease default/refused-")
     assert (await operator.get(operator.health, "/healthz"))[0] == 200  # alive all the same: no restart loop
-    assert operator.terminate() == 0
+    assert operator.terminate() == 0  # a SIGTERM while not leading ends it cleanly too
 
 
 # -- graceful shutdown -------------------------------------------------------------------------------------------------
 
-async def test_sigterm_stops_the_operator_cleanly(control_plane, peering, operators) -> None:
-    operator = operators("--peering", peering, "--log-format", "plain")
+async def test_sigterm_stops_the_operator_cleanly(control_plane, lease, operators) -> None:
+    operator = operators("--leader-election-id", lease, "--log-format", "plain")
     identity = (await operator.wait_ready())["identity"]
-    assert identity in peering_records(control_plane, peering)
+    assert holder(control_plane, lease) == identity
     assert operator.terminate() == 0
-    assert identity not in peering_records(control_plane, peering)
+    assert holder(control_plane, lease) == ""
     log = operator.log.read_text()
-    assert "Signal SIGTERM is received. Operator is stopping." in log
+    assert "Signal SIGTERM is received. Operator is stopping." in log and "released Lease" in log
     assert "Traceback" not in log, operator.tail()
 
 
-async def test_namespace_flag_watches_only_that_namespace(api_client, peering, operators, namespace) -> None:
+async def test_namespace_flag_watches_only_that_namespace(api_client, lease, operators, namespace) -> None:
     """The contract's `--namespace`: objects there are reconciled, objects elsewhere are not, and the restricted
     user is refused nothing on the way (kopf resolves the namespaces it is given by listing them)."""
     other = f"{namespace}-other"
     core = client.CoreV1Api(api_client)
     await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=other)))
     try:
-        operator = operators("--peering", peering, "--namespace", namespace, "--log-format", "plain")
+        operator = operators("--leader-election-id", lease, "--namespace", namespace, "--log-format", "plain")
         await operator.wait_ready()
         await create_libvirt_cluster(api_client, namespace, "watched")
         await create_libvirt_cluster(api_client, other, "not-watched")

@@ -1,13 +1,15 @@
-"""The shipped ClusterRole (config/rbac/role.yaml) holds nothing the provider does not use: for every verb of every
-rule, a user bound to the role without that verb is refused (403) the request the provider makes with it (the code
-that makes it is named beside each), which a user bound to the whole role is allowed. And the role reaches nothing
-beyond: no Secrets, and no verb on the provider's own kinds it never uses (create, update, delete).
+"""The shipped ClusterRole (config/rbac/role.yaml) and leader election Role (leader_election_role.yaml) hold nothing
+the provider does not use: for every verb of every rule, a user bound to the role without that verb is refused (403)
+the request the provider makes with it (the code that makes it is named beside each), which a user bound to the whole
+role is allowed. And the ClusterRole reaches nothing beyond: no Secrets, and no verb on the provider's own kinds it
+never uses (create, update, delete).
 
 Requests run as those users through the admin's impersonation, against the real API server, on objects that exist.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 import uuid
@@ -25,7 +27,7 @@ from fixtures_control_plane import REPO
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ROLE = yaml.safe_load((REPO / "config" / "rbac" / "role.yaml").read_text())
-PEERING_DIR = REPO / "config" / "peering"
+LEADER_ROLE = yaml.safe_load((REPO / "config" / "rbac" / "leader_election_role.yaml").read_text())
 PROPAGATION_S = 15.0  # RBAC changes reach the authorizer through its informers: moments, not seconds
 
 # Who makes each request (apiGroup, or the core resource; "/status" for a status subresource; the verb).
@@ -47,10 +49,6 @@ NEEDED_BY = {
     ("apiextensions.k8s.io", "get"): "kopf's discovery of the CRDs it watches",
     ("apiextensions.k8s.io", "list"): "kopf's discovery of the CRDs it watches",
     ("apiextensions.k8s.io", "watch"): "kopf's discovery of CRDs installed after it started",
-    ("zalando.org", "get"): "operator/election.py (standby or leading)",
-    ("zalando.org", "list"): "kopf's peering",
-    ("zalando.org", "watch"): "kopf's peering",
-    ("zalando.org", "patch"): "kopf's peering keep-alive",
     ("namespaces", "list"): "kopf with --namespace (operator/main.py)",
     ("namespaces", "watch"): "kopf with --namespace (operator/main.py)",
     ("namespaces", "get"): "the management cluster's identity (operator/handlers.py: kube-system's UID)",
@@ -64,9 +62,8 @@ def needed_by(group: str, resource: str, verb: str) -> str:
 
 @pytest.fixture(scope="module")
 def bed(control_plane: cp.LocalControlPlane) -> Iterator[dict]:
-    """One object of every kind the role names, in a namespace of this module's own; the peering CRD and object."""
+    """One object of every kind the role names, in a namespace of this module's own."""
     plane = control_plane
-    plane.install_crds(sorted(PEERING_DIR.glob("zalando.org_*.yaml")))
     namespace = f"rbac-{uuid.uuid4().hex[:6]}"
     plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": namespace}})
@@ -88,14 +85,12 @@ def bed(control_plane: cp.LocalControlPlane) -> Iterator[dict]:
         f"/apis/ipam.cluster.x-k8s.io/v1beta2/namespaces/{namespace}/ipaddresses": {"kind": "IPAddress", "spec": {
             "address": "192.0.2.10", "prefix": 24, "claimRef": {"name": name},
             "poolRef": {"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "p"}}},
-        "/apis/zalando.org/v1/clusterkopfpeerings": {"kind": "ClusterKopfPeering"},
     }
     for collection, body in made.items():
         group_version = collection.split("/")[2] + "/" + collection.split("/")[3]
         plane.request("POST", collection, {"apiVersion": group_version, "metadata": {"name": name}, **body})
     yield {"namespace": namespace, "name": name, "collections": list(made)}
     plane.request("DELETE", f"/apis/{meta.GROUP}/{meta.VERSION}/libvirthosts/{name}")
-    plane.request("DELETE", f"/apis/zalando.org/v1/clusterkopfpeerings/{name}")
     plane.request("DELETE", f"/api/v1/namespaces/{namespace}")
 
 
@@ -242,3 +237,54 @@ def test_the_role_reaches_no_secret_and_no_verb_the_provider_does_not_use(contro
     assert settled(canary_for(bed, -1, ""), "rbac-probe-whole", want_refused=False), "the role never took effect"
     for what, call in denied.items():
         assert settled(call, "rbac-probe-whole", want_refused=True), f"the role allows: {what}"
+
+
+# Who makes each request of the leader election Role (operator/election.py, through kube/api.py).
+LEASE_NEEDED_BY = {
+    "get": "Elector.try_take reads the Lease on every try (standing by, leading) and Elector.release before it",
+    "create": "Elector.try_take: the first replica makes the Lease",
+    "update": "Elector.try_take renews or takes it over, Elector.release gives it up (resourceVersion-checked)",
+}
+
+
+def test_every_verb_of_the_leader_election_role_is_a_request_the_provider_makes(control_plane: cp.LocalControlPlane):
+    namespace = LEADER_ROLE["metadata"]["namespace"]
+    control_plane.ensure_namespace(namespace)
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    probe = f"rbac-probe-{uuid.uuid4().hex[:6]}"
+
+    def lease(name: str) -> dict:
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name},
+                "spec": {"holderIdentity": "probe", "leaseDurationSeconds": 15}}
+    made = [probe]
+    control_plane.request("POST", leases, lease(probe))
+
+    def create(user: str) -> object:
+        made.append(f"{probe}-{uuid.uuid4().hex[:6]}")
+        return control_plane.request("POST", leases, lease(made[-1]), as_user=user)
+    calls: dict[str, Callable[[str], object]] = {
+        "get": lambda user: control_plane.request("GET", f"{leases}/{probe}", as_user=user),
+        "create": create,
+        "update": lambda user: control_plane.request("PUT", f"{leases}/{probe}",
+                                                     control_plane.request("GET", f"{leases}/{probe}"), as_user=user),
+    }
+    whole = dict(copy.deepcopy(LEADER_ROLE), metadata={"name": "rbac-probe-lease-whole", "namespace": namespace})
+    control_plane.grant(whole, "rbac-probe-lease-whole")
+    [rule] = LEADER_ROLE["rules"]
+    assert set(rule["verbs"]) == set(LEASE_NEEDED_BY)
+    try:
+        for verb in rule["verbs"]:
+            user = f"rbac-probe-lease-{verb}"
+            reduced = copy.deepcopy(whole)
+            reduced["metadata"]["name"] = user
+            reduced["rules"][0]["verbs"] = [v for v in rule["verbs"] if v != verb]
+            control_plane.grant(reduced, user)
+            canary = calls["create" if verb == "get" else "get"]
+            assert settled(canary, user, want_refused=False), f"{user}: the reduced role never took effect"
+            what = f"leases {verb}: {LEASE_NEEDED_BY[verb]}"
+            assert settled(calls[verb], "rbac-probe-lease-whole", want_refused=False), f"{what}: refused with the role"
+            assert settled(calls[verb], user, want_refused=True), f"{what}: allowed without it: the rule is not needed"
+    finally:
+        for name in made:
+            with contextlib.suppress(ControlPlaneError):
+                control_plane.request("DELETE", f"{leases}/{name}")

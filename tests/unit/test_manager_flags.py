@@ -20,13 +20,13 @@ def test_the_flags_cluster_api_managers_share_are_taken():
                  "--libvirtmachine-concurrency=8", "--logging-format=text")
     assert (args.metrics_address, args.health_address, args.workers, args.log_format, args.v) == \
         (":8443", ":9440", 8, logs.PLAIN, 4)
-    assert cli.election_peering(args) == "capi-libvirt"
+    assert cli.election_lease(args).name == "capi-libvirt-leader-election"
 
 
 def test_leader_election_can_be_turned_off_as_cluster_api_does():
-    assert cli.election_peering(parse("--leader-elect=false")) is None
-    assert cli.election_peering(parse("--leader-elect=true", "--peering=other")) == "other"
-    assert cli.election_peering(parse("--standalone")) is None
+    assert cli.election_lease(parse("--leader-elect=false")) is None
+    assert cli.election_lease(parse("--leader-elect=true", "--leader-election-id=other")).name == "other"
+    assert cli.election_lease(parse("--standalone")) is None
     with pytest.raises(SystemExit):
         parse("--leader-elect=maybe")
 

@@ -3,6 +3,7 @@ readiness, the metrics registry and what the reconciles record in it, and the JS
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -20,7 +21,7 @@ from capi_libvirt.reconcile import machine as machine_reconcile
 pytestmark = pytest.mark.unit
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
-ME = election.Peering(name="capi-libvirt", identity="pod-a/1/aaaaaa", priority=500)
+ME = election.Lease(name="capi-libvirt-leader-election", namespace="capi-libvirt-system", identity="pod-a_1_aaaa")
 
 
 # -- flags ------------------------------------------------------------------------------------------------------------
@@ -28,7 +29,9 @@ ME = election.Peering(name="capi-libvirt", identity="pod-a/1/aaaaaa", priority=5
 def test_run_defaults_elect_a_leader_and_serve_probes_and_metrics(monkeypatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     args = cli.parser().parse_args(["run"])
-    assert (args.peering, args.standalone) == ("capi-libvirt", False)
+    assert (args.leader_election_id, args.standalone, args.leader_elect) == ("capi-libvirt-leader-election", False, True)
+    assert (args.leader_elect_lease_duration, args.leader_elect_renew_deadline, args.leader_elect_retry_period) == \
+        (15.0, 10.0, 2.0)
     assert (args.health_address, args.metrics_address) == ("0.0.0.0:8081", ":8080")
     assert args.log_format == "plain"
 
@@ -43,14 +46,18 @@ def test_run_flags_as_tests_and_the_deployment_give_them() -> None:
                                     "--metrics-address", "0", "--log-format", "json", "--namespace", "a"])
     assert args.standalone and args.health_address == "127.0.0.1:18081" and args.metrics_address == "0"
     assert args.log_format == "json" and args.namespace == ["a"]
-    assert cli.parser().parse_args(["run", "--peering", "other-peering"]).peering == "other-peering"
+    assert cli.parser().parse_args(["run", "--leader-election-id", "other"]).leader_election_id == "other"
+    assert cli.parser().parse_args(["run", "--peering", "old-name"]).leader_election_id == "old-name"
 
 
 @pytest.mark.parametrize("argv", [
     ["run", "--standalone", "--peering", "capi-libvirt"],  # one or the other
     ["run", "--health-address", "8081"],  # no colon
     ["run", "--metrics-address", "localhost:http"],
-    ["run", "--peering", "Not_A_Name"],
+    ["run", "--leader-election-id", "Not_A_Name"],
+    ["run", "--leader-elect-lease-duration", "15x"],
+    ["run", "--leader-elect-renew-deadline", "10 s"],
+    ["run", "--leader-elect-retry-period", "0s"],
     ["run", "--log-format", "xml"],
 ])
 def test_bad_run_flags_are_refused(argv) -> None:
@@ -78,48 +85,72 @@ def test_bad_addresses(address) -> None:
 
 # -- election ----------------------------------------------------------------------------------------------------------
 
-def record(priority: int, seconds_ago: float = 1, lifetime: int = 60) -> dict:
-    return {"priority": priority, "lifetime": lifetime,
-            "lastseen": (NOW - datetime.timedelta(seconds=seconds_ago)).isoformat()}
+@pytest.mark.parametrize("value, seconds", [("15s", 15.0), ("1m30s", 90.0), ("500ms", 0.5), ("1h", 3600.0),
+                                            ("2.5s", 2.5), ("7", 7.0)])
+def test_durations_are_taken_as_cluster_apis_managers_take_them(value, seconds) -> None:
+    assert cli.parser().parse_args(["run", "--leader-elect-renew-deadline", value]).leader_elect_renew_deadline \
+        == seconds
 
 
-@pytest.mark.parametrize("others, expected", [
-    ({}, election.LEADER),
-    ({"pod-b": record(100)}, election.LEADER),  # a lower priority stands by for us
-    ({"pod-b": record(900)}, election.STANDBY),
-    ({"pod-b": record(500)}, election.STANDBY),  # kopf pauses on an equal priority too
-    ({"pod-b": record(900, seconds_ago=61)}, election.LEADER),  # expired: taken for dead
-    ({"pod-b": record(900, seconds_ago=5, lifetime=0)}, election.LEADER),  # what kopf writes as it exits
-    ({"pod-b": {"priority": 900}}, election.LEADER),  # no lastseen: not alive
+def test_the_timings_must_nest(monkeypatch) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "provider-ns")
+    lease = cli.election_lease(cli.parser().parse_args(["run", "--leader-elect-lease-duration=30s"]))
+    assert lease is not None and (lease.namespace, lease.duration_s) == ("provider-ns", 30.0)
+    assert cli.election_lease(cli.parser().parse_args(["run", "--leader-elect=false"])) is None
+    with pytest.raises(ValueError, match="must exceed the renew deadline"):
+        cli.election_lease(cli.parser().parse_args(["run", "--leader-elect-lease-duration=10s"]))
+    assert cli.main(["run", "--leader-elect-retry-period=20s", "--metrics-bind-addr=0", "--health-addr=0"]) == 2
+
+
+@pytest.mark.parametrize("holder, observed_ago, may", [
+    ("", 0, True),  # nobody holds it (never held, or released)
+    (ME.identity, 0, True),  # ours: renew
+    ("pod-b_1_bbbb", 1, False),  # another's, seen changing a moment ago
+    ("pod-b_1_bbbb", 14.9, False),
+    ("pod-b_1_bbbb", 15, True),  # unchanged for the lease duration: taken for dead
 ])
-def test_role_follows_kopfs_rule(others, expected) -> None:
-    assert election.role({ME.identity: record(ME.priority), **others}, ME, NOW) == expected
+def test_who_may_take_the_lease(holder, observed_ago, may) -> None:
+    assert election.may_take(holder, ME.identity, 100.0 - observed_ago, ME.duration_s, 100.0) is may
 
 
-def test_no_role_until_our_own_record_is_there_and_alive() -> None:
-    assert election.role({}, ME, NOW) is None
-    assert election.role({ME.identity: record(ME.priority, seconds_ago=120)}, ME, NOW) is None
+def test_taking_renewing_and_releasing_write_what_client_go_writes() -> None:
+    created = election.taken(None, ME, NOW)
+    assert created["metadata"] == {"name": ME.name, "namespace": ME.namespace}
+    assert created["spec"] == {"holderIdentity": ME.identity, "leaseDurationSeconds": 15, "leaseTransitions": 0,
+                               "acquireTime": "2026-01-01T12:00:00.000000Z", "renewTime": "2026-01-01T12:00:00.000000Z"}
+    later = NOW + datetime.timedelta(seconds=2, microseconds=5)
+    renewed = election.taken({**created, "metadata": {**created["metadata"], "resourceVersion": "7"}}, ME, later)
+    assert renewed["metadata"]["resourceVersion"] == "7"  # the write is refused if someone wrote in between
+    assert renewed["spec"]["acquireTime"] == "2026-01-01T12:00:00.000000Z"
+    assert renewed["spec"]["renewTime"] == "2026-01-01T12:00:02.000005Z" and renewed["spec"]["leaseTransitions"] == 0
+    other = dataclasses.replace(ME, identity="pod-b_1_bbbb")
+    taken_over = election.taken(renewed, other, later)
+    assert taken_over["spec"]["holderIdentity"] == other.identity and taken_over["spec"]["leaseTransitions"] == 1
+    assert taken_over["spec"]["acquireTime"] == "2026-01-01T12:00:02.000005Z"
+    free = election.released(taken_over, later)
+    assert free["spec"]["holderIdentity"] == "" and free["spec"]["leaseDurationSeconds"] == 1
+    assert "acquireTime" not in free["spec"] and free["spec"]["leaseTransitions"] == 1
 
 
-def test_each_replica_draws_its_own_identity_and_priority() -> None:
-    peers = [election.Peering.new("capi-libvirt") for _ in range(50)]
-    assert len({p.identity for p in peers}) == 50
-    assert len({p.priority for p in peers}) > 45
-    assert all(1 <= p.priority <= election.MAX_PRIORITY for p in peers)
+def test_each_replica_has_its_own_identity() -> None:
+    assert len({election.new_identity() for _ in range(50)}) == 50
 
 
-def test_readiness_needs_kopf_started_and_a_role() -> None:
+def test_readiness_standing_by_or_leading_once_started() -> None:
     state = election.State(ME)
-    assert state.readiness()[0] is False and state.readiness()[1]["problem"] == "starting"
-    state.started.set()
     ready, report = state.readiness()
-    assert not ready and report["problem"] == "not seen in the peering object yet" and report["role"] is None
-    state.set_role(election.STANDBY)
-    assert state.readiness() == (True, {"ready": True, "role": "standby", "peering": "capi-libvirt",
-                                        "identity": ME.identity, "priority": 500})
+    assert not ready and report["problem"] == "not in the election yet" and report["role"] is None
+    state.set_role(None, "Lease capi-libvirt-system/x: HTTP 403 Forbidden")
+    assert state.readiness()[1]["problem"] == "Lease capi-libvirt-system/x: HTTP 403 Forbidden"
+    state.set_role(election.STANDBY, "held by pod-b_1_bbbb")
+    assert state.readiness() == (True, {"ready": True, "role": "standby", "problem": "held by pod-b_1_bbbb",
+                                        "lease": f"{ME.namespace}/{ME.name}", "identity": ME.identity})
     assert not state.active and state.not_leading.is_set() and not state.leading.is_set()
     state.set_role(election.LEADER)
     assert state.active and state.leading.is_set() and not state.not_leading.is_set()
+    assert state.readiness()[0] is False and state.readiness()[1]["problem"] == "starting"
+    state.started.set()
+    assert state.readiness()[0] is True
     state.stopping()
     assert state.readiness()[0] is False
 

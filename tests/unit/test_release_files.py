@@ -6,6 +6,7 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+import yaml
 
 from capi_libvirt import __version__, cli
 from capi_libvirt.api import release
@@ -45,3 +46,13 @@ def test_metadata_lists_every_series_up_to_the_release():
 def test_this_release_series_is_listed():
     major, minor = release.parse_version(f"v{__version__}")
     assert (major, minor) in {(s_major, s_minor) for s_major, s_minor, _ in release.RELEASE_SERIES}
+
+
+def test_the_manager_runs_on_control_plane_nodes_as_cluster_apis_managers_do():
+    """A management cluster of control-plane nodes alone (kind's default) schedules the manager."""
+    documents = yaml.safe_load_all((TEMPLATES.parent / "config" / "manager" / "manager.yaml").read_text())
+    [deployment] = [d for d in documents if d and d["kind"] == "Deployment"]
+    assert {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"} in \
+        deployment["spec"]["template"]["spec"]["tolerations"]
+    [manager] = deployment["spec"]["template"]["spec"]["containers"]
+    assert manager["args"][:2] == ["run", "--leader-elect"]  # Cluster API's flags, as the Operator writes them

@@ -26,8 +26,8 @@ def test_port_map_rewrites_the_manager_s_bind_addresses_and_nothing_else() -> No
     pod = pod_runner.PodmanPod(None, "ns", "deploy", pathlib.Path("/nonexistent"),  # type: ignore[arg-type]
                                port_map={8080: 18080, 8081: 18081}, name="pod-a")
     args = [pod.remap(arg) for arg in manager_args()]
-    assert "--health-address=0.0.0.0:18081" in args and "--metrics-address=:18080" in args
-    assert "--peering=capi-libvirt" in args and "run" in args
+    assert "--health-addr=0.0.0.0:18081" in args and "--metrics-bind-addr=:18080" in args
+    assert "--leader-elect" in args and "run" in args
     assert pod.remap("--other=host:9999") == "--other=host:9999"
     assert pod.name == "pod-a"
 

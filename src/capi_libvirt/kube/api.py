@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -92,11 +93,20 @@ async def _or_none(coroutine: Any) -> Any:
         raise
 
 
+def describe_error(error: BaseException) -> str:
+    """A request's failure in a few words for a log line or a probe: the HTTP status and reason, else the error's
+    class (never the response body, which may quote the request)."""
+    if isinstance(error, ApiException):
+        return f"HTTP {error.status} {error.reason or ''}".strip()
+    return type(error).__name__
+
+
 class KubeAPI:
     def __init__(self, api_client: client.ApiClient, cache: ObjectCache | None = None) -> None:
         self.client = api_client
         self.objects = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
         self.cache = cache if cache is not None else ObjectCache()
         self.primed = False  # the cache holds every LibvirtMachine: placement may count from it
         self.calls = 0  # API calls made, for the numbers (docs/book/src/development/numbers.md)
@@ -301,6 +311,49 @@ class KubeAPI:
                 raise Forbidden(f"deleting IPAddressClaims in namespace {namespace} is forbidden") from None
             raise
         return deleted is not None
+
+    # Leases (operator/election.py), read and written as plain JSON: the client's model would turn their MicroTimes
+    # into datetimes and back into text the API server may not read.
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._raw(self.coordination.read_namespaced_lease(name, namespace, _preload_content=False))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> bool:
+        """False when another writer created it first (409)."""
+        try:
+            await self._raw(self.coordination.create_namespaced_lease(
+                namespace, body, _preload_content=False))  # type: ignore[arg-type]
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    async def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
+        """False when the Lease changed since `body` was read (409: its resourceVersion is not the current one)."""
+        try:
+            await self._raw(self.coordination.replace_namespaced_lease(
+                name, namespace, body, _preload_content=False))  # type: ignore[arg-type]
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    async def _raw(self, request: Any) -> dict[str, Any]:
+        """The JSON body of a request made with _preload_content=False, whose failures the client does not raise:
+        an ApiException for any status but 2xx, as with the client's own models."""
+        self.calls += 1
+        response = await request
+        text = await response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException(status=response.status, reason=response.reason)
+        body: dict[str, Any] = json.loads(text)
+        return body
 
     async def get_ip_address(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls += 1

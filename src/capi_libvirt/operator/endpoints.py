@@ -3,8 +3,8 @@
 Both are small aiohttp servers in the operator's event loop (aiohttp comes with kopf). kopf's own liveness endpoint
 is not used: it serves one path, answers 200 whatever the state, and only once the startup handlers are done, while
 readiness has to say 503 too. Liveness is "the event loop is alive": /healthz is answered by the loop itself, so a
-blocked or dead loop fails the probe. Readiness is election.State.readiness: kopf started, and leading, standing by
-or standalone. Metrics are rendered in the loop too, which is what lets the gauges read the operator's state.
+blocked or dead loop fails the probe. Readiness is election.State.readiness: standing by in the election, or leading
+(or standalone) with kopf started. Metrics are rendered in the loop too, which is what lets the gauges read the operator's state.
 """
 
 from __future__ import annotations

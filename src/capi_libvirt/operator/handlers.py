@@ -62,7 +62,6 @@ class Runtime:
         self.locks: dict[tuple[str, str, str], asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         self.clusters: dict[tuple[str, str, str], str | None] = {}  # object -> its cluster, to wake a cluster's objects
         self.prober: asyncio.Task | None = None
-        self.election: asyncio.Task | None = None
         self.metrics: metrics.Source | None = None
         deps.wake_host = self.wake_host
         deps.wake_unplaced = self.wake_unplaced
@@ -243,18 +242,14 @@ def _configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="capi-libvirt.x-k8s.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="capi-libvirt.x-k8s.io")
     settings.posting.level = logging.WARNING  # kopf's own log lines; the reconciles post their events themselves
-    settings.peering.clusterwide = True  # one ClusterKopfPeering, also when watching namespaces (election.py)
     settings.process.ultimate_exiting_timeout = EXIT_TIMEOUT_S
 
 
 def _start_runtime(runtime: Runtime, state: election.State, observer: metrics.Observer) -> Runtime:
-    """The shared state's metrics, and the background tasks: the election observer, the machine workers and the host
-    prober."""
+    """The shared state's metrics, and the background tasks: the machine workers and the host prober."""
     deps = runtime.deps
     runtime.metrics = metrics.Source(observer, deps.inventory, state)
     metrics.attach(runtime.metrics)
-    if state.peering is not None:
-        runtime.election = asyncio.create_task(election.observe(state, deps.kube.objects))
     runtime.prober = asyncio.create_task(_probe_while_active(deps, state, runtime.namespaces,
                                                              runtime.orphan_interval_s))
     runtime.machine_worker = asyncio.create_task(runtime.work_machines_while_active(state))
@@ -268,7 +263,7 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
         memo.state.stopping()
     if runtime is not None:
         runtime.closing = True
-        tasks = [task for task in (runtime.machine_worker, runtime.prober, runtime.election,
+        tasks = [task for task in (runtime.machine_worker, runtime.prober,
                                    *runtime.relists.values()) if task is not None]
         for task in tasks:
             task.cancel()

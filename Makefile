@@ -9,7 +9,7 @@ export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
 .PHONY: help system-deps venv trixie-root upstream upstream-control-plane upstream-kubernetes guest-image guest-image-minimal \
 	guest-image-node prerequisites manifests lint lint-checks lock lock-check image test test-whole-cluster test-fast bench run demo clean \
-	release-manifests templates reference docs
+	release-manifests templates reference docs test-other-pythons
 
 # Each set-up step runs through hack/timed.sh: one line when it starts and when it ends, its output in out/logs/, its
 # seconds in out/timing/setup.tsv (the timing report of `make test`, tests/timing_report.py, shows them).
@@ -23,6 +23,7 @@ help:
 	@echo "make run        run the operator (against your cluster, or a local API server + libvirt host)"
 	@echo "make test       install everything needed, then run every test tier (unit, integration, e2e; the whole cluster last, alone)"
 	@echo "make test-fast  the unit tier only"
+	@echo "make test-other-pythons  the unit tier on Python 3.12 and 3.13"
 	@echo "make test-whole-cluster  whole clusters from the default and clusterclass flavors, alone (25-40 minutes)"
 	@echo "make test-control-plane-rollout  a rollout of a whole cluster's control-plane machine, alone (not in make test)"
 	@echo "make manifests  regenerate config/crd from the API models"
@@ -155,7 +156,12 @@ test:
 	@export CAPI_LIBVIRT_SETUP_STARTED=$$(cat $${CAPI_LIBVIRT_TIMING_DIR:-out/timing}/setup-started); failed=0; \
 	set -x; $(BIN)/pytest -n $(PYTEST_WORKERS) --ignore=$(WHOLE_CLUSTER_TEST) --ignore=$(CONTROL_PLANE_ROLLOUT_TEST) tests || failed=1; \
 	CAPI_LIBVIRT_TIMING_APPEND=1 $(BIN)/pytest -s $(WHOLE_CLUSTER_TEST) || failed=1; \
+	$(TIMED) other-pythons hack/other-pythons.sh || failed=1; \
 	exit $$failed
+
+# The unit tier on Python 3.12 and 3.13 (pyenv's builds; a venv of each from the same lock). `make test` runs it last.
+test-other-pythons: system-deps
+	@$(TIMED) other-pythons hack/other-pythons.sh
 
 test-whole-cluster: prerequisites
 	$(BIN)/pytest -s $(WHOLE_CLUSTER_TEST)

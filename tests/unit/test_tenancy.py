@@ -154,7 +154,9 @@ def test_no_cluster_role_binding_gives_the_provider_secrets():
             assert "secrets" not in rule.get("resources", []) and "*" not in rule.get("resources", []), binding
     secrets_role = roles[meta.SECRETS_CLUSTER_ROLE]
     assert secrets_role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
-    [binding] = [d for d in documents if d["kind"] == "RoleBinding"]
+    [binding] = [d for d in documents if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"]
+    leader_election = [d for d in documents if d["kind"] == "Role"]  # the only Role: Leases, no Secrets
+    assert [rule["resources"] for role in leader_election for rule in role["rules"]] == [["leases"]]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": meta.SECRETS_CLUSTER_ROLE}
     assert binding["metadata"]["namespace"] == meta.PROVIDER_NAMESPACE

@@ -265,13 +265,15 @@ def _cmd_console_log(args: argparse.Namespace) -> int:
         logging.getLogger().setLevel(logging.ERROR)  # stdout is the log; stderr only says what went wrong
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
-    namespace, name = args.machine
 
     async def show() -> None:
         static_hosts = config.from_environment(args.host).hosts
-        async with await api.new_api_client() as api_client:
+        given = args.namespace if args.namespace or "/" in args.machine else api.default_namespace(args.context)
+        namespace, name = console_log.parse_machine_ref(args.machine, given)
+        async with await api.new_api_client(args.context) as api_client:
             await console_log.show(api.KubeAPI(api_client), namespace, name, sys.stdout.buffer,
-                                   static_hosts=static_hosts, tail=args.tail, follow=args.follow)
+                                   static_hosts=static_hosts, tail_lines=args.tail, limit_bytes=args.limit_bytes,
+                                   follow=args.follow)
 
     try:
         asyncio.run(show())
@@ -293,13 +295,10 @@ def _cmd_console_log(args: argparse.Namespace) -> int:
     return 0
 
 
-def _machine_ref(value: str) -> tuple[str, str]:
-    from capi_libvirt import console_log
-
-    try:
-        return console_log.parse_machine_ref(value)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+def _lines(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of lines of 0 or more")
+    return int(value)
 
 
 def _positive_bytes(value: str) -> int:
@@ -331,11 +330,16 @@ def parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
 
     console = sub.add_parser("console-log", help="print a LibvirtMachine's serial console log, read from its host")
-    console.add_argument("machine", type=_machine_ref, metavar="NAMESPACE/NAME", help="the LibvirtMachine")
-    console.add_argument("--tail", type=_positive_bytes, metavar="BYTES", help="only the last BYTES bytes")
+    console.add_argument("machine", metavar="NAME", help="the LibvirtMachine: NAME, or NAMESPACE/NAME")
+    console.add_argument("-n", "--namespace", metavar="NAMESPACE",
+                         help="the machine's namespace (default: the kubeconfig context's, else default)")
+    console.add_argument("--tail", type=_lines, metavar="LINES", help="only the last LINES lines, as kubectl logs")
+    console.add_argument("--limit-bytes", type=_positive_bytes, metavar="BYTES",
+                         help="print at most BYTES bytes, then stop (a --follow too), as kubectl logs")
     console.add_argument("-f", "--follow", action="store_true",
                          help="keep printing what the guest writes (Ctrl-C ends)")
     console.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+    console.add_argument("--context", metavar="NAME", help="the kubeconfig context to use (default: its current one)")
     console.add_argument("--host", action="append", default=[], metavar="NAME=URI",
                          help="reach host NAME at URI instead of through its LibvirtHost object (repeatable; also "
                               "$CAPI_LIBVIRT_HOSTS)")

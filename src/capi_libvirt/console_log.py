@@ -26,6 +26,7 @@ from capi_libvirt.kube import api
 
 T = TypeVar("T")
 FOLLOW_INTERVAL_S = 1.0
+TAIL_WINDOW = 64 * 1024  # the first read of a --tail; grown fourfold while it holds fewer lines than asked
 DEFAULT_POOL = v1alpha1.LibvirtMachineSpec.model_fields["storage_pool"].default
 
 
@@ -42,12 +43,46 @@ class SerialLog:
     volume: str
 
 
-def parse_machine_ref(value: str) -> tuple[str, str]:
-    """NAMESPACE/NAME -> (namespace, name)."""
-    namespace, sep, name = value.partition("/")
-    if not sep or not namespace or not name or "/" in name:
-        raise ValueError(f"{value!r}: expected NAMESPACE/NAME of a LibvirtMachine")
-    return namespace, name
+def parse_machine_ref(value: str, namespace: str | None = None) -> tuple[str, str]:
+    """NAMESPACE/NAME, or NAME in `namespace` -> (namespace, name)."""
+    given, sep, name = value.partition("/")
+    if not sep:
+        given, name = namespace or "", value
+    if not given or not name or "/" in name:
+        raise ValueError(f"{value!r}: expected NAME (with -n NAMESPACE) or NAMESPACE/NAME of a LibvirtMachine")
+    return given, name
+
+
+def last_lines(data: bytes, lines: int, whole: bool) -> bytes | None:
+    """The last `lines` lines of `data` (a log's end; `whole`: its beginning too), as `kubectl logs --tail` counts
+    them: a last line without its newline counts. None when `data` holds fewer lines than that and is not the whole
+    log, so that a longer read is needed."""
+    if lines == 0:
+        return b""
+    ends = [i for i, byte in enumerate(data) if byte == 0x0A]
+    if data and not data.endswith(b"\n"):
+        ends.append(len(data) - 1)
+    if len(ends) > lines:
+        return data[ends[-lines - 1] + 1:]
+    return data if whole else None
+
+
+class Limited:
+    """Writes to `out` until `limit` bytes were written (None: no limit), as `kubectl logs --limit-bytes`."""
+
+    def __init__(self, out: BinaryIO, limit: int | None) -> None:
+        self.out, self.left = out, limit
+
+    @property
+    def full(self) -> bool:
+        return self.left is not None and self.left <= 0
+
+    def write(self, data: bytes) -> None:
+        if self.left is not None:
+            data, self.left = data[:self.left], self.left - len(data[:self.left])
+        if data:
+            self.out.write(data)
+            self.out.flush()
 
 
 def not_placed_message(body: dict[str, Any]) -> str:
@@ -111,27 +146,36 @@ async def host_access(kube: api.KubeAPI, host: str,
     return spec.uri, credentials.Credentials(data)
 
 
-def _write(out: BinaryIO, data: bytes) -> None:
-    if data:
-        out.write(data)
-        out.flush()
-
-
 async def show(kube: api.KubeAPI, namespace: str, name: str, out: BinaryIO, *, static_hosts: dict[str, str],
-               tail: int | None = None, follow: bool = False, interval: float = FOLLOW_INTERVAL_S) -> None:
-    """Write the machine's serial log (its last `tail` bytes) to `out`; with `follow`, then what is added, until
-    cancelled or the log goes away."""
+               tail_lines: int | None = None, limit_bytes: int | None = None, follow: bool = False,
+               interval: float = FOLLOW_INTERVAL_S) -> None:
+    """Write the machine's serial log (its last `tail_lines` lines; at most `limit_bytes` bytes in all) to `out`; with
+    `follow`, then what is added, until cancelled, the limit is reached or the log goes away."""
     where = await locate(kube, namespace, name)
     uri, secret = await host_access(kube, where.host, static_hosts)
     connection.ensure_libvirt_event_loop()  # keepalives: a dead host is noticed instead of hanging a follow
     host = connection.HostConnection(where.host, uri, secret)
+    output = Limited(out, limit_bytes)
+
+    async def read(start: int, tail: int | None) -> machines.LogChunk:
+        return await host.call(machines.read_serial_log, where.pool, where.volume, start, tail,
+                               doing="read serial log")
     try:
-        chunk = await host.call(machines.read_serial_log, where.pool, where.volume, 0, tail, doing="read serial log")
-        _write(out, chunk.data)
-        while follow:
+        if tail_lines is None:
+            chunk = await read(0, None)
+            output.write(chunk.data)
+        else:
+            window = TAIL_WINDOW
+            while True:
+                chunk = await read(0, window)
+                shown = last_lines(chunk.data, tail_lines, whole=len(chunk.data) == chunk.end)
+                if shown is not None:
+                    break
+                window *= 4
+            output.write(shown)
+        while follow and not output.full:
             await asyncio.sleep(interval)
-            chunk = await host.call(machines.read_serial_log, where.pool, where.volume, chunk.end, None,
-                                    doing="read serial log")
-            _write(out, chunk.data)
+            chunk = await read(chunk.end, None)
+            output.write(chunk.data)
     finally:
         await asyncio.get_running_loop().run_in_executor(None, host.close)

@@ -1,5 +1,5 @@
 """`capi-libvirt console-log` against the real API server and a real libvirtd: the serial log of a placed machine is
-downloaded over the libvirt connection, whole, its tail, or followed; the host is reached through `--host` or through
+downloaded over the libvirt connection, whole, its last lines, at most some bytes, or followed; the host is reached through `--host` or through
 its LibvirtHost object; every failure is one line on stderr and a nonzero exit, without credentials. The domain need
 not exist: the log is written into the pool folder, where the guest's serial port would write it."""
 
@@ -135,22 +135,43 @@ async def libvirt_host_object(api_client, spec: dict) -> AsyncIterator[str]:
                                                       {"metadata": {"finalizers": None}}, **MERGE)
 
 
-async def test_prints_the_whole_log_and_its_tail(control_plane, libvirt_host, placed):
+def last(lines: int, log: bytes = LOG) -> bytes:
+    return b"".join(log.splitlines(keepends=True)[-lines:])
+
+
+async def test_prints_the_whole_log_its_last_lines_and_at_most_some_bytes(control_plane, libvirt_host, placed):
     machine, _ = placed
+    namespace, name = machine.split("/")
     host = f"{libvirt_host.name}={libvirt_host.uri}"
     assert await console_log(control_plane, machine, "--host", host) == (0, LOG, b"")
-    assert await console_log(control_plane, machine, "--host", host, "--tail", str(len(JOIN_FAILURE))) == \
+    assert await console_log(control_plane, "-n", namespace, name, "--host", host, "--tail", "1") == \
         (0, JOIN_FAILURE, b"")
+    assert await console_log(control_plane, machine, "--host", host, "--tail", "3") == (0, last(3), b"")
     assert await console_log(control_plane, machine, "--host", host, "--tail", "10000000") == (0, LOG, b"")
+    assert await console_log(control_plane, machine, "--host", host, "--limit-bytes", "100") == (0, LOG[:100], b"")
+    assert await console_log(control_plane, machine, "--host", host, "--tail", "1", "--limit-bytes", "12") == \
+        (0, JOIN_FAILURE[:12], b"")
+
+
+async def test_the_last_lines_of_a_long_log_are_read_in_growing_windows(control_plane, libvirt_host, api_client,
+                                                                          namespace):
+    """Far more lines than the first read's window holds (64 KiB): the read grows until it has them all."""
+    long_log = b"".join(f"[ {i:6d}.000000] a longer boot line, number {i}\n".encode() for i in range(20000))
+    name, uid = await make_machine(api_client, namespace, libvirt_host.name, libvirt_host.pool_name)
+    with serial_log(libvirt_host, namespace, name, uid, long_log):
+        code, stdout, stderr = await console_log(control_plane, f"{namespace}/{name}", "--tail", "15000",
+                                                 "--host", f"{libvirt_host.name}={libvirt_host.uri}")
+    assert (code, stderr) == (0, b"") and len(stdout) > 4 * 64 * 1024
+    assert stdout == last(15000, long_log)
 
 
 async def test_follow_prints_what_the_guest_writes_next(control_plane, libvirt_host, placed):
     machine, path = placed
     process = await start(control_plane, machine, "--host", f"{libvirt_host.name}={libvirt_host.uri}",
-                          "--tail", "100", "--follow")
+                          "--tail", "2", "--follow")
     added = b"[  300.5] kubeadm join: retrying\n"
     try:
-        assert await asyncio.wait_for(process.stdout.readexactly(100), COMMAND_TIMEOUT_S) == LOG[-100:]
+        assert await asyncio.wait_for(process.stdout.readexactly(len(last(2))), COMMAND_TIMEOUT_S) == last(2)
         with path.open("ab") as log:
             log.write(added)
         assert await asyncio.wait_for(process.stdout.readline(), COMMAND_TIMEOUT_S) == added
@@ -165,9 +186,9 @@ async def test_reaches_the_host_through_its_libvirthost_object(api_client, names
     async with libvirt_host_object(api_client, spec) as host:
         name, uid = await make_machine(api_client, namespace, host, libvirt_host.pool_name)
         with serial_log(libvirt_host, namespace, name, uid, LOG):
-            code, stdout, stderr = await console_log(control_plane, f"{namespace}/{name}", "--tail", "1000",
+            code, stdout, stderr = await console_log(control_plane, f"{namespace}/{name}", "--tail", "20",
                                                      mount_run_libvirt=libvirt_host.socket_path.parent)
-    assert (code, stdout, stderr) == (0, LOG[-1000:], b"")
+    assert (code, stdout, stderr) == (0, last(20), b"")
 
 
 async def test_an_unknown_machine_is_one_clear_error(control_plane, namespace):

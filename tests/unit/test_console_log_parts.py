@@ -3,6 +3,8 @@ reached (a `--host` URI, or the LibvirtHost and its credentials Secret), and the
 
 from __future__ import annotations
 
+import io
+
 import libvirt
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -30,21 +32,57 @@ def test_log_range_reads_from_the_follower_offset_at_most_the_tail(size, start, 
     assert machines.log_range(size, start, tail) == expected
 
 
-def test_machine_reference_is_namespace_slash_name():
+def test_machine_reference_is_namespace_slash_name_or_a_name_in_the_namespace_given():
     assert console_log.parse_machine_ref("team-a/worker-1") == ("team-a", "worker-1")
+    assert console_log.parse_machine_ref("team-a/worker-1", "other") == ("team-a", "worker-1")
+    assert console_log.parse_machine_ref("worker-1", "team-a") == ("team-a", "worker-1")
     for bad in ("worker-1", "/worker-1", "team-a/", "a/b/c", ""):
         with pytest.raises(ValueError, match="NAMESPACE/NAME"):
             console_log.parse_machine_ref(bad)
 
 
-def test_the_command_line_takes_the_machine_tail_follow_kubeconfig_and_hosts():
-    args = cli.parser().parse_args(["console-log", "ns/m", "--tail", "4096", "-f", "--kubeconfig", "/k",
-                                    "--host", "kvm1=qemu:///system"])
-    assert (args.machine, args.tail, args.follow, args.kubeconfig, args.host) == \
-        (("ns", "m"), 4096, True, "/k", ["kvm1=qemu:///system"])
+LOG = b"one\ntwo\nthree\n"
+
+
+@pytest.mark.parametrize(("data", "lines", "whole", "expected"), [
+    (LOG, 1, True, b"three\n"),
+    (LOG, 2, False, b"two\nthree\n"),  # enough lines read: the beginning need not be there
+    (LOG, 3, True, LOG),
+    (LOG, 3, False, None),  # the first of them may begin before what was read: read more
+    (LOG, 10, True, LOG),  # fewer lines than asked in the whole log: all of it
+    (b"one\ntwo", 1, True, b"two"),  # a last line still being written counts, as in kubectl logs
+    (b"one\ntwo", 2, True, b"one\ntwo"),
+    (LOG, 0, False, b""),
+    (b"", 5, True, b""),
+])
+def test_the_last_lines_of_a_log(data, lines, whole, expected):
+    assert console_log.last_lines(data, lines, whole) == expected
+
+
+def test_limited_output_stops_at_the_limit():
+    out = io.BytesIO()
+    limited = console_log.Limited(out, 5)
+    limited.write(b"abc")
+    assert not limited.full
+    limited.write(b"defg")
+    limited.write(b"more")
+    assert (out.getvalue(), limited.full) == (b"abcde", True)
+    unlimited = console_log.Limited(io.BytesIO(), None)
+    unlimited.write(b"x" * 1000)
+    assert not unlimited.full
+
+
+def test_the_command_line_takes_kubectl_logs_flags():
+    args = cli.parser().parse_args(["console-log", "-n", "ns", "m", "--tail", "20", "--limit-bytes", "4096", "-f",
+                                    "--kubeconfig", "/k", "--context", "admin@mgmt", "--host", "kvm1=qemu:///system"])
+    assert (args.namespace, args.machine, args.tail, args.limit_bytes, args.follow, args.kubeconfig, args.context,
+            args.host) == ("ns", "m", 20, 4096, True, "/k", "admin@mgmt", ["kvm1=qemu:///system"])
     defaults = cli.parser().parse_args(["console-log", "ns/m"])
-    assert (defaults.tail, defaults.follow, defaults.host) == (None, False, [])
-    for bad in (["console-log", "m"], ["console-log", "ns/m", "--tail", "0"], ["console-log", "ns/m", "--tail", "x"]):
+    assert (defaults.namespace, defaults.tail, defaults.limit_bytes, defaults.follow, defaults.host) == \
+        (None, None, None, False, [])
+    assert cli.parser().parse_args(["console-log", "m", "--tail", "0"]).tail == 0  # as kubectl: nothing, then -f
+    for bad in (["console-log", "ns/m", "--tail", "-1"], ["console-log", "ns/m", "--tail", "x"],
+                ["console-log", "ns/m", "--limit-bytes", "0"]):
         with pytest.raises(SystemExit):
             cli.parser().parse_args(bad)
 

@@ -7,9 +7,11 @@ import dataclasses
 import datetime
 import json
 import logging
+import platform
 import types
 from collections.abc import Iterator
 
+import libvirt
 import pytest
 from prometheus_client import REGISTRY
 
@@ -194,7 +196,7 @@ def test_a_pass_is_timed_and_counted_by_its_result() -> None:
     assert results == {"success": 1, "failed": 1, "waiting": 1, "error": 1}
     assert value("capi_libvirt_reconcile_errors_total", kind=kind, reason="HostUnreachable") == 1
     assert value("capi_libvirt_reconcile_errors_total", kind=kind, reason="KeyError") == 1
-    assert value("capi_libvirt_reconcile_duration_seconds_count", kind=kind, phase="pass") == 5
+    assert value("capi_libvirt_reconcile_pass_duration_seconds_count", kind=kind, type="reconcile") == 5
 
 
 def fake_source(observer: metrics.Observer, state: election.State) -> metrics.Source:
@@ -308,3 +310,72 @@ def test_plain_logs_are_text(root_logger, capsys) -> None:
     logs.configure(logs.PLAIN)
     logging.getLogger("capi_libvirt.unit").warning("host %s unreachable", "kvm2")
     assert "WARNING capi_libvirt.unit: host kvm2 unreachable" in capsys.readouterr().err
+
+
+def test_a_reconciles_fields_are_on_every_line_logged_inside_it(root_logger, capsys) -> None:
+    logs.configure(logs.JSON)
+    logger = logging.getLogger("capi_libvirt.unit")
+    with logs.fields(machine="team-a/worker-1", reconcileID="abc123", host="kvm1", cluster=None):
+        logger.info("placed on host %s", "kvm1")
+        with logs.fields(host="kvm2"):
+            logger.info("moved")
+    logger.info("outside")
+    records = {r["message"]: r for r in map(json.loads, capsys.readouterr().err.splitlines())
+               if r["logger"] == "capi_libvirt.unit"}
+    assert {k: records["placed on host kvm1"].get(k) for k in ("machine", "reconcileID", "host", "cluster")} == \
+        {"machine": "team-a/worker-1", "reconcileID": "abc123", "host": "kvm1", "cluster": None}  # empty: left out
+    assert records["moved"]["host"] == "kvm2" and records["moved"]["machine"] == "team-a/worker-1"
+    assert "machine" not in records["outside"]
+
+
+def test_in_text_the_fields_follow_the_message(root_logger, capsys) -> None:
+    logs.configure(logs.PLAIN)
+    with logs.fields(machine="team-a/worker-1", reconcileID="abc123"):
+        logging.getLogger("capi_libvirt.unit").warning("host %s at 100%% of its memory", "kvm2")
+        logging.getLogger("capi_libvirt.unit").warning("no args, 5% left")
+    err = capsys.readouterr().err
+    assert "host kvm2 at 100% of its memory [machine=team-a/worker-1 reconcileID=abc123]" in err
+    assert "no args, 5% left [machine=team-a/worker-1 reconcileID=abc123]" in err
+
+
+def test_libvirt_calls_are_timed_by_operation_and_outcome() -> None:
+    """A host connection reports each call to its observer; libvirt's in-process test driver is the host."""
+    from capi_libvirt.hypervisor import connection, errors
+
+    seen: list[tuple[str, bool]] = []
+    host = connection.HostConnection("unit", "qemu:///system", observe=lambda op, s, ok: seen.append((op, ok)))
+    test_driver = libvirt.open("test:///default")
+    host._live_connection = lambda: test_driver  # the product allows qemu URIs only
+
+    def list_domains(conn) -> int:
+        return len(conn.listAllDomains())
+
+    def missing(conn) -> None:
+        conn.lookupByName("no-such-domain")
+
+    assert host._call_sync(list_domains, (), "list") >= 1
+    with pytest.raises(errors.DomainNotFound):
+        host._call_sync(missing, (), "look up")
+    host.close()
+    assert seen == [("list_domains", True), ("missing", False)]
+    before = value("capi_libvirt_libvirt_call_duration_seconds_count", operation="unit_op", outcome="error")
+    metrics.libvirt_call("unit_op", 0.2, False)
+    assert value("capi_libvirt_libvirt_call_duration_seconds_count", operation="unit_op", outcome="error") == before + 1
+
+
+def test_queue_metrics_and_build_info() -> None:
+    queue = metrics.QueueMetrics("unit-queue")
+    queue.added()
+    queue.added()
+    queue.started(1.5)
+    queue.finished(0.25, retry=True)
+
+    def of_queue(metric: str) -> float | None:
+        return REGISTRY.get_sample_value(metric, {"name": "unit-queue"})
+    assert of_queue("workqueue_depth") == 1 and of_queue("workqueue_adds_total") == 2
+    assert of_queue("workqueue_queue_duration_seconds_sum") == 1.5
+    assert of_queue("workqueue_work_duration_seconds_count") == 1 and of_queue("workqueue_retries_total") == 1
+    from capi_libvirt import __version__
+    assert value("capi_libvirt_build_info", version=__version__, python_version=platform.python_version()) == 1
+    metrics.api_request("GET", "200")
+    assert value("capi_libvirt_rest_client_requests_total", method="GET", code="200") >= 1

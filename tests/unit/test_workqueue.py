@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from capi_libvirt.operator.workqueue import WorkQueue
+from capi_libvirt.operator.workqueue import Retry, WorkQueue
 
 pytestmark = pytest.mark.unit
 
@@ -119,3 +119,50 @@ async def test_a_burst_is_worked_on_by_every_worker_and_a_failing_pass_is_retrie
     assert most == 3
     assert queue.pending == 9, "each failed key is due again later (30 s), not lost"
     await queue.stop()
+
+
+class Recorder:
+    """A QueueObserver that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.adds, self.waits, self.works, self.retries = 0, [], [], 0
+
+    def added(self) -> None:
+        self.adds += 1
+
+    def started(self, waited_s: float) -> None:
+        self.waits.append(waited_s)
+
+    def finished(self, worked_s: float, retry: bool) -> None:
+        self.works.append(worked_s)
+        self.retries += retry
+
+
+async def test_the_queue_reports_adds_waits_work_and_retries_as_controller_runtimes_queues_do() -> None:
+    now = [100.0]
+
+    async def process(key: str) -> float | None:
+        now[0] += 2.0  # each pass "takes" 2 s of the fake clock
+        if key == "fails":
+            return Retry(60.0)
+        if key == "raises":
+            raise RuntimeError("a bug")
+        return None
+
+    recorder = Recorder()
+    queue = WorkQueue(process, workers=1, observer=recorder, clock=lambda: now[0])
+    for key in ("ok", "ok", "fails", "raises"):
+        queue.add(key)
+    now[0] += 5.0  # they wait 5 s before the worker starts
+    queue.start()
+    await settle()
+    assert queue.pending == 2  # the failed ones are back on timers
+    await queue.stop()
+    assert recorder.adds == 3  # "ok" asked twice while queued is one add
+    assert recorder.waits == [5.0, 7.0, 9.0]  # each also waited for the passes before it
+    assert recorder.works == [2.0, 2.0, 2.0]
+    assert recorder.retries == 2  # the failed pass and the one that raised (requeued after 30 s)
+
+
+def test_a_retry_is_its_backoff_in_seconds() -> None:
+    assert Retry(12.5) == 12.5 and isinstance(Retry(1), float)

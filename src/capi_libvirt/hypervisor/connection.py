@@ -16,6 +16,7 @@ import concurrent.futures
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -26,6 +27,8 @@ from capi_libvirt.hypervisor import errors
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# (operation: the hypervisor function's name, seconds, succeeded), once per call; from the host's threads.
+CallObserver = Callable[[str, float, bool], None]
 
 KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 3  # a peer silent for ~15 s counts as dead
 THREADS_PER_HOST = 4
@@ -59,10 +62,12 @@ def ensure_libvirt_event_loop() -> None:
 class HostConnection:
     """A host's libvirt connections. `await call(fn, ...)` runs `fn(conn, ...)` in the host's pool with a live one."""
 
-    def __init__(self, host: str, uri: str, credentials: creds.Credentials | None = None) -> None:
+    def __init__(self, host: str, uri: str, credentials: creds.Credentials | None = None,
+                 observe: CallObserver | None = None) -> None:
         self.host = host
         self.uri = uri
         self.credentials = credentials
+        self.observe = observe
         self._executor = concurrent.futures.ThreadPoolExecutor(THREADS_PER_HOST, thread_name_prefix=f"libvirt-{host}")
         # Long transfers (image imports: minutes of streaming) get a thread and a connection of their own, so they never
         # hold the pool's threads that machine operations need; imports on one host run one after the other.
@@ -81,6 +86,17 @@ class HostConnection:
         return await loop.run_in_executor(executor, functools.partial(self._call_sync, fn, args, doing))
 
     def _call_sync(self, fn: Callable[..., T], args: tuple[object, ...], doing: str) -> T:
+        """`fn` on this thread's connection, its libvirt errors translated; its duration and outcome observed."""
+        started, ok = time.monotonic(), False
+        try:
+            result = self._translated(fn, args, doing)
+            ok = True
+            return result
+        finally:
+            if self.observe is not None:
+                self.observe(getattr(fn, "__name__", "call"), time.monotonic() - started, ok)
+
+    def _translated(self, fn: Callable[..., T], args: tuple[object, ...], doing: str) -> T:
         conn = self._live_connection()
         try:
             return fn(conn, *args)
@@ -151,9 +167,10 @@ class HostConnection:
 class HostRegistry:
     """The connections of every known host, in the order they were configured or added."""
 
-    def __init__(self, hosts: dict[str, str]) -> None:
+    def __init__(self, hosts: dict[str, str], observe: CallObserver | None = None) -> None:
         ensure_libvirt_event_loop()
-        self._connections = {name: HostConnection(name, uri) for name, uri in hosts.items()}
+        self.observe = observe
+        self._connections = {name: HostConnection(name, uri, observe=observe) for name, uri in hosts.items()}
 
     def names(self) -> list[str]:
         return list(self._connections)
@@ -163,7 +180,7 @@ class HostRegistry:
         current = self._connections.get(host)
         if current is not None and current.uri == uri and current.credentials == credentials:
             return None
-        self._connections[host] = HostConnection(host, uri, credentials)
+        self._connections[host] = HostConnection(host, uri, credentials, self.observe)
         return current
 
     def remove(self, host: str) -> HostConnection | None:

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
@@ -64,24 +64,70 @@ class BootstrapData:
 REQUEST_TIMEOUT_S = 60.0
 
 
+RequestObserver = Callable[[str, str], None]  # (HTTP method, status code or "<error>"), once per request
+
+
 class TimedApiClient(client.ApiClient):
     """kubernetes_asyncio's ApiClient whose requests end after REQUEST_TIMEOUT_S (asyncio.TimeoutError) unless the
-    call names its own `_request_timeout`."""
+    call names its own `_request_timeout`; each request's method and status go to `observe` (the metrics)."""
+
+    def __init__(self, configuration: client.Configuration, observe: RequestObserver | None = None) -> None:
+        super().__init__(configuration)
+        self.observe = observe
 
     def call_api(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("_request_timeout") is None:
             kwargs["_request_timeout"] = REQUEST_TIMEOUT_S
         return super().call_api(*args, **kwargs)
 
+    async def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if self.observe is None:
+            return await super().request(method, url, *args, **kwargs)
+        try:
+            response = await super().request(method, url, *args, **kwargs)
+        except ApiException as error:
+            self.observe(method, str(error.status))
+            raise
+        except BaseException:
+            self.observe(method, "<error>")
+            raise
+        self.observe(method, str(response.status))
+        return response
 
-async def new_api_client() -> client.ApiClient:
-    """A client from $KUBECONFIG / ~/.kube/config, or the in-cluster service account."""
+
+def _in_cluster(context: str | None) -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG") and context is None
+
+
+async def new_api_client(context: str | None = None, observe: RequestObserver | None = None) -> client.ApiClient:
+    """A client from $KUBECONFIG / ~/.kube/config (its current context, or `context`), or the in-cluster service
+    account; `observe` sees every request's method and status."""
     configuration = client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+    if _in_cluster(context):
         config.load_incluster_config(client_configuration=configuration)
     else:
-        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
-    return TimedApiClient(configuration)
+        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context,
+                                      client_configuration=configuration)
+    return TimedApiClient(configuration, observe)
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def default_namespace(context: str | None = None) -> str:
+    """The namespace kubectl would use: the kubeconfig context's (the current one, or `context`), in a pod the
+    ServiceAccount's, else `default`."""
+    if _in_cluster(context):
+        try:
+            with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+                return file.read().strip() or "default"
+        except OSError:
+            return "default"
+    contexts, current = config.list_kube_config_contexts(os.environ.get("KUBECONFIG"))
+    chosen = current if context is None else next((c for c in contexts if c.get("name") == context), None)
+    if chosen is None:
+        raise config.ConfigException(f"context {context!r} not found in the kubeconfig")
+    return str((chosen.get("context") or {}).get("namespace") or "default")
 
 
 async def _or_none(coroutine: Any) -> Any:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from capi_libvirt.api import meta
 from capi_libvirt.core.outage import DEFAULT_REPLACE_AFTER_S
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
+from capi_libvirt.kube import api
 from capi_libvirt.reconcile.inventory import PROBE_INTERVAL_S as DEFAULT_PROBE_INTERVAL_S
 from capi_libvirt.reconcile.machine import ORPHAN_GRACE_S
 from capi_libvirt.reconcile.orphans import INTERVAL_S as ORPHAN_INTERVAL_S
@@ -20,7 +21,6 @@ HOSTS_ENV = "CAPI_LIBVIRT_HOSTS"  # "name=uri,name=uri"
 MANAGEMENT_CLUSTER_ENV = "CAPI_LIBVIRT_MANAGEMENT_CLUSTER_ID"  # else the kube-system Namespace's UID
 ORPHAN_GRACE_ENV = "CAPI_LIBVIRT_ORPHAN_GRACE_PERIOD"  # seconds, or "never" (report orphans, never remove them)
 NAMESPACE_ENV = "POD_NAMESPACE"  # the Deployment sets it from the pod's namespace (the downward API)
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 DEFAULT_WORKERS = 16  # machine reconciles at once (each mostly waits on libvirt or the API)
 
 
@@ -105,7 +105,7 @@ def provider_namespace() -> str:
     if os.environ.get(NAMESPACE_ENV):
         return os.environ[NAMESPACE_ENV]
     try:
-        with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+        with open(api.SERVICE_ACCOUNT_NAMESPACE) as file:
             return file.read().strip() or meta.PROVIDER_NAMESPACE
     except OSError:
         return meta.PROVIDER_NAMESPACE

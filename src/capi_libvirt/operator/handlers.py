@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
@@ -29,7 +30,7 @@ from capi_libvirt.core import capacity, ipam, orphans, provider_id
 from capi_libvirt.hypervisor import connection, credentials
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config as operator_config
-from capi_libvirt.operator import election, metrics, workqueue
+from capi_libvirt.operator import election, logs, metrics, workqueue
 from capi_libvirt.operator import login as operator_login
 from capi_libvirt.reconcile import cluster as cluster_reconcile
 from capi_libvirt.reconcile import hosts as hosts_reconcile
@@ -55,7 +56,8 @@ class Runtime:
         self.deps = deps
         self.namespaces = list(namespaces)
         self.orphan_interval_s = orphan_interval_s
-        self.machines: workqueue.WorkQueue[tuple[str, str]] = workqueue.WorkQueue(self.reconcile_machine, workers)
+        self.machines: workqueue.WorkQueue[tuple[str, str]] = workqueue.WorkQueue(
+            self.reconcile_machine, workers, metrics.QueueMetrics(metrics.QUEUE))
         self.machine_worker: asyncio.Task | None = None
         # Keyed by (kind, namespace, name), kind being "machine" or "cluster".
         self.wakers: dict[tuple[str, str, str], asyncio.Event] = collections.defaultdict(asyncio.Event)
@@ -139,8 +141,13 @@ class Runtime:
             body = self.deps.kube.cache.get(api.LIBVIRT_MACHINES, namespace, name)
             return body is None or bool(body["metadata"].get("deletionTimestamp"))
 
-        with metrics.reconcile_pass(kinds.LIBVIRT_MACHINE.kind, count_success=False):  # the reconcile reports it
-            return await machine_reconcile.reconcile(self.deps, namespace, name, cancelled=deleting)
+        body = self.deps.kube.cache.get(api.LIBVIRT_MACHINES, namespace, name) or {"metadata": {}}
+        with logs.fields(machine=f"{namespace}/{name}", reconcileID=uuid.uuid4().hex[:12], host=placed_on(body),
+                         cluster=(body["metadata"].get("labels") or {}).get(meta.CLUSTER_NAME_LABEL)), \
+                metrics.reconcile_pass(kinds.LIBVIRT_MACHINE.kind, count_success=False):  # the reconcile reports it
+            after = await machine_reconcile.reconcile(self.deps, namespace, name, cancelled=deleting)
+        # A pass that failed left its backoff in deps.failures: the queue counts it as a retry.
+        return workqueue.Retry(after) if after is not None and key in self.deps.failures else after
 
     async def work_machines_while_active(self, state: election.State) -> None:
         """The machine workers, while this replica does the work; each start reads every machine once (a LIST of
@@ -200,8 +207,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     _configure_kopf(settings)
     cfg: operator_config.OperatorConfig = memo.get("config") or operator_config.from_environment()
     credentials.sweep_leftovers()  # key files a crash in the middle of connecting may have left behind
-    hosts = connection.HostRegistry(cfg.hosts)
-    kube = api.KubeAPI(await api.new_api_client())
+    hosts = connection.HostRegistry(cfg.hosts, observe=metrics.libvirt_call)
+    kube = api.KubeAPI(await api.new_api_client(observe=metrics.api_request))
     observer = metrics.Observer()
     management_cluster = cfg.management_cluster_id or await _management_cluster_identity(kube)
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import platform
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from capi_libvirt import __version__
 from capi_libvirt.operator import election
 from capi_libvirt.reconcile import inventory as inventory_
 from capi_libvirt.reconcile import machine as machine_reconcile
@@ -30,14 +32,34 @@ from capi_libvirt.reconcile import orphans as orphans_reconcile
 PREFIX = "capi_libvirt"
 RECONCILES = Counter(f"{PREFIX}_reconciles", "Reconcile passes, by kind and result "
                      "(success, waiting, failed, paused, error).", ["kind", "result"])
-DURATION = Histogram(f"{PREFIX}_reconcile_duration_seconds", "Duration of reconcile phases (a machine's phases by "
-                     "name) and of whole passes (phase=pass, phase=delete), by kind.", ["kind", "phase"],
-                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+DURATION = Histogram(f"{PREFIX}_reconcile_duration_seconds", "Duration of a LibvirtMachine's reconcile phases, by "
+                     "kind and phase name.", ["kind", "phase"], buckets=BUCKETS)
+PASS_DURATION = Histogram(f"{PREFIX}_reconcile_pass_duration_seconds", "Duration of whole reconcile passes, by kind "
+                          "and type (reconcile, delete).", ["kind", "type"], buckets=BUCKETS)
 ERRORS = Counter(f"{PREFIX}_reconcile_errors", "Failed reconciles, by kind and reason (a condition reason, or the "
                  "class of an unexpected exception).", ["kind", "reason"])
 ORPHANS_REMOVED = Counter(f"{PREFIX}_orphans_removed", "Orphaned domains and volumes (of this management cluster, "
                           "their LibvirtMachine gone) removed after the grace period, by host and kind (domain, "
                           "volume).", ["host", "kind"])
+BUILD_INFO = Gauge(f"{PREFIX}_build_info", "1, labelled with the running build: the provider's version and "
+                   "Python's.", ["version", "python_version"])
+BUILD_INFO.labels(__version__, platform.python_version()).set(1)
+LIBVIRT_CALLS = Histogram(f"{PREFIX}_libvirt_call_duration_seconds", "Duration of operations on libvirt hosts (each "
+                          "one or a few libvirt API calls), by operation and outcome (ok, error).",
+                          ["operation", "outcome"], buckets=BUCKETS)
+API_REQUESTS = Counter(f"{PREFIX}_rest_client_requests", "Requests of the provider's Kubernetes API client (not "
+                       "kopf's watches), by HTTP method and status code (<error>: no response).", ["method", "code"])
+# The machine work queue, under controller-runtime's names, so that dashboards made for Cluster API's managers work.
+QUEUE = "libvirtmachine"
+QUEUE_DEPTH = Gauge("workqueue_depth", "Keys waiting for a worker in the work queue, by queue.", ["name"])
+QUEUE_ADDS = Counter("workqueue_adds", "Keys added to the work queue, by queue.", ["name"])
+QUEUE_WAIT = Histogram("workqueue_queue_duration_seconds", "How long a key waited in the work queue before a worker "
+                       "took it, by queue.", ["name"], buckets=BUCKETS)
+QUEUE_WORK = Histogram("workqueue_work_duration_seconds", "How long a worker took over a key (one reconcile pass), by "
+                       "queue.", ["name"], buckets=BUCKETS)
+QUEUE_RETRIES = Counter("workqueue_retries", "Passes that failed and were queued again with backoff, by queue.",
+                        ["name"])
 MACHINES = f"{PREFIX}_machines"
 ORPHANS = f"{PREFIX}_orphans"
 HOST_REACHABLE = f"{PREFIX}_host_reachable"
@@ -45,6 +67,9 @@ HOST_CONNECTIONS = f"{PREFIX}_host_connections_opened"
 HOST_OPERATIONS = f"{PREFIX}_host_operations"
 LEADER = f"{PREFIX}_leader"
 NAMES = [f"{PREFIX}_reconciles_total", f"{PREFIX}_reconcile_duration_seconds", f"{PREFIX}_reconcile_errors_total",
+         f"{PREFIX}_reconcile_pass_duration_seconds", f"{PREFIX}_build_info", f"{PREFIX}_libvirt_call_duration_seconds",
+         f"{PREFIX}_rest_client_requests_total", "workqueue_depth", "workqueue_adds_total",
+         "workqueue_queue_duration_seconds", "workqueue_work_duration_seconds", "workqueue_retries_total",
          MACHINES, HOST_REACHABLE, f"{HOST_CONNECTIONS}_total", f"{HOST_OPERATIONS}_total", LEADER, ORPHANS,
          f"{PREFIX}_orphans_removed_total"]
 
@@ -59,7 +84,7 @@ def record(kind: str, result: str, reason: str | None = None) -> None:
 
 
 @contextlib.contextmanager
-def reconcile_pass(kind: str, phase: str = "pass", count_success: bool = True) -> Iterator[None]:
+def reconcile_pass(kind: str, type_: str = "reconcile", count_success: bool = True) -> Iterator[None]:
     """Around one reconcile in the handlers: its duration, and its result unless the reconcile reports it itself
     (count_success=False: the machine reconcile does, through Observer, for every pass that does not raise)."""
     started = time.monotonic()
@@ -75,7 +100,38 @@ def reconcile_pass(kind: str, phase: str = "pass", count_success: bool = True) -
         if count_success:
             record(kind, SUCCESS)
     finally:
-        DURATION.labels(kind, phase).observe(time.monotonic() - started)
+        PASS_DURATION.labels(kind, type_).observe(time.monotonic() - started)
+
+
+def libvirt_call(operation: str, seconds: float, ok: bool) -> None:
+    """hypervisor.connection's CallObserver (called from the hosts' threads: prometheus_client is thread-safe)."""
+    LIBVIRT_CALLS.labels(operation, "ok" if ok else "error").observe(seconds)
+
+
+def api_request(method: str, code: str) -> None:
+    """kube.api's RequestObserver."""
+    API_REQUESTS.labels(method, code).inc()
+
+
+class QueueMetrics:
+    """operator.workqueue's QueueObserver for one queue."""
+
+    def __init__(self, name: str) -> None:
+        self.depth, self.adds = QUEUE_DEPTH.labels(name), QUEUE_ADDS.labels(name)
+        self.wait, self.work, self.retries = QUEUE_WAIT.labels(name), QUEUE_WORK.labels(name), QUEUE_RETRIES.labels(name)
+
+    def added(self) -> None:
+        self.adds.inc()
+        self.depth.inc()
+
+    def started(self, waited_s: float) -> None:
+        self.depth.dec()
+        self.wait.observe(waited_s)
+
+    def finished(self, worked_s: float, retry: bool) -> None:
+        self.work.observe(worked_s)
+        if retry:
+            self.retries.inc()
 
 
 def machine_phase(status: dict[str, Any], wait: machine_reconcile.Wait | None, paused: bool) -> str:

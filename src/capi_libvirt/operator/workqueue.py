@@ -10,18 +10,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 Process = Callable[[K], Awaitable[float | None]]  # returns seconds until the key's next pass, or None
 
 
+class Retry(float):
+    """What a pass returns when it failed: its backoff, in seconds; the queue counts it as a retry."""
+
+
+class QueueObserver(Protocol):
+    """What the queue reports, as controller-runtime's work queues do (operator.metrics.QueueMetrics)."""
+
+    def added(self) -> None: ...  # a key entered the ready queue
+
+    def started(self, waited_s: float) -> None: ...  # a worker took a key that waited this long
+
+    def finished(self, worked_s: float, retry: bool) -> None: ...  # a pass ended; `retry`: it failed
+
+
 class WorkQueue(Generic[K]):
-    def __init__(self, process: Process, workers: int) -> None:
+    def __init__(self, process: Process, workers: int, observer: QueueObserver | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.process = process
         self.workers = workers
+        self.observer = observer
+        self._clock = clock
+        self._added_at: dict[K, float] = {}
         self._ready: asyncio.Queue[K] = asyncio.Queue()
         self._queued: set[K] = set()  # in _ready
         self._running: set[K] = set()
@@ -41,7 +60,10 @@ class WorkQueue(Generic[K]):
             self._again.add(key)
         elif key not in self._queued:
             self._queued.add(key)
+            self._added_at[key] = self._clock()
             self._ready.put_nowait(key)
+            if self.observer is not None:
+                self.observer.added()
 
     def forget(self, key: K) -> None:
         """No more passes of `key` (its object is gone), unless asked for again."""
@@ -88,6 +110,9 @@ class WorkQueue(Generic[K]):
             key = await self._ready.get()
             self._queued.discard(key)
             self._running.add(key)
+            started = self._clock()
+            if self.observer is not None:
+                self.observer.started(started - self._added_at.pop(key, started))
             after: float | None = None
             try:
                 after = await self.process(key)
@@ -95,9 +120,11 @@ class WorkQueue(Generic[K]):
                 raise
             except Exception:  # noqa: BLE001  the reconcile reports its own failures; this is a last resort
                 log.exception("reconcile of %s failed", key)
-                after = 30.0
+                after = Retry(30.0)
             finally:
                 self._running.discard(key)
+                if self.observer is not None:
+                    self.observer.finished(self._clock() - started, isinstance(after, Retry))
             if key in self._again:
                 self._again.discard(key)
                 self.add(key)

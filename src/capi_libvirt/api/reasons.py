@@ -126,7 +126,7 @@ IPAM_FORBIDDEN = _reason("IPAddressClaimsForbidden", "The operator may not creat
                          "machine's namespace.", _M, _PROVISIONED, _WARNING)
 IMAGE_NOT_FOUND = _reason("ImageNotFound", "The base image volume is not in the host's pool.", _M, _PROVISIONED, _BOTH)
 IMAGE_IMPORTING = _reason("ImageImporting", "spec.image.url is being imported into the host's pool (once per host and "
-                          "sha256); the message shows the progress.", _M, _PROVISIONED, _NORMAL)
+                          "sha256); the message names the image, the pool and the host.", _M, _PROVISIONED, _NORMAL)
 IMAGE_DOWNLOAD_FAILED = _reason("ImageDownloadFailed", "The image download failed (HTTP error, TLS, proxy, size); "
                                 "retried.", _M, _PROVISIONED, _BOTH)
 IMAGE_CHECKSUM_MISMATCH = _reason("ImageChecksumMismatch", "The downloaded image's sha256 is not the one the spec "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import types
 
 import pydantic
 import pytest
@@ -284,3 +285,42 @@ async def test_a_failed_import_answers_every_waiting_machine_then_one_retries():
     assert host.imports == 2
     with contextlib.suppress(Exception):
         await imports.close()
+
+
+def test_an_imports_progress_is_in_the_message_the_machines_wait_with():
+    progress = reconcile_images.Progress()
+    assert progress.text() == "" and progress.received == 0  # not downloading yet
+    progress.track(types.SimpleNamespace(received=120 << 20, length=512 << 20))  # type: ignore[arg-type]
+    assert progress.text() == ", 120 of 512 MiB received"
+    progress.track(types.SimpleNamespace(received=3 << 20, length=None))  # type: ignore[arg-type]
+    assert progress.text() == ", 3 MiB received"
+    message = reconcile_images._importing(URL, SHA, "default", "kvm1", progress)
+    assert message.endswith("into pool default on host kvm1, 3 MiB received")
+
+
+async def test_every_import_is_observed_with_its_bytes_time_and_outcome(monkeypatch):
+    class OpeningHost(FakeHost):
+        async def call(self, fn, *args, doing="", transfer=False):
+            if fn is host_images.import_image:
+                args[2]()  # the download opens in the transfer thread, as import_image does
+            return await super().call(fn, *args, doing=doing, transfer=transfer)
+
+    opened = types.SimpleNamespace(received=0, length=4096)
+    monkeypatch.setattr(reconcile_images.download, "open_image", lambda url, allowed: opened)
+    seen: list[tuple[int, bool]] = []
+    host, now = OpeningHost(), [0.0]
+    imports = reconcile_images.ImageImports(clock=lambda: now[0],
+                                            observe=lambda received, seconds, ok: seen.append((received, ok)))
+    image = v1alpha1.ImageSource(url=URL, sha256=SHA)
+    with pytest.raises(reconcile_images.NotReady):
+        await imports.ensure(host, "default", image, [PREFIX])
+    await asyncio.sleep(0)
+    opened.received = 1024
+    with pytest.raises(reconcile_images.NotReady) as waiting:
+        await imports.ensure(host, "default", image, [PREFIX])
+    assert waiting.value.message.endswith(", 0 of 0 MiB received")  # 1 KiB of 4 KiB, in MiB
+    host.outcome = RuntimeError("cut short")
+    opened.received = 2048
+    host.release.set()
+    await asyncio.sleep(0.01)
+    assert seen == [(2048, False)]

@@ -34,6 +34,7 @@ from capi_libvirt.operator import election, logs, metrics, workqueue
 from capi_libvirt.operator import login as operator_login
 from capi_libvirt.reconcile import cluster as cluster_reconcile
 from capi_libvirt.reconcile import hosts as hosts_reconcile
+from capi_libvirt.reconcile import images as reconcile_images
 from capi_libvirt.reconcile import inventory
 from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile import orphans as orphans_reconcile
@@ -214,6 +215,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(
                                               hosts, management_cluster=management_cluster),
                                           post_event=EventPoster(kube), observe=observer,
+                                          images=reconcile_images.ImageImports(observe=metrics.image_import),
                                           creates_per_host=cfg.creates_per_host,
                                           probe_interval_s=cfg.probe_interval_s, replace_after_s=cfg.replace_after_s,
                                           management_cluster=management_cluster,

@@ -50,6 +50,10 @@ LIBVIRT_CALLS = Histogram(f"{PREFIX}_libvirt_call_duration_seconds", "Duration o
                           ["operation", "outcome"], buckets=BUCKETS)
 API_REQUESTS = Counter(f"{PREFIX}_rest_client_requests", "Requests of the provider's Kubernetes API client (not "
                        "kopf's watches), by HTTP method and status code (<error>: no response).", ["method", "code"])
+IMAGE_IMPORT_BYTES = Counter(f"{PREFIX}_image_import_bytes", "Bytes downloaded by image imports (spec.image.url).")
+IMAGE_IMPORT_DURATION = Histogram(f"{PREFIX}_image_import_duration_seconds", "Duration of image imports, download, "
+                                  "verification and upload into the pool, by outcome (ok, error).", ["outcome"],
+                                  buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600))
 # The machine work queue, under controller-runtime's names, so that dashboards made for Cluster API's managers work.
 QUEUE = "libvirtmachine"
 QUEUE_DEPTH = Gauge("workqueue_depth", "Keys waiting for a worker in the work queue, by queue.", ["name"])
@@ -70,6 +74,7 @@ NAMES = [f"{PREFIX}_reconciles_total", f"{PREFIX}_reconcile_duration_seconds", f
          f"{PREFIX}_reconcile_pass_duration_seconds", f"{PREFIX}_build_info", f"{PREFIX}_libvirt_call_duration_seconds",
          f"{PREFIX}_rest_client_requests_total", "workqueue_depth", "workqueue_adds_total",
          "workqueue_queue_duration_seconds", "workqueue_work_duration_seconds", "workqueue_retries_total",
+         f"{PREFIX}_image_import_bytes_total", f"{PREFIX}_image_import_duration_seconds",
          MACHINES, HOST_REACHABLE, f"{HOST_CONNECTIONS}_total", f"{HOST_OPERATIONS}_total", LEADER, ORPHANS,
          f"{PREFIX}_orphans_removed_total"]
 
@@ -106,6 +111,12 @@ def reconcile_pass(kind: str, type_: str = "reconcile", count_success: bool = Tr
 def libvirt_call(operation: str, seconds: float, ok: bool) -> None:
     """hypervisor.connection's CallObserver (called from the hosts' threads: prometheus_client is thread-safe)."""
     LIBVIRT_CALLS.labels(operation, "ok" if ok else "error").observe(seconds)
+
+
+def image_import(received: int, seconds: float, ok: bool) -> None:
+    """reconcile.images' ImportObserver."""
+    IMAGE_IMPORT_BYTES.inc(received)
+    IMAGE_IMPORT_DURATION.labels("ok" if ok else "error").observe(seconds)
 
 
 def api_request(method: str, code: str) -> None:

@@ -47,19 +47,49 @@ class NotReady(Exception):
         self.reason, self.message, self.retry_after, self.failure = reason, message, retry_after, failure
 
 
+MIB = 1 << 20
+# (bytes received, seconds, succeeded), once per import that ran (operator.metrics.image_import).
+ImportObserver = Callable[[int, float, bool], None]
+
+
+@dataclasses.dataclass
+class Progress:
+    """How far an import's download is: its download is set from the transfer thread, read by the machines' passes."""
+
+    opened: download.Download | None = None
+
+    def track(self, opened: download.Download) -> download.Download:
+        self.opened = opened
+        return opened
+
+    @property
+    def received(self) -> int:
+        return self.opened.received if self.opened is not None else 0
+
+    def text(self) -> str:
+        """", 120 of 512 MiB received"; "" before the download started."""
+        if self.opened is None:
+            return ""
+        length = self.opened.length
+        total = f" of {length / MIB:.0f} MiB" if length else " MiB"
+        return f", {self.received / MIB:.0f}{total} received"
+
+
 @dataclasses.dataclass
 class _Import:
     task: asyncio.Task[host_images.ImageVolume]
     url: str
+    progress: Progress
     finished_at: float | None = None
 
 
 class ImageImports:
     """The import this operator runs, or ran last, by (host, pool, sha256)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, observe: ImportObserver | None = None) -> None:
         self._running: dict[tuple[str, str, str], _Import] = {}
         self._clock = clock
+        self.observe = observe
         self.started = 0  # imports started since the operator started (a metric's worth, for the tests' numbers)
 
     async def ensure(self, host: connection.HostConnection, pool: str, image: v1alpha1.ImageSource,
@@ -73,8 +103,8 @@ class ImageImports:
         key = (host.host, pool, image.sha256)
         current = self._running.get(key)
         if current is not None and not current.task.done():
-            raise NotReady(reasons.IMAGE_IMPORTING, _importing(current.url, image.sha256, pool, host.host),
-                           RECHECK_IMPORTING_S, failure=False)
+            raise NotReady(reasons.IMAGE_IMPORTING, _importing(current.url, image.sha256, pool, host.host,
+                                                               current.progress), RECHECK_IMPORTING_S, failure=False)
         error = None if current is None or current.task.cancelled() else current.task.exception()
         if current is not None and error is not None:
             if self._clock() - (current.finished_at or 0.0) < RETRY_AFTER_S:
@@ -92,9 +122,10 @@ class ImageImports:
         if now is not current or (now is not None and now.finished_at is None):
             # while this pass looked, another started an import, or one running finished: ask again
             return await self.ensure(host, pool, image, prefixes, on_imported, room)
-        task = asyncio.create_task(self._import(host, pool, image.url, image.sha256, prefixes, room_bytes),
+        progress = Progress()
+        task = asyncio.create_task(self._import(host, pool, image.url, image.sha256, prefixes, room_bytes, progress),
                                    name=f"image-import-{host.host}-{image.sha256[:12]}")
-        entry = _Import(task, image.url)
+        entry = _Import(task, image.url, progress)
         task.add_done_callback(functools.partial(self._finished, entry, functools.partial(on_imported, host.host)))
         self._running[key] = entry
         self.started += 1
@@ -107,18 +138,24 @@ class ImageImports:
             wake()
 
     async def _import(self, host: connection.HostConnection, pool: str, url: str, sha256: str,
-                      prefixes: Sequence[str], room_bytes: int | None) -> host_images.ImageVolume:
-        started = time.monotonic()
+                      prefixes: Sequence[str], room_bytes: int | None, progress: Progress) -> host_images.ImageVolume:
+        started, ok = time.monotonic(), False
         log.info("host %s: importing image %s (sha256 %s) into pool %s", host.host, download.shown(url), sha256, pool)
         allowed = functools.partial(images.url_allowed, prefixes=list(prefixes))
-        opener = functools.partial(download.open_image, url, allowed)
+
+        def opener() -> download.Download:
+            return progress.track(download.open_image(url, allowed))
         try:
             volume = await host.call(host_images.import_image, pool, sha256, opener, room_bytes,
                                      doing="import image", transfer=True)
+            ok = True
         except Exception as error:
             log.warning("host %s: import of image %s into pool %s failed: %s", host.host, download.shown(url), pool,
                         error)
             raise
+        finally:
+            if self.observe is not None and progress.opened is not None:  # a download was opened
+                self.observe(progress.received, time.monotonic() - started, ok)
         log.info("host %s: image %s imported as %s in pool %s (%d bytes, %.1f s)", host.host, download.shown(url),
                  volume.name, pool, volume.size, time.monotonic() - started)
         return volume
@@ -133,8 +170,9 @@ class ImageImports:
         self._running.clear()
 
 
-def _importing(url: str, sha256: str, pool: str, host: str) -> str:
-    return f"importing image {download.shown(url)} (sha256 {sha256}) into pool {pool} on host {host}"
+def _importing(url: str, sha256: str, pool: str, host: str, progress: Progress | None = None) -> str:
+    text = f"importing image {download.shown(url)} (sha256 {sha256}) into pool {pool} on host {host}"
+    return text + (progress.text() if progress is not None else "")
 
 
 def _failed(error: BaseException, url: str, pool: str, host: str) -> BaseException:

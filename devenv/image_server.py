@@ -1,7 +1,7 @@
 """An HTTP server of base images for the image-import tests, on loopback in the machine's own namespace (where the
 operator runs and downloads; libvirt hosts receive the bytes through libvirt's upload stream, never from here).
 
-Each path serves bytes with or without a Content-Length (without: the body ends when the connection closes, as a
+Plain HTTP, or HTTPS with a certificate the test made (`tls`). Each path serves bytes with or without a Content-Length (without: the body ends when the connection closes, as a
 streamed response), or redirects; every other path is a 404. It counts the GET requests per path, so a test can tell
 how many downloads the operator made.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import http.server
+import pathlib
+import ssl
 import threading
 from types import TracebackType
 
@@ -25,8 +27,10 @@ class Served:
 class ImageServer:
     """`with ImageServer(routes) as server:` serves `routes` (path -> Served) on 127.0.0.1 at a free port."""
 
-    def __init__(self, routes: dict[str, Served]) -> None:
+    def __init__(self, routes: dict[str, Served], tls: tuple[pathlib.Path, pathlib.Path] | None = None) -> None:
+        """`tls`: (certificate, key) to serve HTTPS with."""
         self.routes = routes
+        self.scheme = "https" if tls else "http"
         self.requests: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         server = self
@@ -62,6 +66,13 @@ class ImageServer:
 
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            # The handshake happens in the handler's thread (not in accept), so a client that never speaks TLS
+            # holds only its own connection.
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True,
+                                                     do_handshake_on_connect=False)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="image-server", daemon=True)
 
     @property
@@ -69,7 +80,7 @@ class ImageServer:
         return int(self._httpd.server_address[1])
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"{self.scheme}://127.0.0.1:{self.port}{path}"
 
     def hits(self, path: str) -> int:
         with self._lock:

@@ -46,6 +46,14 @@ ENVIRONMENT = (
                         "ServiceAccount is used and logs default to JSON."),
     EnvironmentVariable("KUBERNETES_SERVICE_PORT", "Set by Kubernetes in a pod: the API server's port in-cluster "
                         "(default 443)."),
+    EnvironmentVariable("HTTPS_PROXY", "An http:// proxy for https image URLs (spec.image.url), reached by CONNECT, "
+                        "TLS to the image server end to end; credentials in it go as Proxy-Authorization. Lowercase "
+                        "too."),
+    EnvironmentVariable("HTTP_PROXY", "An http:// proxy for http image URLs. Lowercase too."),
+    EnvironmentVariable("NO_PROXY", "Hosts and domains image downloads reach directly: comma-separated names (a "
+                        "leading dot or not), an optional :port, or `*`. Lowercase too."),
+    EnvironmentVariable("SSL_CERT_FILE", "A CA bundle that replaces the system's for image downloads over https "
+                        "(OpenSSL's variable): a private CA's image server."),
 )
 
 

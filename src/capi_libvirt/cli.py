@@ -59,14 +59,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                               probe_interval_s=args.host_probe_interval,
                                               replace_after_s=args.replace_unreachable_after,
                                               management_cluster_id=args.management_cluster_id,
-                                              orphan_grace=args.orphan_grace_period)
+                                              orphan_grace=args.orphan_grace_period,
+                                              sync_period_s=args.sync_period)
     try:
         lease = election_lease(args)
+        metrics_address = _metrics_address(args)
     except ValueError as error:
         print(f"capi-libvirt run: {error}", file=sys.stderr)
         return 2
+    for name, value in sorted(vars(args).items()):
+        if name.startswith("unused_") and value is not None:
+            log.warning("--%s=%s ignored: this provider serves no webhooks and no profiler",
+                        name.removeprefix("unused_").replace("_", "-"), value)
     operator = main.run_operator(args.namespace, operator_config=operator_config, lease=lease,
-                                 health_address=args.health_address, metrics_address=args.metrics_address)
+                                 health_address=args.health_address, metrics_address=metrics_address)
     try:
         asyncio.run(operator)  # SIGTERM/SIGINT: kopf stops gracefully (it handles them in the main thread)
     except asyncio.CancelledError:  # how kopf ends its root task after a signal: a clean stop
@@ -84,10 +90,24 @@ def election_lease(args: argparse.Namespace) -> election.Lease | None:
 
     if args.standalone or not args.leader_elect:
         return None
-    return election.Lease(name=args.leader_election_id, namespace=config.provider_namespace(),
+    namespace, _, name = args.leader_election_id.rpartition("/")
+    return election.Lease(name=name, namespace=namespace or config.provider_namespace(),
                           identity=election.new_identity(), duration_s=args.leader_elect_lease_duration,
                           renew_deadline_s=args.leader_elect_renew_deadline,
                           retry_period_s=args.leader_elect_retry_period)
+
+
+def _metrics_address(args: argparse.Namespace) -> str:
+    """--metrics-bind-addr, or --diagnostics-address when --insecure-diagnostics says plain HTTP is what is wanted:
+    without it Cluster API's managers serve authenticated HTTPS, which this one does not, and it will not serve plain
+    HTTP in its place."""
+    if args.diagnostics_address is None:
+        return str(args.metrics_address)
+    if not args.insecure_diagnostics:
+        raise ValueError("--diagnostics-address without --insecure-diagnostics asks for authenticated HTTPS metrics, "
+                         "which this provider does not serve yet: add --insecure-diagnostics, or use "
+                         "--metrics-bind-addr")
+    return str(args.diagnostics_address)
 
 
 GO_DURATION = re.compile(r"(\d+(?:\.\d*)?)(h|ms|m|s)")
@@ -122,9 +142,27 @@ LEASE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 def _lease_name(value: str) -> str:
-    if not LEASE_NAME.match(value):
-        raise argparse.ArgumentTypeError(f"lease name {value!r}: must be a lowercase DNS subdomain name")
+    """NAME, or NAMESPACE/NAME as the Cluster API Operator writes it (from spec.manager.leaderElection)."""
+    namespace, _, name = value.rpartition("/")
+    if not LEASE_NAME.match(name) or (namespace and not LEASE_NAME.match(namespace)):
+        raise argparse.ArgumentTypeError(f"lease {value!r}: expected NAME or NAMESPACE/NAME, lowercase DNS names")
     return value
+
+
+FEATURE_GATES: dict[str, bool] = {}  # this provider has none yet; Cluster API's managers refuse unknown gates too
+
+
+def _feature_gates(value: str) -> dict[str, bool]:
+    gates = {}
+    for entry in filter(None, (e.strip() for e in value.split(","))):
+        name, sep, setting = entry.partition("=")
+        if not sep or setting.lower() not in ("true", "false"):
+            raise argparse.ArgumentTypeError(f"feature gate {entry!r}: expected NAME=true or NAME=false")
+        if name not in FEATURE_GATES:
+            known = ", ".join(sorted(FEATURE_GATES)) or "none"
+            raise argparse.ArgumentTypeError(f"unrecognized feature gate {name!r} (this provider's: {known})")
+        gates[name] = setting.lower() == "true"
+    return gates
 
 
 DEBUG_VERBOSITY = 4  # Cluster API's managers log at debug from --v=4 on (klog's convention)
@@ -196,10 +234,10 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
 
     election = run.add_mutually_exclusive_group()
     election.add_argument("--leader-election-id", "--peering", dest="leader_election_id",
-                          default=election_.DEFAULT_LEASE_NAME, type=_lease_name, metavar="NAME",
-                          help="the Lease (coordination.k8s.io, in the provider's namespace) the replicas elect their "
-                               f"leader in (default: {election_.DEFAULT_LEASE_NAME}; --peering: its old name, "
-                               "deprecated)")
+                          default=election_.DEFAULT_LEASE_NAME, type=_lease_name, metavar="[NAMESPACE/]NAME",
+                          help="the Lease (coordination.k8s.io; in the provider's namespace unless one is given) the "
+                               f"replicas elect their leader in (default: {election_.DEFAULT_LEASE_NAME}; --peering: "
+                               "its old name, deprecated)")
     election.add_argument("--standalone", action="store_true",
                           help="no leader election: run as if alone (development)")
     run.add_argument("--leader-elect", type=_boolean, nargs="?", const=True, default=True, metavar="BOOL",
@@ -214,10 +252,20 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--leader-elect-retry-period", type=_duration, default=election_.DEFAULT_RETRY_PERIOD_S,
                      metavar="DURATION", help="how often every replica tries to take or renew the Lease (default: "
                      f"{election_.DEFAULT_RETRY_PERIOD_S:g}s)")
-    run.add_argument("--libvirtmachine-concurrency", "--workers", dest="workers", type=_positive_int,
-                     default=config.DEFAULT_WORKERS, metavar="N",
-                     help=f"LibvirtMachine reconciles at once (default: {config.DEFAULT_WORKERS}; --workers: its "
-                          "old name)")
+    run.add_argument("--libvirtmachine-concurrency", "--max-concurrent-reconciles", "--workers", dest="workers",
+                     type=_positive_int, default=config.DEFAULT_WORKERS, metavar="N",
+                     help=f"LibvirtMachine reconciles at once (default: {config.DEFAULT_WORKERS}; "
+                          "--max-concurrent-reconciles: the Cluster API Operator's name; --workers: its old name)")
+    run.add_argument("--sync-period", type=_duration, default=config.DEFAULT_SYNC_PERIOD_S, metavar="DURATION",
+                     help="reconcile every LibvirtMachine at least this often, whatever happened (default: "
+                          f"{config.DEFAULT_SYNC_PERIOD_S / 60:g}m, as Cluster API's managers)")
+    run.add_argument("--feature-gates", type=_feature_gates, default={}, metavar="NAME=BOOL,...",
+                     help="Cluster API's flag; this provider has no feature gates yet, and refuses unknown ones")
+    for flag, what in (("--webhook-host", "HOST"), ("--webhook-port", "PORT"), ("--webhook-cert-dir", "DIR"),
+                       ("--profiler-address", "HOST:PORT")):
+        run.add_argument(flag, metavar=what, dest=f"unused_{flag[2:].replace('-', '_')}",
+                         help="taken for the Cluster API Operator's sake and ignored with a warning: this provider "
+                              "serves no webhooks and no Go profiler")
     run.add_argument("--creates-per-host", type=_positive_int, default=config.DEFAULT_CREATES_PER_HOST, metavar="N",
                      help="machines created on one libvirt host at once; a burst queues behind them "
                           f"(default: {config.DEFAULT_CREATES_PER_HOST})")
@@ -243,6 +291,11 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
                      type=_address, metavar="HOST:PORT",
                      help="serve Prometheus /metrics here (default: :8080, every interface; 0: off; "
                           "--metrics-address: its old name)")
+    run.add_argument("--diagnostics-address", type=_address, metavar="HOST:PORT",
+                     help="Cluster API's newer name for the metrics address: taken only with --insecure-diagnostics "
+                          "(plain HTTP, as --metrics-bind-addr); authenticated metrics are not served yet")
+    run.add_argument("--insecure-diagnostics", type=_boolean, nargs="?", const=True, default=False, metavar="BOOL",
+                     help="with --diagnostics-address: serve the metrics over plain HTTP without authentication")
     run.add_argument("--logging-format", "--log-format", dest="log_format", type=_log_format,
                      default=logs.default_format(), metavar="json|text",
                      help="json (one object per line) or text (default: json in a pod, text elsewhere; "

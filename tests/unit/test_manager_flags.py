@@ -41,3 +41,31 @@ def test_verbosity_and_version(capsys):
     with pytest.raises(SystemExit) as ended:
         cli.parser().parse_args(["--version"])
     assert ended.value.code == 0 and __version__ in capsys.readouterr().out
+
+
+def test_what_the_cluster_api_operator_writes_from_spec_manager_is_taken():
+    """The Operator's arguments (its deployment customization): --key=value each, the Lease as NAMESPACE/NAME."""
+    args = parse("--leader-elect=true", "--leader-election-id=capi-libvirt-system/my-lease",
+                 "--leader-elect-lease-duration=30s", "--leader-elect-renew-deadline=20s",
+                 "--leader-elect-retry-period=5s", "--libvirtmachine-concurrency=12", "--max-concurrent-reconciles=9",
+                 "--namespace=team-a", "--health-addr=:9440", "--metrics-bind-addr=:8443", "--sync-period=300s",
+                 "--v=2", "--feature-gates=", "--webhook-port=9443", "--webhook-cert-dir=/tmp/k8s-webhook-server",
+                 "--profiler-address=localhost:6060")
+    lease = cli.election_lease(args)
+    assert (lease.namespace, lease.name, lease.duration_s, lease.renew_deadline_s, lease.retry_period_s) == \
+        ("capi-libvirt-system", "my-lease", 30.0, 20.0, 5.0)
+    assert (args.workers, args.namespace, args.sync_period, args.feature_gates) == (9, ["team-a"], 300.0, {})
+
+
+def test_unknown_feature_gates_are_refused_as_cluster_apis_managers_refuse_them(capsys):
+    with pytest.raises(SystemExit):
+        parse("--feature-gates=MachinePool=true")
+    assert "unrecognized feature gate 'MachinePool'" in capsys.readouterr().err
+
+
+def test_diagnostics_address_only_with_insecure_diagnostics(capsys):
+    assert cli._metrics_address(parse("--diagnostics-address=:8443", "--insecure-diagnostics")) == ":8443"
+    assert cli._metrics_address(parse("--metrics-bind-addr=:9000")) == ":9000"
+    with pytest.raises(ValueError, match="authenticated HTTPS metrics"):
+        cli._metrics_address(parse("--diagnostics-address=:8443"))
+    assert cli.main(["run", "--diagnostics-address=:8443", "--health-addr=0"]) == 2

@@ -100,3 +100,12 @@ def test_handlers_that_touch_the_event_loops_objects_run_in_the_event_loop(handl
     the wake-up events and the relist task are the event loop's, and are not thread-safe (a key put from a thread
     may wait for a worker until something else wakes the loop; a task cannot be made there at all)."""
     assert inspect.iscoroutinefunction(handler)
+
+
+async def test_the_sync_period_queues_every_cached_machine() -> None:
+    kube = FakeKube(listed=[body("a", 1), body("b", 2)])
+    await kube.relist(handlers.api.LIBVIRT_MACHINES, [])
+    runtime = runtime_with(kube)
+    assert runtime.machines.pending == 0
+    assert runtime.resync() == 2
+    assert runtime.machines.pending == 2  # queued now (a pending timer of a key is replaced by this pass)

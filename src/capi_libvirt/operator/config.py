@@ -22,6 +22,7 @@ MANAGEMENT_CLUSTER_ENV = "CAPI_LIBVIRT_MANAGEMENT_CLUSTER_ID"  # else the kube-s
 ORPHAN_GRACE_ENV = "CAPI_LIBVIRT_ORPHAN_GRACE_PERIOD"  # seconds, or "never" (report orphans, never remove them)
 NAMESPACE_ENV = "POD_NAMESPACE"  # the Deployment sets it from the pod's namespace (the downward API)
 DEFAULT_WORKERS = 16  # machine reconciles at once (each mostly waits on libvirt or the API)
+DEFAULT_SYNC_PERIOD_S = 600.0  # every machine reconciled at least this often (Cluster API's managers: 10 minutes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,7 @@ class OperatorConfig:
     management_cluster_id: str | None = None
     orphan_grace_s: float | None = ORPHAN_GRACE_S  # None: orphans are reported, never removed
     orphan_interval_s: float = ORPHAN_INTERVAL_S
+    sync_period_s: float = DEFAULT_SYNC_PERIOD_S
     # The provider's own namespace: the only one LibvirtHost credentials Secrets may live in (see api.meta).
     provider_namespace: str = meta.PROVIDER_NAMESPACE
 
@@ -123,7 +125,8 @@ def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_
                      creates_per_host: int = DEFAULT_CREATES_PER_HOST,
                      probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
                      replace_after_s: float = DEFAULT_REPLACE_AFTER_S, management_cluster_id: str | None = None,
-                     orphan_grace: str | None = None, orphan_interval_s: float = ORPHAN_INTERVAL_S) -> OperatorConfig:
+                     orphan_grace: str | None = None, orphan_interval_s: float = ORPHAN_INTERVAL_S,
+                     sync_period_s: float = DEFAULT_SYNC_PERIOD_S) -> OperatorConfig:
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
     grace = orphan_grace or os.environ.get(ORPHAN_GRACE_ENV)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
@@ -131,4 +134,4 @@ def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_
                           replace_after_s=replace_after_s, provider_namespace=provider_namespace(),
                           management_cluster_id=_management_cluster_id(management_cluster_id),
                           orphan_grace_s=ORPHAN_GRACE_S if grace is None else parse_grace_period(grace),
-                          orphan_interval_s=orphan_interval_s)
+                          orphan_interval_s=orphan_interval_s, sync_period_s=sync_period_s)

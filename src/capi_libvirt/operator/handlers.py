@@ -53,10 +53,12 @@ class Runtime:
 
     def __init__(self, deps: machine_reconcile.Dependencies, namespaces: Sequence[str] = (),
                  workers: int = operator_config.DEFAULT_WORKERS,
-                 orphan_interval_s: float = orphans_reconcile.INTERVAL_S) -> None:
+                 orphan_interval_s: float = orphans_reconcile.INTERVAL_S,
+                 sync_period_s: float = operator_config.DEFAULT_SYNC_PERIOD_S) -> None:
         self.deps = deps
         self.namespaces = list(namespaces)
         self.orphan_interval_s = orphan_interval_s
+        self.sync_period_s = sync_period_s
         self.machines: workqueue.WorkQueue[tuple[str, str]] = workqueue.WorkQueue(
             self.reconcile_machine, workers, metrics.QueueMetrics(metrics.QUEUE))
         self.machine_worker: asyncio.Task | None = None
@@ -159,10 +161,25 @@ class Runtime:
             for body in self.deps.kube.cache.items(api.LIBVIRT_MACHINES):
                 self.machines.add((body["metadata"]["namespace"], body["metadata"]["name"]))
             self.machines.start()
+            resync = asyncio.create_task(self._resync_every(self.sync_period_s))
             try:
                 await state.not_leading.wait()
             finally:
+                resync.cancel()
                 await self.machines.stop()
+
+    def resync(self) -> int:
+        """Queue every cached machine now (--sync-period): whatever was missed is looked at again. Returns how many."""
+        keys = [(b["metadata"]["namespace"], b["metadata"]["name"])
+                for b in self.deps.kube.cache.items(api.LIBVIRT_MACHINES)]
+        for key in keys:
+            self.machines.add(key)
+        return len(keys)
+
+    async def _resync_every(self, period: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            log.info("sync period: %d LibvirtMachines queued", self.resync())
 
     async def _prime(self) -> None:
         delay = 1.0
@@ -221,7 +238,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
                                           management_cluster=management_cluster,
                                           orphan_grace_s=cfg.orphan_grace_s,
                                           provider_namespace=cfg.provider_namespace)
-    memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers, cfg.orphan_interval_s),
+    memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers, cfg.orphan_interval_s,
+                                          cfg.sync_period_s),
                                   memo.setdefault("state", election.State(None)), observer)
     log.info("static libvirt hosts: %s; LibvirtHost objects add more", ", ".join(hosts.names()) or "none")
 

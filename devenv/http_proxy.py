@@ -11,10 +11,11 @@ import select
 import socket
 import threading
 import urllib.parse
-from types import TracebackType
+
+from devenv.loopback_server import LoopbackServer
 
 
-class HttpProxy:
+class HttpProxy(LoopbackServer):
     """`with HttpProxy() as proxy:` serves on 127.0.0.1 at a free port; `proxy.url` is what HTTPS_PROXY takes."""
 
     def __init__(self, credentials: str | None = None) -> None:
@@ -68,27 +69,15 @@ class HttpProxy:
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 pass
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="http-proxy", daemon=True)
+        self.serve(Handler, "http-proxy")
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
 
     def seen(self) -> list[tuple[str, str, str | None]]:
         with self._lock:
             return list(self.requests)
-
-    def __enter__(self) -> HttpProxy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(10)
 
 
 def _relay(client: socket.socket, upstream: socket.socket) -> None:

@@ -14,7 +14,8 @@ import http.server
 import pathlib
 import ssl
 import threading
-from types import TracebackType
+
+from devenv.loopback_server import LoopbackServer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +25,7 @@ class Served:
     redirect: str | None = None  # a Location: answered with 302
 
 
-class ImageServer:
+class ImageServer(LoopbackServer):
     """`with ImageServer(routes) as server:` serves `routes` (path -> Served) on 127.0.0.1 at a free port."""
 
     def __init__(self, routes: dict[str, Served], tls: tuple[pathlib.Path, pathlib.Path] | None = None) -> None:
@@ -64,8 +65,7 @@ class ImageServer:
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 pass
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
+        self.serve(Handler, "image-server")
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(*tls)
@@ -73,11 +73,6 @@ class ImageServer:
             # holds only its own connection.
             self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True,
                                                      do_handshake_on_connect=False)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="image-server", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
 
     def url(self, path: str) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}{path}"
@@ -85,13 +80,3 @@ class ImageServer:
     def hits(self, path: str) -> int:
         with self._lock:
             return self.requests[path]
-
-    def __enter__(self) -> ImageServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(10)

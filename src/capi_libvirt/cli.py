@@ -60,7 +60,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                               replace_after_s=args.replace_unreachable_after,
                                               management_cluster_id=args.management_cluster_id,
                                               orphan_grace=args.orphan_grace_period,
-                                              sync_period_s=args.sync_period)
+                                              sync_period_s=args.sync_period, watch_filter=args.watch_filter)
     try:
         lease = election_lease(args)
         metrics_address = _metrics_address(args)
@@ -256,6 +256,10 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
                      type=_positive_int, default=config.DEFAULT_WORKERS, metavar="N",
                      help=f"LibvirtMachine reconciles at once (default: {config.DEFAULT_WORKERS}; "
                           "--max-concurrent-reconciles: the Cluster API Operator's name; --workers: its old name)")
+    run.add_argument("--watch-filter", metavar="VALUE", default="",
+                     help="reconcile only LibvirtMachines, LibvirtClusters and LibvirtMachineTemplates labelled "
+                          "cluster.x-k8s.io/watch-filter=VALUE, as Cluster API's managers (LibvirtHosts are shared: "
+                          "every instance keeps the inventory; placement counts every machine)")
     run.add_argument("--sync-period", type=_duration, default=config.DEFAULT_SYNC_PERIOD_S, metavar="DURATION",
                      help="reconcile every LibvirtMachine at least this often, whatever happened (default: "
                           f"{config.DEFAULT_SYNC_PERIOD_S / 60:g}m, as Cluster API's managers)")

@@ -18,7 +18,11 @@ What is proved:
 - a MachineDeployment of 1 leads Cluster API's controllers to a Machine and a LibvirtMachine that our manager
   provisions over qemu+ssh on a libvirt host (the guest boots and runs its bootstrap data); the Machine is Provisioned
   with the LibvirtMachine's providerID; scaling to 0 leaves nothing on the host;
-- `clusterctl upgrade plan` reads our metadata: it exits 0 and names infrastructure-libvirt at v0.1.0.
+- `clusterctl upgrade plan` reads our metadata: it exits 0 and names infrastructure-libvirt at v0.1.0;
+- `clusterctl upgrade` to a bumped release (v0.1.1: this code's release written beside v0.1.0 in the repository, its
+  image the one built, tagged as v0.1.1 names it): the plan offers it, `upgrade apply` installs it while the machine
+  runs, the inventory and the Deployment say v0.1.1, the VM runs on untouched (same domain ID), and the new manager
+  is the one that deletes the machine when the MachineDeployment scales to 0.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import TypeVar
 
 import pytest
 
-from capi_libvirt.api import meta, templates
+from capi_libvirt.api import meta, release, templates
 from capi_libvirt.core import naming
 from devenv import (
     base_image,
@@ -250,6 +254,47 @@ def create_objects(plane: cp.LocalControlPlane, access: ra.RemoteAccess, spec: d
                                            "name": DEPLOYMENT}}}}})
 
 
+BUMPED = "v0.1.1"  # the release `clusterctl upgrade` goes to: this code again, under the next version
+
+
+def domain_id(host: LibvirtHost, domain_uuid: str) -> int:
+    """The running domain's ID: a new one whenever the VM is started again."""
+    with host.connect() as conn:
+        domain = conn.lookupByUUIDString(domain_uuid)
+        assert domain.isActive(), f"domain {domain_uuid} is not running"
+        return int(domain.ID())
+
+
+def upgrade_to_a_bumped_release(installed: clusterctl_init.ClusterctlInit, plane: cp.LocalControlPlane, image: str,
+                                old_pod: pod_runner.PodmanPod, folder: pathlib.Path) -> pod_runner.PodmanPod:
+    """`clusterctl upgrade` from v0.1.0 to BUMPED, and the bumped manager's pod started as a kubelet would; returns it.
+    The bumped release's files go beside the first ones in the local repository (clusterctl lists a provider's
+    versions from its folders there); its image is the one built, tagged as the bumped components name it."""
+    release.write(installed.repository.root, BUMPED, clusterctl_repository.REPO / "config")
+    pod_runner.podman("tag", image, release.image(BUMPED))
+    plan = installed.clusterctl("upgrade", "plan")
+    assert plan.returncode == 0, plan.stderr
+    [ours] = [line.split() for line in plan.stdout.splitlines() if line.startswith("infrastructure-libvirt ")]
+    assert ours[3:5] == [clusterctl_repository.VERSION, BUMPED], plan.stdout
+    # The upgrade deletes the old Deployment, and with it the pod: stopped here, as the kubelet would stop it.
+    assert old_pod.terminate() == 0, f"SIGTERM: the old manager did not exit cleanly:\n{old_pod.logs()[-4000:]}"
+    old_pod.stop()
+    applied = installed.clusterctl("upgrade", "apply", "--infrastructure",
+                                   f"{meta.PROVIDER_NAMESPACE}/libvirt:{BUMPED}", timeout=300)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    inventory = {p["metadata"]["name"]: p["version"]
+                 for p in items(plane, "/apis/clusterctl.cluster.x-k8s.io/v1alpha3/providers")}
+    assert inventory == {name: version for name, (_, version) in PROVIDERS.items()} | {"infrastructure-libvirt": BUMPED}
+    namespace, name = OURS
+    deployment = plane.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == release.image(BUMPED)
+    pod = pod_runner.PodmanPod(plane, namespace, name, folder, name=f"pod-{namespace}-upgraded")
+    pod.start()
+    pod.wait_ready()
+    return pod
+
+
 def scale(plane: cp.LocalControlPlane, replicas: int) -> None:
     plane.request("PATCH", f"{CAPI}/namespaces/{NAMESPACE}/machinedeployments/{DEPLOYMENT}",
                   {"spec": {"replicas": replicas}}, content_type="application/merge-patch+json")
@@ -328,7 +373,17 @@ def test_a_machine_deployment_is_provisioned_through_what_clusterctl_installed(
         print(f"\n[init] a Machine of the MachineDeployment provisioned and booted after "
               f"{time.monotonic() - started:.1f}s")
 
-        scale(plane, 0)
+        running = domain_id(host, domain_uuid)
+        upgrading = time.monotonic()
+        pod = upgrade_to_a_bumped_release(installed, plane, operator_image, pod, tmp_path / "pod-upgraded")
+        print(f"[init] clusterctl upgrade to {BUMPED} done and its manager ready after "
+              f"{time.monotonic() - upgrading:.1f}s")
+        assert domain_id(host, domain_uuid) == running, "the VM ran on through the upgrade, never restarted"
+        after = plane.request("GET", infra_path)
+        assert after["status"]["initialization"]["provisioned"] and after["spec"]["providerID"] == \
+            body["spec"]["providerID"]
+
+        scale(plane, 0)  # what follows is the bumped release's manager's work: the only one running
         wait_for("the Machine deleted", lambda: items(plane, f"{CAPI}/namespaces/{NAMESPACE}/machines") == [],
                  DELETE_DEADLINE_S)
         wait_for("the LibvirtMachine deleted", lambda: gone(plane, infra_path), DELETE_DEADLINE_S)
@@ -341,3 +396,4 @@ def test_a_machine_deployment_is_provisioned_through_what_clusterctl_installed(
         assert "role: leader" in pod.logs()
     finally:
         pod.stop()
+        pod_runner.podman("untag", operator_image, release.image(BUMPED), check=False)

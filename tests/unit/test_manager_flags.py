@@ -69,3 +69,11 @@ def test_diagnostics_address_only_with_insecure_diagnostics(capsys):
     with pytest.raises(ValueError, match="authenticated HTTPS metrics"):
         cli._metrics_address(parse("--diagnostics-address=:8443"))
     assert cli.main(["run", "--diagnostics-address=:8443", "--health-addr=0"]) == 2
+
+
+def test_the_watch_filter_reaches_the_configuration():
+    from capi_libvirt.operator import config
+
+    assert parse("--watch-filter=team-a").watch_filter == "team-a"
+    assert config.from_environment(watch_filter="team-a").watch_filter == "team-a"
+    assert config.from_environment(watch_filter="").watch_filter is None  # empty: every object

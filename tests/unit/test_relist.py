@@ -109,3 +109,19 @@ async def test_the_sync_period_queues_every_cached_machine() -> None:
     assert runtime.machines.pending == 0
     assert runtime.resync() == 2
     assert runtime.machines.pending == 2  # queued now (a pending timer of a key is replaced by this pass)
+
+
+async def test_a_machine_of_another_watch_filter_is_not_reconciled_but_stays_counted() -> None:
+    theirs, ours = body("theirs", 1), body("ours", 2)
+    theirs["metadata"]["labels"] = {"cluster.x-k8s.io/watch-filter": "other-instance"}
+    ours["metadata"]["labels"] = {"cluster.x-k8s.io/watch-filter": "this-instance"}
+    kube = FakeKube(listed=[theirs, ours])
+    await kube.relist(handlers.api.LIBVIRT_MACHINES, [])
+    runtime = handlers.Runtime(types.SimpleNamespace(kube=kube, observe=Observer()),  # type: ignore[arg-type]
+                               watch_filter="this-instance")
+    assert await runtime.reconcile_machine(("ns", "theirs")) is None  # skipped before any reconcile
+    assert len(list(kube.cache.items(handlers.api.LIBVIRT_MACHINES))) == 2  # placement still counts it
+    from capi_libvirt.operator import config
+    assert config.watched({"cluster.x-k8s.io/watch-filter": "a"}, "a")
+    assert not config.watched({}, "a") and not config.watched({"cluster.x-k8s.io/watch-filter": "b"}, "a")
+    assert config.watched(None, None) and config.watched({"cluster.x-k8s.io/watch-filter": "b"}, None)

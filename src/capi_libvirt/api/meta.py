@@ -16,6 +16,7 @@ CAPI_GROUP = "cluster.x-k8s.io"
 CAPI_VERSION = "v1beta2"
 CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
 PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
+WATCH_FILTER_LABEL = "cluster.x-k8s.io/watch-filter"  # --watch-filter VALUE: only objects with this label = VALUE
 
 # The provider's namespace, ServiceAccount and the ClusterRole that lets it read Secrets: bound only by RoleBindings,
 # one in the provider's namespace (LibvirtHost credentials live there) and one in each namespace it serves (bootstrap

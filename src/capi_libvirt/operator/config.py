@@ -71,6 +71,9 @@ class OperatorConfig:
     orphan_grace_s: float | None = ORPHAN_GRACE_S  # None: orphans are reported, never removed
     orphan_interval_s: float = ORPHAN_INTERVAL_S
     sync_period_s: float = DEFAULT_SYNC_PERIOD_S
+    # --watch-filter: only LibvirtMachines, LibvirtClusters and templates labelled cluster.x-k8s.io/watch-filter=THIS
+    # are reconciled (None: all). LibvirtHosts are the shared inventory: every instance probes them.
+    watch_filter: str | None = None
     # The provider's own namespace: the only one LibvirtHost credentials Secrets may live in (see api.meta).
     provider_namespace: str = meta.PROVIDER_NAMESPACE
 
@@ -126,7 +129,7 @@ def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_
                      probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
                      replace_after_s: float = DEFAULT_REPLACE_AFTER_S, management_cluster_id: str | None = None,
                      orphan_grace: str | None = None, orphan_interval_s: float = ORPHAN_INTERVAL_S,
-                     sync_period_s: float = DEFAULT_SYNC_PERIOD_S) -> OperatorConfig:
+                     sync_period_s: float = DEFAULT_SYNC_PERIOD_S, watch_filter: str | None = None) -> OperatorConfig:
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
     grace = orphan_grace or os.environ.get(ORPHAN_GRACE_ENV)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
@@ -134,4 +137,10 @@ def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_
                           replace_after_s=replace_after_s, provider_namespace=provider_namespace(),
                           management_cluster_id=_management_cluster_id(management_cluster_id),
                           orphan_grace_s=ORPHAN_GRACE_S if grace is None else parse_grace_period(grace),
-                          orphan_interval_s=orphan_interval_s, sync_period_s=sync_period_s)
+                          orphan_interval_s=orphan_interval_s, sync_period_s=sync_period_s,
+                          watch_filter=watch_filter or None)
+
+
+def watched(labels: dict[str, str] | None, watch_filter: str | None) -> bool:
+    """Whether an object with these labels is this instance's to reconcile under --watch-filter."""
+    return watch_filter is None or (labels or {}).get(meta.WATCH_FILTER_LABEL) == watch_filter

@@ -54,11 +54,12 @@ class Runtime:
     def __init__(self, deps: machine_reconcile.Dependencies, namespaces: Sequence[str] = (),
                  workers: int = operator_config.DEFAULT_WORKERS,
                  orphan_interval_s: float = orphans_reconcile.INTERVAL_S,
-                 sync_period_s: float = operator_config.DEFAULT_SYNC_PERIOD_S) -> None:
+                 sync_period_s: float = operator_config.DEFAULT_SYNC_PERIOD_S, watch_filter: str | None = None) -> None:
         self.deps = deps
         self.namespaces = list(namespaces)
         self.orphan_interval_s = orphan_interval_s
         self.sync_period_s = sync_period_s
+        self.watch_filter = watch_filter
         self.machines: workqueue.WorkQueue[tuple[str, str]] = workqueue.WorkQueue(
             self.reconcile_machine, workers, metrics.QueueMetrics(metrics.QUEUE))
         self.machine_worker: asyncio.Task | None = None
@@ -139,6 +140,9 @@ class Runtime:
 
     async def reconcile_machine(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
+        cached = self.deps.kube.cache.get(api.LIBVIRT_MACHINES, namespace, name)
+        if cached is not None and not operator_config.watched(cached["metadata"].get("labels"), self.watch_filter):
+            return None  # another instance's (--watch-filter): placement still counts it, from the cache
 
         def deleting() -> bool:
             body = self.deps.kube.cache.get(api.LIBVIRT_MACHINES, namespace, name)
@@ -239,7 +243,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
                                           orphan_grace_s=cfg.orphan_grace_s,
                                           provider_namespace=cfg.provider_namespace)
     memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers, cfg.orphan_interval_s,
-                                          cfg.sync_period_s),
+                                          cfg.sync_period_s, cfg.watch_filter),
                                   memo.setdefault("state", election.State(None)), observer)
     log.info("static libvirt hosts: %s; LibvirtHost objects add more", ", ".join(hosts.names()) or "none")
 
@@ -386,7 +390,13 @@ async def ip_address_claim_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any
 # -- LibvirtCluster -----------------------------------------------------------------------------------------------
 
 # The two ignores below: kopf types `namespace` as str | None for any resource; LibvirtClusters are namespaced.
-@kopf.daemon(meta.GROUP, meta.VERSION, CLUSTERS, cancellation_timeout=30)  # type: ignore[arg-type]
+def _watched(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> bool:
+    """kopf's `when` filter for --watch-filter (memo.config is set before kopf starts)."""
+    config: operator_config.OperatorConfig | None = memo.get("config")
+    return operator_config.watched(dict(labels), config.watch_filter if config is not None else None)
+
+
+@kopf.daemon(meta.GROUP, meta.VERSION, CLUSTERS, cancellation_timeout=30, when=_watched)  # type: ignore[arg-type]
 async def run_cluster(namespace: str, name: str, labels: kopf.Labels, memo: kopf.Memo,
                       stopped: kopf.DaemonStopped, **_: Any) -> None:
     async def one_pass() -> float | None:
@@ -422,7 +432,7 @@ async def _sleep_until_woken(waker: asyncio.Event, stopped: kopf.DaemonStopped, 
             pass
 
 
-@kopf.on.update(meta.GROUP, meta.VERSION, CLUSTERS)  # type: ignore[arg-type]  # namespaced: see run_cluster
+@kopf.on.update(meta.GROUP, meta.VERSION, CLUSTERS, when=_watched)  # type: ignore[arg-type]  # see run_cluster
 async def libvirt_cluster_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     memo.runtime.wake("cluster", namespace, name)
 
@@ -453,7 +463,7 @@ async def host_deleted(name: str, memo: kopf.Memo, **_: Any) -> None:
 # -- LibvirtMachineTemplate -------------------------------------------------------------------------------------
 
 @kopf.on.event(meta.GROUP, meta.VERSION, kinds.LIBVIRT_MACHINE_TEMPLATE.plural)
-def reconcile_machine_template(event: kopf.RawEvent, patch: kopf.Patch, **_: Any) -> None:
+def reconcile_machine_template(event: kopf.RawEvent, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """Keep status.capacity and status.nodeInfo in step with the template, for scale-from-zero, and say when its spec
     was edited in place (the EditedInPlace condition and a warning log line: such an edit rolls no machine).
 
@@ -462,6 +472,8 @@ def reconcile_machine_template(event: kopf.RawEvent, patch: kopf.Patch, **_: Any
     arrives without status. Writes only what differs, so its own status write ends the loop."""
     body = event["object"]
     if event["type"] == "DELETED" or body["metadata"].get("deletionTimestamp"):
+        return
+    if not operator_config.watched(body["metadata"].get("labels"), memo.config.watch_filter):
         return
     try:
         template = v1alpha1.LibvirtMachineTemplateSpec.model_validate(body.get("spec") or {})

@@ -60,7 +60,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                               replace_after_s=args.replace_unreachable_after,
                                               management_cluster_id=args.management_cluster_id,
                                               orphan_grace=args.orphan_grace_period,
-                                              sync_period_s=args.sync_period, watch_filter=args.watch_filter)
+                                              sync_period_s=args.sync_period, watch_filter=args.watch_filter,
+                                              kube_api_qps=args.kube_api_qps, kube_api_burst=args.kube_api_burst)
     try:
         lease = election_lease(args)
         metrics_address = _metrics_address(args)
@@ -207,6 +208,16 @@ def _positive_seconds(value: str) -> float:
     return seconds
 
 
+def _positive_rate(value: str) -> float:
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = 0.0
+    if not rate > 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of requests a second above 0")
+    return rate
+
+
 def _management_cluster_id(value: str) -> str:
     from capi_libvirt.operator import config
 
@@ -260,6 +271,11 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
                      help="reconcile only LibvirtMachines, LibvirtClusters and LibvirtMachineTemplates labelled "
                           "cluster.x-k8s.io/watch-filter=VALUE, as Cluster API's managers (LibvirtHosts are shared: "
                           "every instance keeps the inventory; placement counts every machine)")
+    run.add_argument("--kube-api-qps", type=_positive_rate, metavar="QPS",
+                     help="at most this many requests a second from the operator's own API client (kopf's watches "
+                          "aside), after a burst (default: not limited; Cluster API's managers default to 20)")
+    run.add_argument("--kube-api-burst", type=_positive_int, default=config.DEFAULT_KUBE_API_BURST, metavar="N",
+                     help=f"requests at once before --kube-api-qps applies (default: {config.DEFAULT_KUBE_API_BURST})")
     run.add_argument("--sync-period", type=_duration, default=config.DEFAULT_SYNC_PERIOD_S, metavar="DURATION",
                      help="reconcile every LibvirtMachine at least this often, whatever happened (default: "
                           f"{config.DEFAULT_SYNC_PERIOD_S / 60:g}m, as Cluster API's managers)")

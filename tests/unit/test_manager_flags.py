@@ -77,3 +77,37 @@ def test_the_watch_filter_reaches_the_configuration():
     assert parse("--watch-filter=team-a").watch_filter == "team-a"
     assert config.from_environment(watch_filter="team-a").watch_filter == "team-a"
     assert config.from_environment(watch_filter="").watch_filter is None  # empty: every object
+
+
+def test_the_api_clients_rate_is_limited_as_client_gos_token_bucket():
+    from capi_libvirt.kube import api
+
+    now = [0.0]
+    limit = api.RateLimit(qps=10, burst=3, clock=lambda: now[0])
+    assert [limit.delay() for _ in range(3)] == [0.0, 0.0, 0.0]  # the burst goes at once
+    assert limit.delay() == pytest.approx(0.1)  # then one every 1/qps seconds
+    assert limit.delay() == pytest.approx(0.2)
+    now[0] = 10.0  # idle: the bucket refills to the burst, no more
+    assert [limit.delay() for _ in range(3)] == [0.0, 0.0, 0.0] and limit.delay() > 0
+    args = parse("--kube-api-qps=20", "--kube-api-burst=30")
+    assert (args.kube_api_qps, args.kube_api_burst) == (20.0, 30)
+    assert parse().kube_api_qps is None  # not limited unless asked
+    with pytest.raises(ValueError):
+        api.RateLimit(qps=0, burst=1)
+    with pytest.raises(SystemExit):
+        parse("--kube-api-qps=0")
+
+
+async def test_a_limited_client_waits_its_turn(monkeypatch):
+    from capi_libvirt.kube import api
+
+    now, slept = [0.0], []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+    monkeypatch.setattr(api.asyncio, "sleep", sleep)
+    limit = api.RateLimit(qps=50, burst=1, clock=lambda: now[0])
+    for _ in range(3):
+        await limit.wait()
+    assert slept == [pytest.approx(0.02), pytest.approx(0.02)]  # after the burst of one, 1/50 s each

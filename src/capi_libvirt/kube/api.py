@@ -12,11 +12,13 @@ once, when a machine's NoCloud ISO is built.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -67,13 +69,39 @@ REQUEST_TIMEOUT_S = 60.0
 RequestObserver = Callable[[str, str], None]  # (HTTP method, status code or "<error>"), once per request
 
 
+class RateLimit:
+    """client-go's token bucket (--kube-api-qps, --kube-api-burst): `burst` requests at once, then `qps` a second."""
+
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if qps <= 0 or burst < 1:
+            raise ValueError(f"rate limit: qps {qps:g} must be above 0 and burst {burst} at least 1")
+        self.qps, self.burst, self.clock = qps, burst, clock
+        self.tokens, self.updated = float(burst), clock()
+        self._lock = asyncio.Lock()
+
+    def delay(self) -> float:
+        """Take a token; the seconds to wait before the request it stands for may go (0: at once)."""
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.updated) * self.qps)
+        self.updated = now
+        self.tokens -= 1.0
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.qps
+
+    async def wait(self) -> None:
+        async with self._lock:  # one request's turn at a time, in the order they came
+            delay = self.delay()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+
 class TimedApiClient(client.ApiClient):
     """kubernetes_asyncio's ApiClient whose requests end after REQUEST_TIMEOUT_S (asyncio.TimeoutError) unless the
     call names its own `_request_timeout`; each request's method and status go to `observe` (the metrics)."""
 
-    def __init__(self, configuration: client.Configuration, observe: RequestObserver | None = None) -> None:
+    def __init__(self, configuration: client.Configuration, observe: RequestObserver | None = None,
+                 rate_limit: RateLimit | None = None) -> None:
         super().__init__(configuration)
-        self.observe = observe
+        self.observe, self.rate_limit = observe, rate_limit
 
     def call_api(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("_request_timeout") is None:
@@ -81,6 +109,8 @@ class TimedApiClient(client.ApiClient):
         return super().call_api(*args, **kwargs)
 
     async def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if self.rate_limit is not None:
+            await self.rate_limit.wait()
         if self.observe is None:
             return await super().request(method, url, *args, **kwargs)
         try:
@@ -99,7 +129,8 @@ def _in_cluster(context: str | None) -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG") and context is None
 
 
-async def new_api_client(context: str | None = None, observe: RequestObserver | None = None) -> client.ApiClient:
+async def new_api_client(context: str | None = None, observe: RequestObserver | None = None,
+                         rate_limit: RateLimit | None = None) -> client.ApiClient:
     """A client from $KUBECONFIG / ~/.kube/config (its current context, or `context`), or the in-cluster service
     account; `observe` sees every request's method and status."""
     configuration = client.Configuration()
@@ -108,7 +139,7 @@ async def new_api_client(context: str | None = None, observe: RequestObserver | 
     else:
         await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context,
                                       client_configuration=configuration)
-    return TimedApiClient(configuration, observe)
+    return TimedApiClient(configuration, observe, rate_limit)
 
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"

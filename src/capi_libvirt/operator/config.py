@@ -22,6 +22,7 @@ MANAGEMENT_CLUSTER_ENV = "CAPI_LIBVIRT_MANAGEMENT_CLUSTER_ID"  # else the kube-s
 ORPHAN_GRACE_ENV = "CAPI_LIBVIRT_ORPHAN_GRACE_PERIOD"  # seconds, or "never" (report orphans, never remove them)
 NAMESPACE_ENV = "POD_NAMESPACE"  # the Deployment sets it from the pod's namespace (the downward API)
 DEFAULT_WORKERS = 16  # machine reconciles at once (each mostly waits on libvirt or the API)
+DEFAULT_KUBE_API_BURST = 30  # Cluster API's managers' burst, for when --kube-api-qps limits the client
 DEFAULT_SYNC_PERIOD_S = 600.0  # every machine reconciled at least this often (Cluster API's managers: 10 minutes)
 
 
@@ -74,6 +75,9 @@ class OperatorConfig:
     # --watch-filter: only LibvirtMachines, LibvirtClusters and templates labelled cluster.x-k8s.io/watch-filter=THIS
     # are reconciled (None: all). LibvirtHosts are the shared inventory: every instance probes them.
     watch_filter: str | None = None
+    # --kube-api-qps, --kube-api-burst: the operator's own API client's rate (None: not limited)
+    kube_api_qps: float | None = None
+    kube_api_burst: int = DEFAULT_KUBE_API_BURST
     # The provider's own namespace: the only one LibvirtHost credentials Secrets may live in (see api.meta).
     provider_namespace: str = meta.PROVIDER_NAMESPACE
 
@@ -129,7 +133,8 @@ def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_
                      probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
                      replace_after_s: float = DEFAULT_REPLACE_AFTER_S, management_cluster_id: str | None = None,
                      orphan_grace: str | None = None, orphan_interval_s: float = ORPHAN_INTERVAL_S,
-                     sync_period_s: float = DEFAULT_SYNC_PERIOD_S, watch_filter: str | None = None) -> OperatorConfig:
+                     sync_period_s: float = DEFAULT_SYNC_PERIOD_S, watch_filter: str | None = None,
+                     kube_api_qps: float | None = None, kube_api_burst: int = DEFAULT_KUBE_API_BURST) -> OperatorConfig:
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
     grace = orphan_grace or os.environ.get(ORPHAN_GRACE_ENV)
     return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
@@ -138,7 +143,7 @@ def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_
                           management_cluster_id=_management_cluster_id(management_cluster_id),
                           orphan_grace_s=ORPHAN_GRACE_S if grace is None else parse_grace_period(grace),
                           orphan_interval_s=orphan_interval_s, sync_period_s=sync_period_s,
-                          watch_filter=watch_filter or None)
+                          watch_filter=watch_filter or None, kube_api_qps=kube_api_qps, kube_api_burst=kube_api_burst)
 
 
 def watched(labels: dict[str, str] | None, watch_filter: str | None) -> bool:

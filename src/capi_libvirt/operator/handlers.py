@@ -230,7 +230,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     cfg: operator_config.OperatorConfig = memo.get("config") or operator_config.from_environment()
     credentials.sweep_leftovers()  # key files a crash in the middle of connecting may have left behind
     hosts = connection.HostRegistry(cfg.hosts, observe=metrics.libvirt_call)
-    kube = api.KubeAPI(await api.new_api_client(observe=metrics.api_request))
+    limit = None if cfg.kube_api_qps is None else api.RateLimit(cfg.kube_api_qps, cfg.kube_api_burst)
+    kube = api.KubeAPI(await api.new_api_client(observe=metrics.api_request, rate_limit=limit))
     observer = metrics.Observer()
     management_cluster = cfg.management_cluster_id or await _management_cluster_identity(kube)
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(

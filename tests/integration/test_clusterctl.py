@@ -119,11 +119,11 @@ def test_generate_provider_reads_the_release(repository: pathlib.Path, tmp_path:
     # The other settings: replicas (they elect a leader) and the log format.
     [deployment] = [d for d in documents if d["kind"] == "Deployment"]
     assert deployment["spec"]["replicas"] == 1
-    assert "--log-format=json" in _manager_container(deployment)["args"]
+    assert "--logging-format=json" in _manager_container(deployment)["args"]
     [deployment] = [d for d in generate(env={"CAPI_LIBVIRT_REPLICAS": "2", "CAPI_LIBVIRT_LOG_FORMAT": "plain"})
                     if d["kind"] == "Deployment"]
     assert deployment["spec"]["replicas"] == 2
-    assert "--log-format=plain" in _manager_container(deployment)["args"]
+    assert "--logging-format=plain" in _manager_container(deployment)["args"]
 
 
 def test_config_default_is_what_kustomize_builds(repository: pathlib.Path) -> None:

@@ -4,9 +4,21 @@ bed's small servers (devenv.image_server, devenv.http_proxy) are made of."""
 from __future__ import annotations
 
 import http.server
+import ssl
+import sys
 import threading
 from types import TracebackType
 from typing import Self
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client refusing the TLS handshake (what a test of an unknown CA makes happen) or hanging up is no error
+        of the server's: not printed. Anything else is, as http.server prints it."""
+        if not isinstance(sys.exc_info()[1], ssl.SSLError | ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class LoopbackServer:
@@ -16,8 +28,7 @@ class LoopbackServer:
     _thread: threading.Thread
 
     def serve(self, handler: type[http.server.BaseHTTPRequestHandler], name: str) -> None:
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _Server(("127.0.0.1", 0), handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name=name, daemon=True)
 
     @property

@@ -170,19 +170,25 @@ def test_clusterctl_init_installs_cert_manager_and_the_providers_that_run(
     # Service's certificate (its CA Issuer's for the providers; its webhook's dynamic CA for cert-manager itself).
     expected = {(namespace, service): plane.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{secret}")[
         "data"]["ca.crt"] for (namespace, service), secret in WEBHOOK_SECRETS.items()}
-    client_configs = {}
-    for crd in items(plane, capi.CRDS):
-        webhook = (crd["spec"].get("conversion") or {}).get("webhook")
-        if crd["spec"]["conversion"]["strategy"] == "Webhook":
-            client_configs[f"CRD {crd['metadata']['name']}"] = webhook["clientConfig"]
-    assert len(client_configs) >= 17, "Cluster API's CRDs with their conversion webhooks (core 13, kubeadm 2 + 2)"
-    for kind, collection in capi.WEBHOOK_COLLECTIONS.items():
-        for configuration in items(plane, collection):
-            for webhook in configuration["webhooks"]:
-                client_configs[f"{kind} {configuration['metadata']['name']} {webhook['name']}"] = webhook["clientConfig"]
-    for what, client_config in client_configs.items():
-        service = (client_config["service"]["namespace"], client_config["service"]["name"])
-        assert client_config.get("caBundle") == expected[service], f"{what}: caBundle injected"
+    def client_configs() -> dict[str, dict]:
+        found = {}
+        for crd in items(plane, capi.CRDS):
+            webhook = (crd["spec"].get("conversion") or {}).get("webhook")
+            if crd["spec"]["conversion"]["strategy"] == "Webhook":
+                found[f"CRD {crd['metadata']['name']}"] = webhook["clientConfig"]
+        for kind, collection in capi.WEBHOOK_COLLECTIONS.items():
+            for configuration in items(plane, collection):
+                for webhook in configuration["webhooks"]:
+                    found[f"{kind} {configuration['metadata']['name']} {webhook['name']}"] = webhook["clientConfig"]
+        return found
+
+    def not_injected() -> list[str]:
+        return [what for what, client_config in client_configs().items() if client_config.get("caBundle") !=
+                expected[(client_config["service"]["namespace"], client_config["service"]["name"])]]
+    # cainjector writes them as it gets to them (a busy machine: a CRD a few seconds after its Certificate is Ready).
+    wait_for("the CA injected into every conversion and webhook", lambda: not not_injected() or None, 120)
+    assert sum(what.startswith("CRD ") for what in client_configs()) >= 17, \
+        "Cluster API's CRDs with their conversion webhooks (core 13, kubeadm 2 + 2)"
 
     # The managers: alive, logged in as their Deployments' ServiceAccounts, serving (their probe went through the
     # API server, the Service's EndpointSlice and cert-manager's certificate at start).

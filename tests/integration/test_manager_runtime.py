@@ -194,7 +194,10 @@ async def test_one_of_two_replicas_works_and_the_other_takes_over_when_it_stops(
     leader, standby = await wait_until("one leader and one standby", one_leader, DEADLINE_S)
     leader_identity = (await leader.readiness())[1]["identity"]
     assert holder(control_plane, lease) == leader_identity
-    assert (await standby.readiness())[1]["problem"] == f"held by {leader_identity}"
+
+    async def standing_by_for_the_leader() -> bool:  # (its first try may have met the leader's create: a 409)
+        return (await standby.readiness())[1].get("problem") == f"held by {leader_identity}"
+    await wait_until("the standby to see the leader's Lease", standing_by_for_the_leader, DEADLINE_S)
     before = {operator: await operator.reconciles(CLUSTER) for operator in pair}
 
     await create_libvirt_cluster(api_client, namespace, "first")

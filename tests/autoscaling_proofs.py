@@ -23,7 +23,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta, templates
-from day2_rollouts import DEPLOYMENT_LABEL, endpoint_answers, workload_read
+from day2_rollouts import DEPLOYMENT_LABEL, endpoint_answers, workload_read, workload_write
 from devenv import autoscaling
 from guests import provider_objects
 from kubeadm_workers import by_kind, create, is_ready, libvirt_machines, machines
@@ -84,17 +84,6 @@ def pod(name: str) -> client.V1Pod:
             resources=client.V1ResourceRequirements(requests={"cpu": POD_CPU, "memory": POD_MEMORY}))]))
 
 
-async def _created(call) -> object:
-    """A create on the workload API server, retried by the caller's wait while it does not answer: an answer that
-    the object exists (an earlier try's, whose answer was lost) counts as made."""
-    try:
-        return await workload_read(call())
-    except client.ApiException as error:
-        if error.status == 409:
-            return True
-        raise
-
-
 async def _cordon(workload_api: client.ApiClient, node: str, cordoned: bool) -> None:
     async def patched():
         return await workload_read(client.CoreV1Api(workload_api).patch_node(
@@ -130,9 +119,9 @@ async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: clie
     template = by_kind(workers)["LibvirtMachineTemplate"]["spec"]["template"]["spec"]
     assert (capacity["cpu"], capacity["memory"]) == (str(template["cpus"]), f"{template['memoryMiB']}Mi"), capacity
 
-    await wait_until(f"the workload cluster's {AUTOSCALER_NAMESPACE} namespace", lambda: _created(
-        lambda: core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=AUTOSCALER_NAMESPACE)),
-                                      _request_timeout=10)), 300.0, interval=3.0)
+    await workload_write(f"the workload cluster's {AUTOSCALER_NAMESPACE} namespace", lambda: core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=AUTOSCALER_NAMESPACE)), _request_timeout=10),
+        done_if=(409,))
     others = [m for m in await machines(api, namespace)
               if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == f"{cluster}-md-0"]
     cordoned = [m["status"]["nodeRef"]["name"] for m in others]
@@ -153,8 +142,8 @@ async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: clie
         endpoint_answers, workload_kubeconfig), 600.0, interval=2.0)
     with autoscaler:
         for i in range(N):
-            await wait_until("a Pod created", lambda i=i: _created(lambda: core.create_namespaced_pod(
-                POD_NAMESPACE, pod(f"work-{i}"), _request_timeout=10)), 300.0, interval=3.0)
+            await workload_write("a Pod created", lambda i=i: core.create_namespaced_pod(
+                POD_NAMESPACE, pod(f"work-{i}"), _request_timeout=10), done_if=(409,))
         phases.mark("Pods pending")
 
         def of_autoscaled(found: list[dict]) -> list[dict]:

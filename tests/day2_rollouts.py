@@ -66,6 +66,23 @@ async def workload_read(call: Awaitable[T]) -> T | Pending:
         raise
 
 
+async def workload_write(what: str, call: Callable[[], Awaitable[object]], *, done_if: tuple[int, ...] = (),
+                         deadline_s: float = 300.0) -> object:
+    """A write to the workload API server, made again while it does not answer (as workload_read); an answer with a
+    status in `done_if` counts as done (409 for a create whose earlier try reached the server before its answer was
+    lost, 404 for a delete). Every other refusal fails the test."""
+    async def attempt() -> object:
+        try:
+            answered = await workload_read(call())
+        except client.ApiException as error:
+            if error.status in done_if:
+                return True
+            raise
+        return answered if isinstance(answered, Pending) else (answered or True)
+
+    return await wait_until(what, attempt, deadline_s, interval=3.0)
+
+
 async def workload_snapshot(workload_api: client.ApiClient) -> tuple[dict[str, client.V1Node], set[str]] | Pending:
     """The workload cluster's Nodes by name and the nodes with a Running etcd Pod, whether their Node object is still
     there or not (or a Pending, as workload_read)."""

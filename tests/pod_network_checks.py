@@ -3,7 +3,8 @@ tests prove it: flannel's DaemonSet Ready on every Node, each Node its own slice
 netexec` pods, one pinned to each Node, asked through the workload API server's pod proxy to call each other
 (`/dial`): pod to pod across the two nodes both ways, then a ClusterIP Service of the worker's pod by its address
 (kube-proxy) and by its DNS name (CoreDNS). Each ask is retried until it answers, and what it read last is the
-wait's last-seen state. The check's namespace is deleted at the end."""
+wait's last-seen state; so is every write (day2_rollouts.workload_write): the workload API server restarts under
+TCG load, and a create whose answer was lost counts as made (409). The check's namespace is deleted at the end."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import pod_network, templates
-from day2_rollouts import workload_read
+from day2_rollouts import workload_read, workload_write
 
 from waiting import Clock, Pending, wait_until
 
@@ -110,23 +111,29 @@ async def prove_the_pod_network(workload_api: client.ApiClient, control_plane_no
     core = client.CoreV1Api(workload_api)
     agnhost = await _agnhost_image(workload_api, control_plane_node)
     assert agnhost, f"the Node {control_plane_node} reports no agnhost image (the node image preloads it)"
-    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)), _request_timeout=20)
+    await workload_write(f"the namespace {NAMESPACE} created", lambda: core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)), _request_timeout=20), done_if=(409,))
     # Pods are admitted once the namespace's `default` ServiceAccount exists (kube-controller-manager makes it).
     await wait_until(f"the ServiceAccount {NAMESPACE}/default", lambda: _default_service_account(workload_api),
                      DEADLINE_S, interval=2.0)
     server, caller = "netexec-worker", "netexec-control-plane"
     for name, node, side in ((caller, control_plane_node, "control-plane"), (server, worker_node, "worker")):
-        await core.create_namespaced_pod(NAMESPACE, _netexec_pod(name, node, agnhost, side), _request_timeout=20)
-    await core.create_namespaced_service(NAMESPACE, client.V1Service(
-        metadata=client.V1ObjectMeta(name=SERVICE, namespace=NAMESPACE),
-        spec=client.V1ServiceSpec(selector={"app": SERVICE, "side": "worker"}, ports=[
-            client.V1ServicePort(port=SERVICE_PORT, target_port=AGNHOST_PORT)])), _request_timeout=20)
+        pod = _netexec_pod(name, node, agnhost, side)
+        await workload_write(f"the pod {name} created", lambda p=pod: core.create_namespaced_pod(
+            NAMESPACE, p, _request_timeout=20), done_if=(409,))
+    await workload_write(f"the Service {SERVICE} created", lambda: core.create_namespaced_service(
+        NAMESPACE, client.V1Service(
+            metadata=client.V1ObjectMeta(name=SERVICE, namespace=NAMESPACE),
+            spec=client.V1ServiceSpec(selector={"app": SERVICE, "side": "worker"}, ports=[
+                client.V1ServicePort(port=SERVICE_PORT, target_port=AGNHOST_PORT)])), _request_timeout=20),
+        done_if=(409,))
     ips = {}
     for name in (caller, server):
         ips[name] = await wait_until(f"the pod {name} Ready with an address", lambda n=name: _pod_ip(workload_api, n),
                                      DEADLINE_S, interval=3.0)
         assert any(ipaddress.ip_address(ips[name]) in s for s in slices), (name, ips[name], cidrs)
-    service = await core.read_namespaced_service(SERVICE, NAMESPACE, _request_timeout=20)
+    service = await wait_until(f"the Service {SERVICE} read", lambda: workload_read(
+        core.read_namespaced_service(SERVICE, NAMESPACE, _request_timeout=20)), DEADLINE_S, interval=3.0)
     calls = {
         f"{caller} -> {server} ({ips[server]}, the other Node)": (caller, ips[server], AGNHOST_PORT, server),
         f"{server} -> {caller} ({ips[caller]}, the other Node)": (server, ips[caller], AGNHOST_PORT, caller),
@@ -142,12 +149,14 @@ async def prove_the_pod_network(workload_api: client.ApiClient, control_plane_no
         assert answers[what] == expected, (what, answers[what])
         clock.mark(f"answered: {what}")
     # Gone before the day-2 rollouts: a drain would wait on Pods no controller owns.
-    await core.delete_namespace(NAMESPACE, grace_period_seconds=0, _request_timeout=20)
+    await workload_write(f"the namespace {NAMESPACE} deleted", lambda: core.delete_namespace(
+        NAMESPACE, grace_period_seconds=0, _request_timeout=20), done_if=(404,))
     return answers
 
 
 async def _agnhost_image(workload_api: client.ApiClient, node: str) -> str | None:
     """The agnhost image the Node's container runtime holds (the node image preloads it), from the Node's status."""
-    found = await client.CoreV1Api(workload_api).read_node(node, _request_timeout=20)
+    found = await wait_until(f"the Node {node} read", lambda: workload_read(
+        client.CoreV1Api(workload_api).read_node(node, _request_timeout=20)), DEADLINE_S, interval=3.0)
     names = [name for image in found.status.images or [] for name in image.names or []]
     return next((n for n in names if "/agnhost:" in n), None)

@@ -89,7 +89,9 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
             leases = conn.networkLookupByName(libvirt_host.network_name).DHCPLeases(mac)
         assert internal == [lease["ipaddr"] for lease in leases], (internal, leases)
         ready = {c["type"]: c for c in body["status"]["conditions"]}
-        assert ready["Ready"]["status"] == "True" and ready["Provisioned"]["reason"] == "Provisioned"
+        assert (ready["Ready"]["status"], ready["Provisioned"]["reason"]) == ("True", "Provisioned"), \
+            (body["status"]["conditions"], [(e.reason, e.message) for e in (await core.list_namespaced_event(
+                namespace)).items], [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")])
 
         async def node_provider_id():
             return (await core.read_node(naming.hostname(machine_name))).spec.provider_id

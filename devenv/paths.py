@@ -14,6 +14,7 @@ KUSTOMIZE_VERSION = os.environ.get("KUSTOMIZE_VERSION", "v5.8.1")
 CLUSTER_AUTOSCALER_VERSION = os.environ.get("CLUSTER_AUTOSCALER_VERSION", "v0.0.0-20250613073258-1959f5f61f6c")
 # What clusterctl CLUSTER_API_VERSION installs by default; hack/cert-manager/go.mod pins the same.
 CERT_MANAGER_VERSION = os.environ.get("CERT_MANAGER_VERSION", "v1.20.2")
+CLUSTER_API_OPERATOR_VERSION = os.environ.get("CLUSTER_API_OPERATOR_VERSION", "v0.29.0")
 
 
 def cache_dir() -> pathlib.Path:
@@ -107,3 +108,13 @@ def guest_image_dir() -> pathlib.Path:
 def run_dir() -> pathlib.Path:
     """Run-time state of started daemons (sockets, pid files, logs); one sub-folder per daemon."""
     return pathlib.Path(os.environ.get("CAPI_LIBVIRT_RUN", "/run/capi-libvirt"))
+
+
+def cluster_api_operator_binary() -> pathlib.Path:
+    """The Cluster API Operator's manager (its module's cmd package), built by hack/build-upstream.sh."""
+    return bin_dir() / f"cluster-api-operator-{CLUSTER_API_OPERATOR_VERSION}"
+
+
+def cluster_api_operator_module_dir() -> pathlib.Path:
+    """The Cluster API Operator module's source (hack/build-upstream.sh links it): its CRDs."""
+    return cache_dir() / f"cluster-api-operator-{CLUSTER_API_OPERATOR_VERSION}"

@@ -9,7 +9,8 @@
 # `control-plane` is what `make run` and `make demo` need: etcd, kube-apiserver, kubeadm (its phases make the API
 # server's certificates) and Cluster API's module (its CRDs). `kubernetes` builds what the node image needs first
 # (kubelet and kubeadm, with the other Kubernetes commands in the same `go build`), so the Makefile can start the node
-# image while `rest` builds the others (etcd, kustomize, Cluster API, cluster-autoscaler, cert-manager, helm). Programs of one module
+# image while `rest` builds the others (etcd, kustomize, Cluster API, the Cluster API Operator, cluster-autoscaler,
+# cert-manager, helm). Programs of one module
 # are built by one `go build` (they share its compilation and link side by side). Each build prints one line when it
 # starts and one when it ends; its output (`go: downloading ...`) goes to out/logs/build-<name>.log, whose end is
 # printed if it fails. Each build's seconds land in out/timing/setup.tsv (hack/timed.sh, tests/timing_report.py).
@@ -31,6 +32,8 @@ case "$group" in control-plane|kubernetes|rest|all) ;; *) echo "usage: $0 [contr
 # pinned by hack/cert-manager/go.mod, which this must name. helm: the version cert-manager's release pins to render it.
 : "${CERT_MANAGER_VERSION:=v1.20.2}"
 : "${HELM_VERSION:=v4.1.1}"
+# The Cluster API Operator, to install the provider as its InfrastructureProvider (tests/e2e/test_capi_operator.py).
+: "${CLUSTER_API_OPERATOR_VERSION:=v0.29.0}"
 : "${CAPI_LIBVIRT_CACHE:=$HOME/.cache/capi-libvirt}"
 
 bin="$CAPI_LIBVIRT_CACHE/bin"
@@ -187,6 +190,7 @@ etcd_build() { go_build_in_scratch go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "" 
 node_etcd_build() { go_build_in_scratch go.etcd.io/etcd/server/v3 "$NODE_ETCD_VERSION" "" "$1" go.etcd.io/etcd/server/v3; }
 coredns_build() { go_install "$COREDNS_VERSION" "" "$1" github.com/coredns/coredns; }
 kustomize_build() { go_install "$KUSTOMIZE_VERSION" "" "$1" sigs.k8s.io/kustomize/kustomize/v5; }
+operator_build() { go_install "$CLUSTER_API_OPERATOR_VERSION" "" "$1" sigs.k8s.io/cluster-api-operator/cmd; }
 
 build_etcd() {
   local etcd="$bin/etcd-$ETCD_VERSION"
@@ -273,6 +277,14 @@ fi
 ln -sfn "$capi_manager" "$bin/cluster-api-manager"
 ln -sfn "$clusterctl" "$bin/clusterctl"
 link_cluster_api_module
+
+# The Cluster API Operator's manager (its go.mod has no replace directives), and its module linked for its CRDs.
+operator="$bin/cluster-api-operator-$CLUSTER_API_OPERATOR_VERSION"
+[ -x "$operator" ] || build cluster-api-operator \
+  "the Cluster API Operator $CLUSTER_API_OPERATOR_VERSION (3-6 minutes on 2 cores, once)" \
+  build_single "$operator" operator_build
+ln -sfn "$(module_field "sigs.k8s.io/cluster-api-operator@$CLUSTER_API_OPERATOR_VERSION" Dir)" \
+  "$CAPI_LIBVIRT_CACHE/cluster-api-operator-$CLUSTER_API_OPERATOR_VERSION"
 
 # cluster-autoscaler, with only the Cluster API cloud provider compiled in (build tag clusterapi). Its go.mod pins k8s.io
 # staging modules with replace directives (copied into the scratch module) and replaces its nested module

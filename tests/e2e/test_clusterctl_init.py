@@ -27,22 +27,18 @@ What is proved:
 
 from __future__ import annotations
 
-import base64
 import os
 import pathlib
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+from collections.abc import Iterator
 
 import pytest
 
-from capi_libvirt.api import meta, release, templates
-from capi_libvirt.core import naming
+from capi_libvirt.api import meta, release
 from devenv import (
     base_image,
-    capi_objects,
     clusterctl_init,
     clusterctl_repository,
     management_cluster,
@@ -54,21 +50,24 @@ from devenv import capi_controller as capi
 from devenv import control_plane as cp
 from devenv import remote_access as ra
 from devenv.libvirt_host import LibvirtHost
-from guests import host_access, host_objects, machine_spec
+from guests import machine_spec
+from installed_provider import (
+    Names,
+    condition,
+    create_objects,
+    delete_everything,
+    items,
+    provisioned_machine,
+    scaled_to_zero_leaves_nothing,
+    wait_for,
+)
 
-import waiting
 from prereq import require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-T = TypeVar("T")
 SUBNET, LINK = "192.168.156.0/24", 156
-HOST = "init-host"
-NAMESPACE = "init-demo"
-CLUSTER, DEPLOYMENT, SECRET = "init", "init-workers", "init-workers-bootstrap"
-DEPLOYMENT_LABEL = "cluster.x-k8s.io/deployment-name"
-CAPI = f"/apis/{meta.CAPI_GROUP}/{meta.CAPI_VERSION}"
-INFRA = f"/apis/{meta.GROUP}/{meta.VERSION}"
+NAMES = Names(namespace="init-demo", cluster="init", host="init-host")
 OURS = management_cluster.OPERATOR
 PROVIDERS = {  # the inventory clusterctl writes: provider name -> (type, version)
     "cluster-api": ("CoreProvider", paths.CLUSTER_API_VERSION),
@@ -76,38 +75,12 @@ PROVIDERS = {  # the inventory clusterctl writes: provider name -> (type, versio
     "control-plane-kubeadm": ("ControlPlaneProvider", paths.CLUSTER_API_VERSION),
     "infrastructure-libvirt": ("InfrastructureProvider", clusterctl_repository.VERSION),
 }
-PROVISION_DEADLINE_S = 600.0
-DELETE_DEADLINE_S = 180.0
 # Each provider's webhook Service and the Secret cert-manager writes for its Certificate. The kubeadm control plane's is
 # installed and issued; its manager is not built nor run here.
 WEBHOOK_SECRETS = {(p.namespace, p.webhook_service): p.certificate_secret for p in (capi.CORE, capi.KUBEADM_BOOTSTRAP)}
 WEBHOOK_SECRETS[("capi-kubeadm-control-plane-system", "capi-kubeadm-control-plane-webhook-service")] = \
     "capi-kubeadm-control-plane-webhook-service-cert"
 WEBHOOK_SECRETS[("cert-manager", "cert-manager-webhook")] = "cert-manager-webhook-ca"  # its webhook's dynamic CA
-
-
-def wait_for(what: str, probe: Callable[[], T], timeout: float = 120.0, interval: float = 1.0) -> T:
-    """waiting.wait_for with this test's longer defaults (cert-manager and the managers start here)."""
-    return waiting.wait_for(what, probe, timeout, interval)
-
-
-def items(plane: cp.LocalControlPlane, path: str) -> list[dict]:
-    return plane.request("GET", path)["items"]
-
-
-def gone(plane: cp.LocalControlPlane, path: str) -> bool:
-    try:
-        plane.request("GET", path)
-    except cp.ControlPlaneError as error:
-        if error.status == 404:
-            return True
-        raise
-    return False
-
-
-def condition(document: dict, kind: str) -> str | None:
-    return next((c["status"] for c in (document.get("status") or {}).get("conditions") or [] if c["type"] == kind),
-                None)
 
 
 # -- fixtures --------------------------------------------------------------------------------------------------------
@@ -140,7 +113,7 @@ def installed(management: management_cluster.ManagementCluster) -> clusterctl_in
 def ssh_host(guest_image):
     for program in ("/usr/sbin/sshd", "ssh", "openssl", "ssh-keygen", "libvirtd", "qemu-system-x86_64"):
         require(shutil.which(program) is not None, f"{program} (make test installs it)")
-    with ra.RemoteAccess(LibvirtHost(HOST, SUBNET), link_index=LINK) as access:
+    with ra.RemoteAccess(LibvirtHost(NAMES.host, SUBNET), link_index=LINK) as access:
         with access.host.connect() as conn:
             volume = base_image.upload_base_image(conn, access.host.pool_name, guest_image)
         yield access, volume
@@ -214,52 +187,6 @@ def test_clusterctl_upgrade_plan_reads_our_metadata(installed: clusterctl_init.C
 
 # -- a machine through what clusterctl installed ---------------------------------------------------------------------
 
-def create_objects(plane: cp.LocalControlPlane, access: ra.RemoteAccess, spec: dict, marker: str) -> None:
-    """The host and its credentials, then what a user applies: bootstrap Secret, LibvirtCluster,
-    LibvirtMachineTemplate, Cluster, MachineDeployment (1 replica)."""
-    plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                 "metadata": {"name": NAMESPACE}})
-    # The host's credentials in the provider's namespace, where clusterctl init put it and its Secrets RoleBinding;
-    # the cluster's namespace gets the RoleBinding the cluster templates carry (templates.secrets_binding).
-    plane.request("POST", f"/api/v1/namespaces/{meta.PROVIDER_NAMESPACE}/secrets", {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": HOST},
-        "data": {"ssh-privatekey": base64.b64encode(access.ssh_key.read_bytes()).decode(),
-                 "known_hosts": base64.b64encode(access.known_hosts.read_bytes()).decode()}})
-    binding = templates.secrets_binding()
-    binding["metadata"] = {"name": f"{CLUSTER}-{meta.SECRETS_CLUSTER_ROLE}", "namespace": NAMESPACE}
-    binding["subjects"][0]["namespace"] = meta.PROVIDER_NAMESPACE
-    plane.apply(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings", binding)
-    plane.request("POST", f"{INFRA}/libvirthosts", {
-        "apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": {"name": HOST},
-        "spec": {"uri": f"qemu+ssh://root@{access.address}/system", "storagePool": access.host.pool_name,
-                 "access": host_access(spec),
-                 "credentialsSecretRef": {"name": HOST, "namespace": meta.PROVIDER_NAMESPACE}}})
-    plane.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", {
-        "apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
-        "metadata": {"name": SECRET, "labels": {meta.CLUSTER_NAME_LABEL: CLUSTER}},
-        "data": {"value": base64.b64encode(capi_objects.marker_user_data(marker).encode()).decode(),
-                 "format": base64.b64encode(b"cloud-config").decode()}})
-    # The endpoint is only data here (no control plane, nothing connects to it): the test API server's own.
-    plane.request("POST", f"{INFRA}/namespaces/{NAMESPACE}/libvirtclusters", {
-        "apiVersion": meta.API_VERSION, "kind": "LibvirtCluster", "metadata": {"name": CLUSTER},
-        "spec": {"controlPlaneEndpoint": {"host": "127.0.0.1", "port": plane.secure_port}}})
-    plane.request("POST", f"{INFRA}/namespaces/{NAMESPACE}/libvirtmachinetemplates", {
-        "apiVersion": meta.API_VERSION, "kind": "LibvirtMachineTemplate", "metadata": {"name": DEPLOYMENT},
-        "spec": {"template": {"spec": spec}}})
-    plane.request("POST", f"{CAPI}/namespaces/{NAMESPACE}/clusters", {
-        "apiVersion": f"{meta.CAPI_GROUP}/{meta.CAPI_VERSION}", "kind": "Cluster", "metadata": {"name": CLUSTER},
-        "spec": {"infrastructureRef": {"apiGroup": meta.GROUP, "kind": "LibvirtCluster", "name": CLUSTER}}})
-    labels = {DEPLOYMENT_LABEL: DEPLOYMENT}
-    plane.request("POST", f"{CAPI}/namespaces/{NAMESPACE}/machinedeployments", {
-        "apiVersion": f"{meta.CAPI_GROUP}/{meta.CAPI_VERSION}", "kind": "MachineDeployment",
-        "metadata": {"name": DEPLOYMENT},
-        "spec": {"clusterName": CLUSTER, "replicas": 1, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": {
-                     "clusterName": CLUSTER, "bootstrap": {"dataSecretName": SECRET},
-                     "infrastructureRef": {"apiGroup": meta.GROUP, "kind": "LibvirtMachineTemplate",
-                                           "name": DEPLOYMENT}}}}})
-
-
 BUMPED = "v0.1.1"  # the release `clusterctl upgrade` goes to: this code again, under the next version
 
 
@@ -301,30 +228,6 @@ def upgrade_to_a_bumped_release(installed: clusterctl_init.ClusterctlInit, plane
     return pod
 
 
-def scale(plane: cp.LocalControlPlane, replicas: int) -> None:
-    plane.request("PATCH", f"{CAPI}/namespaces/{NAMESPACE}/machinedeployments/{DEPLOYMENT}",
-                  {"spec": {"replicas": replicas}}, content_type="application/merge-patch+json")
-
-
-def delete_everything(plane: cp.LocalControlPlane) -> None:
-    """The Cluster (Cluster API deletes what hangs off it; our manager releases the LibvirtCluster), then the rest."""
-    for path in (f"{CAPI}/namespaces/{NAMESPACE}/clusters/{CLUSTER}",
-                 f"{INFRA}/namespaces/{NAMESPACE}/libvirtmachinetemplates/{DEPLOYMENT}"):
-        try:
-            plane.request("DELETE", path)
-        except cp.ControlPlaneError as error:
-            if error.status != 404:
-                raise
-    wait_for("the Cluster deleted", lambda: gone(plane, f"{CAPI}/namespaces/{NAMESPACE}/clusters/{CLUSTER}"),
-             DELETE_DEADLINE_S)
-    try:
-        plane.request("DELETE", f"{INFRA}/libvirthosts/{HOST}")
-    except cp.ControlPlaneError as error:
-        if error.status != 404:
-            raise
-    wait_for("the LibvirtHost released", lambda: gone(plane, f"{INFRA}/libvirthosts/{HOST}"), DELETE_DEADLINE_S)
-
-
 def test_a_machine_deployment_is_provisioned_through_what_clusterctl_installed(
         installed: clusterctl_init.ClusterctlInit, plane: cp.LocalControlPlane, operator_image: str, ssh_host,
         guest_image, tmp_path: pathlib.Path) -> None:
@@ -341,41 +244,9 @@ def test_a_machine_deployment_is_provisioned_through_what_clusterctl_installed(
     try:
         pod.start()
         pod.wait_ready()
-        create_objects(plane, access, machine_spec(host, guest_image, volume) | {"host": HOST}, marker)
-
-        def machine() -> dict | None:
-            found = items(plane, f"{CAPI}/namespaces/{NAMESPACE}/machines")
-            return found[0] if len(found) == 1 else None
-        made = wait_for("Cluster API's MachineSet to create 1 Machine", machine)
-        infra_name = made["spec"]["infrastructureRef"]["name"]
-        infra_path = f"{INFRA}/namespaces/{NAMESPACE}/libvirtmachines/{infra_name}"
-
-        def provisioned() -> dict | None:
-            assert pod.running(), f"the container exited:\n{pod.logs()[-4000:]}"
-            try:
-                body = plane.request("GET", infra_path)
-            except cp.ControlPlaneError as error:
-                if error.status == 404:
-                    return None
-                raise
-            return body if (body.get("status") or {}).get("initialization", {}).get("provisioned") else None
-        body = wait_for("the LibvirtMachine provisioned by our manager", provisioned, PROVISION_DEADLINE_S, 2.0)
-        uid = body["metadata"]["uid"]
-        domain_uuid = naming.domain_uuid(uid)
-        assert [r["uid"] for r in body["metadata"]["ownerReferences"] if r["kind"] == "Machine"] == \
-            [made["metadata"]["uid"]], "Cluster API's Machine controller owns the LibvirtMachine"
-        assert body["spec"]["providerID"] == f"libvirt://{HOST}/{domain_uuid}"
-        assert [a for a in body["status"]["addresses"] if a["address"].startswith("192.168.156.")]
-
-        def machine_provisioned() -> dict | None:
-            current = plane.request("GET", f"{CAPI}/namespaces/{NAMESPACE}/machines/{made['metadata']['name']}")
-            return current if (current.get("status") or {}).get("phase") == "Provisioned" else None
-        current = wait_for("the Machine Provisioned", machine_provisioned, 120)
-        assert current["spec"]["providerID"] == body["spec"]["providerID"]
-        serial_log = pathlib.Path(host.pool_dir) / naming.serial_log_file_name(NAMESPACE, infra_name, uid)
-        wait_for("the bootstrap marker on the console",
-                 lambda: serial_log.exists() and marker in serial_log.read_text(errors="replace"),
-                 PROVISION_DEADLINE_S, 2.0)
+        create_objects(plane, NAMES, access, machine_spec(host, guest_image, volume), marker)
+        machine = provisioned_machine(plane, NAMES, pod, host, marker)
+        body, domain_uuid = machine.infra, machine.domain_uuid
         print(f"\n[init] a Machine of the MachineDeployment provisioned and booted after "
               f"{time.monotonic() - started:.1f}s")
 
@@ -385,19 +256,13 @@ def test_a_machine_deployment_is_provisioned_through_what_clusterctl_installed(
         print(f"[init] clusterctl upgrade to {BUMPED} done and its manager ready after "
               f"{time.monotonic() - upgrading:.1f}s")
         assert domain_id(host, domain_uuid) == running, "the VM ran on through the upgrade, never restarted"
-        after = plane.request("GET", infra_path)
+        after = plane.request("GET", machine.infra_path)
         assert after["status"]["initialization"]["provisioned"] and after["spec"]["providerID"] == \
             body["spec"]["providerID"]
 
-        scale(plane, 0)  # what follows is the bumped release's manager's work: the only one running
-        wait_for("the Machine deleted", lambda: items(plane, f"{CAPI}/namespaces/{NAMESPACE}/machines") == [],
-                 DELETE_DEADLINE_S)
-        wait_for("the LibvirtMachine deleted", lambda: gone(plane, infra_path), DELETE_DEADLINE_S)
-        names = [naming.overlay_volume_name(NAMESPACE, infra_name, uid),
-                 naming.nocloud_volume_name(NAMESPACE, infra_name, uid),
-                 naming.serial_log_file_name(NAMESPACE, infra_name, uid)]
-        assert host_objects(host, domain_uuid, names) == []
-        delete_everything(plane)
+        # What follows is the bumped release's manager's work: the only one running.
+        scaled_to_zero_leaves_nothing(plane, NAMES, host, machine)
+        delete_everything(plane, NAMES)
         assert pod.terminate() == 0, f"SIGTERM: the manager did not exit cleanly:\n{pod.logs()[-4000:]}"
         assert "role: leader" in pod.logs()
     finally:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import kopf
 
+from capi_libvirt import __version__
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config, election, endpoints, handlers  # noqa: F401  (handlers: registers them)
 
@@ -36,6 +37,7 @@ async def run_operator(namespaces: Sequence[str] = (), *, operator_config: confi
     """
     memo = memo if memo is not None else kopf.Memo()
     memo.config = operator_config or config.from_environment()
+    log.info("capi-libvirt %s starting: %s", __version__, _settings(memo.config, lease))
     memo.namespaces = list(namespaces)
     state = memo.state = election.State(lease)
     stop = stop_flag or asyncio.Event()
@@ -51,6 +53,15 @@ async def run_operator(namespaces: Sequence[str] = (), *, operator_config: confi
             if not leading:
                 return
             await _lead(elector, namespaces, stop, state, memo)
+
+
+def _settings(settings: config.OperatorConfig, lease: election.Lease | None) -> str:
+    """The settings a manager's flags decide, as its first log line says them (what an installer wrote, read back)."""
+    leading = (f"leader election over the Lease {lease.namespace}/{lease.name} (duration {lease.duration_s:g}s, "
+               f"renew deadline {lease.renew_deadline_s:g}s, retry period {lease.retry_period_s:g}s)"
+               if lease else "standalone")
+    return (f"{settings.workers} concurrent LibvirtMachine reconciles, sync period {settings.sync_period_s:g}s, "
+            f"watch filter {settings.watch_filter or 'none'}, {leading}")
 
 
 async def _lead(elector: election.Elector, namespaces: Sequence[str], stop: asyncio.Event, state: election.State,

@@ -8,20 +8,24 @@ host clean. Plain requests to the API server (these tests drive it synchronously
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import ipaddress
 import pathlib
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from capi_libvirt.api import meta, templates
 from capi_libvirt.core import naming
-from devenv import capi_objects, pod_runner
+from devenv import base_image, capi_objects, pod_runner
 from devenv import control_plane as cp
 from devenv import remote_access as ra
+from devenv.libvirt_host import LibvirtHost
 from guests import host_access, host_objects
 
 import waiting
+from prereq import require
 
 T = TypeVar("T")
 CAPI = f"/apis/{meta.CAPI_GROUP}/{meta.CAPI_VERSION}"
@@ -70,6 +74,18 @@ def gone(plane: cp.LocalControlPlane, path: str) -> bool:
 def condition(document: dict, kind: str) -> str | None:
     return next((c["status"] for c in (document.get("status") or {}).get("conditions") or [] if c["type"] == kind),
                 None)
+
+
+@contextlib.contextmanager
+def ssh_host_with_image(names: Names, subnet: str, link: int, guest_image) -> Iterator[tuple[ra.RemoteAccess, str]]:
+    """A libvirt host reached over qemu+ssh (its own network namespace and link), the cached guest image uploaded
+    into its pool as the base volume: (the access, the volume's name)."""
+    for program in ("/usr/sbin/sshd", "ssh", "openssl", "ssh-keygen", "libvirtd", "qemu-system-x86_64"):
+        require(shutil.which(program) is not None, f"{program} (make test installs it)")
+    with ra.RemoteAccess(LibvirtHost(names.host, subnet), link_index=link) as access:
+        with access.host.connect() as conn:
+            volume = base_image.upload_base_image(conn, access.host.pool_name, guest_image)
+        yield access, volume
 
 
 def create_objects(plane: cp.LocalControlPlane, names: Names, access: ra.RemoteAccess, spec: dict,

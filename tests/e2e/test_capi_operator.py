@@ -28,7 +28,6 @@ carries them and its RBAC, is not served here).
 from __future__ import annotations
 
 import pathlib
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,16 +36,14 @@ import pytest
 import yaml
 
 from capi_libvirt.api import meta, release
-from devenv import base_image, clusterctl_repository, paths, pod_runner
 from devenv import capi_controller as capi
 from devenv import capi_operator as op
+from devenv import clusterctl_repository, paths, pod_runner
 from devenv import control_plane as cp
-from devenv import remote_access as ra
 from devenv.autoscaling import MANAGEMENT_CLUSTER, KubeControllerManager
 from devenv.cert_manager import NAMESPACE as CERT_MANAGER_NAMESPACE
 from devenv.cert_manager import WEBHOOK_SERVICE as CERT_MANAGER_WEBHOOK
 from devenv.cert_manager import LocalCertManager
-from devenv.libvirt_host import LibvirtHost
 from devenv.management_cluster import OPERATOR, OPERATOR_PORTS
 from devenv.service_address import ServiceAddress, webhook_services
 from guests import machine_spec
@@ -58,6 +55,7 @@ from installed_provider import (
     items,
     provisioned_machine,
     scaled_to_zero_leaves_nothing,
+    ssh_host_with_image,
     wait_for,
 )
 
@@ -218,12 +216,8 @@ def bed(init_repository: clusterctl_repository.Repository,
 
 @pytest.fixture(scope="module")
 def ssh_host(guest_image):
-    for program in ("/usr/sbin/sshd", "ssh", "openssl", "ssh-keygen", "libvirtd", "qemu-system-x86_64"):
-        require(shutil.which(program) is not None, f"{program} (make test installs it)")
-    with ra.RemoteAccess(LibvirtHost(NAMES.host, SUBNET), link_index=LINK) as access:
-        with access.host.connect() as conn:
-            volume = base_image.upload_base_image(conn, access.host.pool_name, guest_image)
-        yield access, volume
+    with ssh_host_with_image(NAMES, SUBNET, LINK, guest_image) as found:
+        yield found
 
 
 def test_the_operator_installs_our_provider_with_its_manager_settings_and_a_machine_is_provisioned(

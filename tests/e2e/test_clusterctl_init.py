@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,8 +36,8 @@ from collections.abc import Iterator
 import pytest
 
 from capi_libvirt.api import meta, release
+from devenv import capi_controller as capi
 from devenv import (
-    base_image,
     clusterctl_init,
     clusterctl_repository,
     management_cluster,
@@ -46,9 +45,7 @@ from devenv import (
     pod_runner,
     service_address,
 )
-from devenv import capi_controller as capi
 from devenv import control_plane as cp
-from devenv import remote_access as ra
 from devenv.libvirt_host import LibvirtHost
 from guests import machine_spec
 from installed_provider import (
@@ -59,10 +56,9 @@ from installed_provider import (
     items,
     provisioned_machine,
     scaled_to_zero_leaves_nothing,
+    ssh_host_with_image,
     wait_for,
 )
-
-from prereq import require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
@@ -111,12 +107,8 @@ def installed(management: management_cluster.ManagementCluster) -> clusterctl_in
 
 @pytest.fixture(scope="module")
 def ssh_host(guest_image):
-    for program in ("/usr/sbin/sshd", "ssh", "openssl", "ssh-keygen", "libvirtd", "qemu-system-x86_64"):
-        require(shutil.which(program) is not None, f"{program} (make test installs it)")
-    with ra.RemoteAccess(LibvirtHost(NAMES.host, SUBNET), link_index=LINK) as access:
-        with access.host.connect() as conn:
-            volume = base_image.upload_base_image(conn, access.host.pool_name, guest_image)
-        yield access, volume
+    with ssh_host_with_image(NAMES, SUBNET, LINK, guest_image) as found:
+        yield found
 
 
 # -- what clusterctl installed is what runs ----------------------------------------------------------------------

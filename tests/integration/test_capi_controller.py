@@ -19,6 +19,7 @@ from capi_libvirt.api import meta
 from devenv import capi_controller as capi
 from devenv import control_plane as cp
 from devenv import paths
+from installed_provider import gone, items
 
 from prereq import require
 from waiting import wait_for
@@ -43,19 +44,6 @@ def delete(plane: cp.LocalControlPlane, path: str) -> None:
         if error.status != 404:
             raise
 
-
-def gone(plane: cp.LocalControlPlane, path: str) -> bool:
-    try:
-        plane.request("GET", path)
-    except cp.ControlPlaneError as error:
-        if error.status == 404:
-            return True
-        raise
-    return False
-
-
-def items(plane: cp.LocalControlPlane, path: str) -> list[dict]:
-    return plane.request("GET", path)["items"]
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import types
 
 import pytest
 
+from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import capacity, domain_xml, naming, outage, provider_id
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile import hosts as hosts_reconcile
@@ -145,7 +146,7 @@ def test_a_copy_records_the_same_host_and_names_as_its_source() -> None:
     source, copy = placed(SOURCE_UID, status={"host": "kvm1"}), placed(COPY_UID)
     assert machine_reconcile.recorded_host(copy) == machine_reconcile.recorded_host(source) == "kvm1"
     assert machine_reconcile.recorded_host(placed(COPY_UID, annotation=None)) is None  # today's failure, without it
-    spec = machine_reconcile.v1alpha1.LibvirtMachineSpec.model_validate(copy["spec"])
+    spec = v1alpha1.LibvirtMachineSpec.model_validate(copy["spec"])
     a = machine_reconcile.MachinePass(body=source, spec=spec, status={})
     b = machine_reconcile.MachinePass(body=copy, spec=spec, status={})
     assert (a.uid, a.domain_uuid, a.domain_name, a.volumes()) == (b.uid, b.domain_uuid, b.domain_name, b.volumes())
@@ -259,7 +260,7 @@ async def test_deleting_when_the_provider_id_names_no_domain_of_this_machine_lea
 # -- copies of LibvirtHosts and LibvirtMachineTemplates on a running target ---------------------------------------
 
 def test_a_template_copy_without_status_gets_capacity_and_node_info_and_a_current_one_nothing() -> None:
-    spec = machine_reconcile.v1alpha1.LibvirtMachineTemplateSpec.model_validate(
+    spec = v1alpha1.LibvirtMachineTemplateSpec.model_validate(
         {"template": {"spec": {"image": {"volume": "base.qcow2"}, "cpus": 2, "memoryMiB": 4096}}})
     wanted = capacity.template_status_update(spec, None, 1, NOW)
     assert wanted == {"capacity": {"cpu": "2", "memory": "4096Mi", "ephemeral-storage": "20Gi"},
@@ -270,7 +271,7 @@ def test_a_template_copy_without_status_gets_capacity_and_node_info_and_a_curren
 
 
 def test_a_template_edited_in_place_says_so_once_per_generation() -> None:
-    spec = machine_reconcile.v1alpha1.LibvirtMachineTemplateSpec.model_validate(
+    spec = v1alpha1.LibvirtMachineTemplateSpec.model_validate(
         {"template": {"spec": {"image": {"volume": "base.qcow2"}, "cpus": 8, "memoryMiB": 4096}}})
     current = {"capacity": {"cpu": "2", "memory": "4096Mi", "ephemeral-storage": "20Gi"},
                "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"}}

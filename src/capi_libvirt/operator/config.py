@@ -11,8 +11,8 @@ from capi_libvirt.api import meta
 from capi_libvirt.core.outage import DEFAULT_REPLACE_AFTER_S
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
 from capi_libvirt.kube import api
+from capi_libvirt.reconcile.base import ORPHAN_GRACE_S
 from capi_libvirt.reconcile.inventory import PROBE_INTERVAL_S as DEFAULT_PROBE_INTERVAL_S
-from capi_libvirt.reconcile.machine import ORPHAN_GRACE_S
 from capi_libvirt.reconcile.orphans import INTERVAL_S as ORPHAN_INTERVAL_S
 
 MANAGEMENT_CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")  # a UID, a name: it goes into domain XML

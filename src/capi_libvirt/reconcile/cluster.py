@@ -12,13 +12,8 @@ from typing import Any
 
 from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import conditions
-from capi_libvirt.reconcile.machine import (
-    DELETE_FOR_MOVE_ANNOTATION,
-    RECHECK_WAITING,
-    WAITING_FOR_OWNER,
-    Dependencies,
-    is_paused,
-)
+from capi_libvirt.reconcile.base import RECHECK_WAITING, Dependencies, is_paused
+from capi_libvirt.reconcile.machine.state import DELETE_FOR_MOVE_ANNOTATION, WAITING_FOR_OWNER
 
 log = logging.getLogger(__name__)
 

@@ -17,14 +17,9 @@ from capi_libvirt.core import conditions
 from capi_libvirt.hypervisor import connection, credentials, machines
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory as inventory_
-from capi_libvirt.reconcile.machine import (
-    RECHECK_WAITING,
-    SECRETS_FORBIDDEN,
-    Dependencies,
-    Wait,
-    recorded_host,
-    secrets_forbidden_message,
-)
+from capi_libvirt.reconcile.base import RECHECK_WAITING, Dependencies, Wait, secrets_forbidden_message
+from capi_libvirt.reconcile.machine.identity import recorded_host
+from capi_libvirt.reconcile.machine.state import SECRETS_FORBIDDEN
 
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = inventory_.PROBE_INTERVAL_S

@@ -36,7 +36,7 @@ from capi_libvirt.api import reasons
 from capi_libvirt.core import orphans
 from capi_libvirt.hypervisor import errors, host_domains
 from capi_libvirt.reconcile import inventory as inventory_
-from capi_libvirt.reconcile.machine import Dependencies
+from capi_libvirt.reconcile.base import Dependencies
 
 log = logging.getLogger(__name__)
 INTERVAL_S = 60.0

@@ -63,6 +63,44 @@ _TRANSPORT_DOMAINS = {libvirt.VIR_FROM_RPC, libvirt.VIR_FROM_REMOTE, libvirt.VIR
 _URI = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
 
 
+# What a libvirtError says, asked by the hypervisor modules that handle some errors in place (a delete of what is gone,
+# a pool refreshed while busy) before the rest reach translate(): the codes are read here only.
+def is_missing_domain(error: libvirt.libvirtError) -> bool:
+    return bool(error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN)
+
+
+def is_missing_volume(error: libvirt.libvirtError) -> bool:
+    return bool(error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL)
+
+
+def is_missing_pool(error: libvirt.libvirtError) -> bool:
+    return bool(error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL)
+
+
+def is_missing_nwfilter(error: libvirt.libvirtError) -> bool:
+    return bool(error.get_error_code() == libvirt.VIR_ERR_NO_NWFILTER)
+
+
+def is_operation_invalid(error: libvirt.libvirtError) -> bool:
+    """The object is not in a state the operation applies to (a domain stopped meanwhile, an inactive pool)."""
+    return bool(error.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID)
+
+
+def is_unsupported(error: libvirt.libvirtError) -> bool:
+    """The driver or the hypervisor does not support the call."""
+    return error.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_OPERATION_UNSUPPORTED)
+
+
+def is_internal_error(error: libvirt.libvirtError) -> bool:
+    """libvirt's catch-all, e.g. "has asynchronous jobs running" for a domain that is busy."""
+    return bool(error.get_error_code() == libvirt.VIR_ERR_INTERNAL_ERROR)
+
+
+def is_storage_busy(error: libvirt.libvirtError) -> bool:
+    """An internal error of the storage driver: a pool refreshed while another operation holds it."""
+    return is_internal_error(error) and error.get_error_domain() == libvirt.VIR_FROM_STORAGE
+
+
 def redact(text: str) -> str:
     """Messages end up in conditions and events: URIs (users, hosts, key paths in their query) are cut out."""
     return _URI.sub("<uri>", text)

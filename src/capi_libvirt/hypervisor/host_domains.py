@@ -22,7 +22,7 @@ def list_domains(conn: libvirt.virConnect, pool_name: str) -> tuple[list[HostDom
             xml = domain.XMLDesc(0)
             uuid, name = domain.UUIDString(), domain.name()
         except libvirt.libvirtError as error:
-            if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            if errors.is_missing_domain(error):
                 continue  # undefined between the listing and the look
             raise
         try:
@@ -36,7 +36,7 @@ def list_domains(conn: libvirt.virConnect, pool_name: str) -> tuple[list[HostDom
         if pool.isActive():
             volumes = [volume.name() for volume in pool.listAllVolumes(0)]
     except libvirt.libvirtError as error:
-        if error.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_POOL:
+        if not errors.is_missing_pool(error):
             raise
     return domains, volumes
 
@@ -50,7 +50,7 @@ def remove_orphan(conn: libvirt.virConnect, orphan: HostDomain, paths: frozenset
     try:
         domain = conn.lookupByUUIDString(orphan.uuid)
     except libvirt.libvirtError as error:
-        if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+        if errors.is_missing_domain(error):
             return []  # gone meanwhile: its files are no longer provably an orphan's
         raise
     if domain.name() != orphan.name or domain_xml.parse_owner(domain.XMLDesc(0)) != orphan.owner:
@@ -61,7 +61,7 @@ def remove_orphan(conn: libvirt.virConnect, orphan: HostDomain, paths: frozenset
         try:
             volume = conn.storageVolLookupByPath(path)
         except libvirt.libvirtError as error:
-            if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+            if errors.is_missing_volume(error):
                 continue  # never made, or not a volume of any pool: nothing libvirt can delete
             raise
         if path.rsplit("/", 1)[-1] != volume.name():

@@ -98,7 +98,7 @@ def _volume_or_none(pool: libvirt.virStoragePool, name: str) -> libvirt.virStora
     try:
         return pool.storageVolLookupByName(name)
     except libvirt.libvirtError as error:
-        if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+        if errors.is_missing_volume(error):
             return None
         raise
 
@@ -117,8 +117,7 @@ def _refreshed_pool(conn: libvirt.virConnect, name: str) -> libvirt.virStoragePo
             pool.refresh(0)
             return pool
         except libvirt.libvirtError as error:
-            busy = error.get_error_code() == libvirt.VIR_ERR_INTERNAL_ERROR and \
-                error.get_error_domain() == libvirt.VIR_FROM_STORAGE
+            busy = errors.is_storage_busy(error)
             if not busy or time.monotonic() >= deadline:
                 raise
         time.sleep(REFRESH_RETRY_S)
@@ -308,7 +307,7 @@ def domain_info(conn: libvirt.virConnect, uuid: str) -> DomainInfo | None:
     try:
         domain = conn.lookupByUUIDString(uuid)
     except libvirt.libvirtError as error:
-        if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+        if errors.is_missing_domain(error):
             return None
         raise
     code, reason = domain.state()
@@ -459,7 +458,7 @@ def destroy_and_undefine(domain: libvirt.virDomain) -> None:
         try:
             domain.destroy()
         except libvirt.libvirtError as error:
-            if error.get_error_code() != libvirt.VIR_ERR_OPERATION_INVALID:  # it stopped meanwhile
+            if not errors.is_operation_invalid(error):  # it stopped meanwhile
                 raise
     domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
                          | libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
@@ -478,7 +477,7 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volume
     try:
         domain = conn.lookupByUUIDString(uuid)
     except libvirt.libvirtError as error:
-        if error.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+        if not errors.is_missing_domain(error):
             raise
         domain = None
     if domain is not None:
@@ -491,7 +490,7 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volume
     try:
         pool = conn.storagePoolLookupByName(volumes.pool)
     except libvirt.libvirtError as error:
-        if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
+        if errors.is_missing_pool(error):
             return removed  # no pool, so nothing of ours can be in it
         raise
     if not pool.isActive():
@@ -552,7 +551,7 @@ def _available_memory_mib(conn: libvirt.virConnect) -> int | None:
     try:
         stats = conn.getMemoryStats(libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS, 0)
     except libvirt.libvirtError as error:
-        if error.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_OPERATION_UNSUPPORTED):
+        if errors.is_unsupported(error):
             return None
         raise
     if "free" not in stats:
@@ -573,7 +572,7 @@ def _pool_usage(pool: libvirt.virStoragePool, machine_paths: frozenset[str], ref
         try:
             pool.refresh(0)
         except libvirt.libvirtError as error:
-            if error.get_error_code() != libvirt.VIR_ERR_INTERNAL_ERROR:  # "has asynchronous jobs running": next time
+            if not errors.is_internal_error(error):  # "has asynchronous jobs running": next time
                 raise
     _state, capacity, allocation, available = pool.info()
     target = ET.fromstring(pool.XMLDesc(0)).findtext("target/path") or ""
@@ -584,7 +583,7 @@ def _pool_usage(pool: libvirt.virStoragePool, machine_paths: frozenset[str], ref
         try:
             _type, volume_capacity, volume_allocation = volume.info()
         except libvirt.libvirtError as error:
-            if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+            if errors.is_missing_volume(error):
                 continue  # deleted between the listing and the look
             raise
         disks += volume_capacity
@@ -603,7 +602,7 @@ def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str
         try:
             domains.append(_domain_usage(domain))
         except libvirt.libvirtError as error:
-            if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            if errors.is_missing_domain(error):
                 continue  # undefined between the listing and the look: not there any more
             raise
     usage = placement.host_usage(domains, management_cluster)
@@ -613,7 +612,7 @@ def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str
         if pool.isActive():
             _state, capacity, _allocation, available = pool.info()
     except libvirt.libvirtError as error:
-        if error.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_POOL:
+        if not errors.is_missing_pool(error):
             raise
     pools = []
     for pool in conn.listAllStoragePools(libvirt.VIR_CONNECT_LIST_STORAGE_POOLS_ACTIVE):
@@ -621,7 +620,7 @@ def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str
             try:
                 pools.append(_pool_usage(pool, usage.volume_paths, refresh_pools))
             except libvirt.libvirtError as error:
-                if error.get_error_code() not in (libvirt.VIR_ERR_NO_STORAGE_POOL, libvirt.VIR_ERR_OPERATION_INVALID):
+                if not (errors.is_missing_pool(error) or errors.is_operation_invalid(error)):
                     raise  # (gone, or stopped, between the listing and the look: not counted)
     return HostProbe(
         libvirt_version=_version(conn.getLibVersion()), hypervisor_version=_version(conn.getVersion()),

@@ -57,7 +57,7 @@ def macs_in_use(conn: libvirt.virConnect, segments: set[Segment], own_uuid: str)
                 continue
             root = ET.fromstring(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
         except libvirt.libvirtError as error:
-            if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            if errors.is_missing_domain(error):
                 continue  # undefined between the listing and the look
             raise
         for interface in root.findall("devices/interface"):

@@ -72,7 +72,7 @@ def _exists(conn: libvirt.virConnect, name: str) -> bool:
     try:
         conn.nwfilterLookupByName(name)
     except libvirt.libvirtError as error:
-        if error.get_error_code() == libvirt.VIR_ERR_NO_NWFILTER:
+        if errors.is_missing_nwfilter(error):
             return False
         raise
     return True

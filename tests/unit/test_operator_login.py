@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from capi_libvirt.kube import api
 from capi_libvirt.operator import login
 
 pytestmark = pytest.mark.unit
@@ -22,7 +23,7 @@ def test_in_a_pod_the_service_account_and_the_service_variables_are_used(account
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    assert login.in_cluster()
+    assert api.in_cluster()
     info = login.service_account_connection(account)
     assert info.server == "https://10.96.0.1:443"
     assert info.token == "the-token" and info.scheme == "Bearer"
@@ -38,7 +39,7 @@ def test_an_ipv6_service_address_is_bracketed(account, monkeypatch):
 def test_a_kubeconfig_wins_over_the_in_cluster_variables(monkeypatch):
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBECONFIG", "/somewhere/kubeconfig")
-    assert not login.in_cluster()
+    assert not api.in_cluster()
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     monkeypatch.delenv("KUBECONFIG")
-    assert not login.in_cluster()
+    assert not api.in_cluster()

@@ -125,8 +125,15 @@ class TimedApiClient(client.ApiClient):
         return response
 
 
-def _in_cluster(context: str | None) -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG") and context is None
+def in_a_pod() -> bool:
+    """Kubernetes sets KUBERNETES_SERVICE_HOST in every pod's environment."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def in_cluster(context: str | None = None) -> bool:
+    """The ServiceAccount is the way in: in a pod, with no KUBECONFIG given and no kubeconfig context asked for.
+    The one answer to it, for the operator's own client, kopf's login and the CLI."""
+    return in_a_pod() and not os.environ.get("KUBECONFIG") and context is None
 
 
 async def new_api_client(context: str | None = None, observe: RequestObserver | None = None,
@@ -134,7 +141,7 @@ async def new_api_client(context: str | None = None, observe: RequestObserver | 
     """A client from $KUBECONFIG / ~/.kube/config (its current context, or `context`), or the in-cluster service
     account; `observe` sees every request's method and status."""
     configuration = client.Configuration()
-    if _in_cluster(context):
+    if in_cluster(context):
         config.load_incluster_config(client_configuration=configuration)
     else:
         await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context,
@@ -148,7 +155,7 @@ SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 def default_namespace(context: str | None = None) -> str:
     """The namespace kubectl would use: the kubeconfig context's (the current one, or `context`), in a pod the
     ServiceAccount's, else `default`."""
-    if _in_cluster(context):
+    if in_cluster(context):
         try:
             with open(SERVICE_ACCOUNT_NAMESPACE) as file:
                 return file.read().strip() or "default"

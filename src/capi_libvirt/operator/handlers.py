@@ -326,7 +326,7 @@ async def _probe_while_active(deps: machine_reconcile.Dependencies, state: elect
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    if operator_login.in_cluster():
+    if api.in_cluster():
         return operator_login.service_account_connection()
     return kopf.login_with_kubeconfig(**kwargs)
 

@@ -16,11 +16,6 @@ import kopf
 SERVICE_ACCOUNT_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-def in_cluster() -> bool:
-    """True when the ServiceAccount is the way in: the in-cluster variables are set and no KUBECONFIG is given."""
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG")
-
-
 def in_cluster_server() -> str:
     host = os.environ["KUBERNETES_SERVICE_HOST"]
     port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")

@@ -31,8 +31,8 @@ from kubernetes_asyncio import client
 
 import guest_agent
 import timing_report
+from capi_libvirt.api import reasons
 from capi_libvirt.core import domain_xml
-from capi_libvirt.reconcile import machine as machine_reconcile
 from day2_rollouts import DEPLOYMENT_LABEL, workload_read
 from guests import refreshed_pool
 from kubeadm_workers import by_kind, create, is_ready, libvirt_machines, machines
@@ -110,7 +110,7 @@ async def seeds_gone(api: client.ApiClient, namespace: str, host, count: int) ->
         assert isos == [], f"a host without ISOs after provisioning: {isos}"
     core = client.CoreV1Api(api)
     for machine in infra:
-        events = await events_posted(core, namespace, machine_reconcile.NOCLOUD_ISO_REMOVED,
+        events = await events_posted(core, namespace, reasons.NOCLOUD_ISO_REMOVED,
                                      f"involvedObject.name={machine['metadata']['name']}")
         assert [e.type for e in events] == ["Normal"]
     return infra

@@ -25,9 +25,8 @@ import pytest
 from kubernetes_asyncio import client
 
 import guest_agent
-from capi_libvirt.api import meta
+from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import naming
-from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv import base_image, capi_objects
 from devenv.guest_image import GuestImage
 from devenv.libvirt_host import LibvirtHost
@@ -174,7 +173,7 @@ async def test_uefi_ignition_data_disk_and_cpu_topology_in_one_guest_and_nothing
         assert persistent.find("sysinfo[@type='fwcfg']") is None, "the next start comes without the config"
         assert host_objects(shape_host, "", [ignition_volume]) == [], "the config's volume is gone from the host"
         assert running_id == domain_id, "the guest was not restarted"
-        [removed] = await events_posted(core, namespace, machine_reconcile.IGNITION_CONFIG_REMOVED,
+        [removed] = await events_posted(core, namespace, reasons.IGNITION_CONFIG_REMOVED,
                                         f"involvedObject.name={made.libvirt_machine}")
         assert "taken out of the domain's definition" in removed.message and ignition_volume in removed.message
 

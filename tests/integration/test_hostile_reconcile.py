@@ -74,8 +74,8 @@ KNOWN_REASONS = {
     reasons.WAITING_FOR_ADDRESS, reasons.PROVISIONED_REASON, reasons.IMAGE_NOT_FOUND,
     reasons.BOOTSTRAP_FORMAT_UNSUPPORTED, reasons.BOOTSTRAP_DATA_MISSING,
     reasons.WAITING_FOR_BOOTSTRAP_DATA, reasons.HOST_UNREACHABLE, "HypervisorError",
-    reconcile.NETWORK_NOT_FOUND, reconcile.ADOPTION_REFUSED, reconcile.INVALID_SPEC, "InsufficientCapacity",
-    "HostNotFound", reconcile.TENANT_NOT_ALLOWED, reconcile.SECRETS_FORBIDDEN, reconcile.MACHINE_TYPE_NOT_SUPPORTED,
+    reasons.NETWORK_NOT_FOUND, reasons.ADOPTION_REFUSED, reasons.INVALID_SPEC, "InsufficientCapacity",
+    "HostNotFound", reasons.TENANT_NOT_ALLOWED, reasons.SECRETS_FORBIDDEN, reasons.MACHINE_TYPE_NOT_SUPPORTED,
     address_conflicts.ADDRESS_CONFLICT,
 }
 KERNEL_TEXT = [p for p in PIECES if not any(c < " " or c in "\x7f\x85\ufffe\uffff" for c in p)]
@@ -429,7 +429,7 @@ def test_preset_provider_ids_are_refused_or_adopted_never_placed_again(case, hos
     def one(provider_id: str) -> None:
         case(unique("preset"), {}, {**spec, "providerID": provider_id},
              {"value": SECRET_MARK, "format": b"cloud-config"},
-             expect={reconcile.ADOPTION_REFUSED, reasons.HOST_UNREACHABLE, "HostNotFound"})
+             expect={reasons.ADOPTION_REFUSED, reasons.HOST_UNREACHABLE, "HostNotFound"})
 
     before = COUNTS["reconcile: cases on libvirtd"]
     one()

@@ -24,11 +24,10 @@ import pycdlib
 import pytest
 from kubernetes_asyncio import client
 
-from capi_libvirt.api import meta
+from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import cloud_init, domain_xml, naming
 from capi_libvirt.hypervisor import errors
 from capi_libvirt.hypervisor import machines as hypervisor_machines
-from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv import capi_objects, ipxe_image
 from devenv.libvirt_host import LibvirtHost
 from guests import provider_objects, refreshed_pool
@@ -168,9 +167,9 @@ async def test_the_iso_leaves_the_host_once_the_node_joined_unless_kept_and_a_cr
             if name == "kept":
                 events = (await core.list_namespaced_event(namespace,
                                                            field_selector=f"involvedObject.name={name}")).items
-                assert [e for e in events if e.reason == machine_reconcile.NOCLOUD_ISO_REMOVED] == []
+                assert [e for e in events if e.reason == reasons.NOCLOUD_ISO_REMOVED] == []
                 continue
-            [event] = await events_posted(core, namespace, machine_reconcile.NOCLOUD_ISO_REMOVED,
+            [event] = await events_posted(core, namespace, reasons.NOCLOUD_ISO_REMOVED,
                                           f"involvedObject.name={name}")
             assert event.type == "Normal" and f"volume {naming.nocloud_volume_name(namespace, name, uids[name])} " \
                 "deleted" in event.message, event.message

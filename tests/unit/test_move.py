@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import capacity, domain_xml, naming, outage, provider_id
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile import hosts as hosts_reconcile
@@ -202,7 +202,7 @@ async def test_a_provider_id_naming_no_domain_of_this_machine_is_refused_not_pla
     deps, host, events = deps_for(placed(COPY_UID, annotation=None), domain)
     await machine_reconcile.reconcile(deps, "ns", "m0")
     provisioned = [c for c in deps.kube.status_patches[-1]["conditions"] if c["type"] == "Provisioned"][0]
-    assert provisioned["reason"] == machine_reconcile.ADOPTION_REFUSED
+    assert provisioned["reason"] == reasons.ADOPTION_REFUSED
     assert deps.kube.patches == []
 
 
@@ -212,7 +212,7 @@ async def test_a_clone_under_another_name_does_not_take_over_the_domain() -> Non
     deps, host, events = deps_for(clone, domain_of())
     await machine_reconcile.reconcile(deps, "ns", "m1")
     provisioned = [c for c in deps.kube.status_patches[-1]["conditions"] if c["type"] == "Provisioned"][0]
-    assert provisioned["reason"] == machine_reconcile.ADOPTION_REFUSED
+    assert provisioned["reason"] == reasons.ADOPTION_REFUSED
     assert [name for name, _ in host.calls] == ["domain_info"]
 
 
@@ -225,7 +225,7 @@ async def test_delete_for_move_releases_the_finalizer_without_a_host_call() -> N
     assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
     assert host.calls == []
     assert deps.kube.patches == [{"metadata": {"finalizers": None, "resourceVersion": "7"}}]
-    assert events == [machine_reconcile.DELETED_FOR_MOVE]
+    assert events == [reasons.DELETED_FOR_MOVE]
 
 
 async def test_a_paused_cluster_keeps_the_finalizer_and_the_host_untouched() -> None:

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud, orphans, outage
 from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.hypervisor import errors, machines
@@ -113,7 +113,7 @@ async def test_once_the_machine_has_a_node_ref_the_iso_is_removed_recorded_and_a
     assert host.calls == ["eject_nocloud", "delete_nocloud"]  # in this order: never a domain pointing at no file
     assert p.status["noCloudISORemoved"] is True
     [(kind, reason, message)] = events
-    assert (kind, reason) == ("Normal", machine_reconcile.NOCLOUD_ISO_REMOVED)
+    assert (kind, reason) == ("Normal", reasons.NOCLOUD_ISO_REMOVED)
     assert "ejected from the domain (live and persistent)" in message and f"volume {ISO} deleted" in message
     assert "kvm1" in message
 
@@ -143,7 +143,7 @@ async def test_a_crash_between_eject_and_delete_converges_ejected_but_unrecorded
     await machine_reconcile.remove_nocloud_iso(deps, p)
     assert host.calls == ["eject_nocloud", "delete_nocloud"] and p.status["noCloudISORemoved"] is True
     [(_, reason, message)] = events
-    assert reason == machine_reconcile.NOCLOUD_ISO_REMOVED and "ejected" not in message and "deleted" in message
+    assert reason == reasons.NOCLOUD_ISO_REMOVED and "ejected" not in message and "deleted" in message
     # A moved copy (no status) whose ISO is long gone: the host has nothing to do, so no event either.
     deps, p, host, events = phase_pass(inserted=False, recorded=False, ejected=(), deleted=False)
     await machine_reconcile.remove_nocloud_iso(deps, p)
@@ -155,7 +155,7 @@ async def test_a_refused_eject_is_a_warning_and_no_provisioning_failure_the_next
     await machine_reconcile.remove_nocloud_iso(deps, p)  # no Wait, no HypervisorError: Provisioned stays True
     assert "noCloudISORemoved" not in p.status
     [(kind, reason, message)] = events
-    assert (kind, reason) == ("Warning", machine_reconcile.NOCLOUD_ISO_NOT_REMOVED) and "tray locked" in message
+    assert (kind, reason) == ("Warning", reasons.NOCLOUD_ISO_NOT_REMOVED) and "tray locked" in message
 
 
 async def test_an_unreachable_host_is_the_passes_problem_as_for_every_phase() -> None:

@@ -9,7 +9,7 @@ import types
 import pytest
 from test_move import PROVIDER_ID, SOURCE_UID, deps_for, domain_of, placed
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import naming, outage, placement, provider_id
 from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile.machine import DOMAIN_RECORD_ANNOTATION, FORMER_HOSTS_ANNOTATION
@@ -47,7 +47,7 @@ async def test_a_machine_that_never_had_a_domain_moves_in_one_guarded_write_nami
     assert patch["metadata"]["annotations"] == {FORMER_HOSTS_ANNOTATION: "kvm1", DOMAIN_RECORD_ANNOTATION: ""}
     assert patch["metadata"]["resourceVersion"] == "7"  # guarded
     assert p.host == "kvm2" and p.status["host"] == "kvm2" and p.status["failureDomain"] == "rack-b"
-    assert events == [machine_reconcile.REPLACED]
+    assert events == [reasons.REPLACED]
     assert machine_reconcile.recorded_host(deps.kube.body) == "kvm2"  # the providerID wins over a stale status
 
 
@@ -71,7 +71,7 @@ async def test_a_provider_id_moved_under_a_defined_domain_is_refused():
     deps, p, events = outage_deps("kvm9", outage.HostState())
     with pytest.raises(machine_reconcile.Wait) as waited:
         await machine_reconcile.choose_host(deps, p)
-    assert waited.value.reason == machine_reconcile.DOMAIN_HOST_MISMATCH and "kvm9" in waited.value.message
+    assert waited.value.reason == reasons.DOMAIN_HOST_MISMATCH and "kvm9" in waited.value.message
 
 
 async def test_deleting_a_machine_of_a_decommissioned_host_releases_it_without_touching_the_host():

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pydantic
 import pytest
 
-from capi_libvirt.api import crd, kinds, v1alpha1
+from capi_libvirt.api import crd, kinds, reasons, v1alpha1
 from capi_libvirt.core import domain_xml, naming, orphans, tenancy
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.kube import api
@@ -254,7 +254,7 @@ async def test_a_cpu_model_the_host_cannot_run_is_refused_by_name_and_not_retrie
     with pytest.raises(machine_reconcile.Wait) as caught:
         await machine_reconcile.check_networks(deps, p)
     wait = caught.value
-    assert wait.reason == machine_reconcile.CPU_MODEL_NOT_SUPPORTED and wait.retry_after is None and wait.failure
+    assert wait.reason == reasons.CPU_MODEL_NOT_SUPPORTED and wait.retry_after is None and wait.failure
     assert "'Skylake-Client'" in wait.message and "kvm1 cannot run it" in wait.message and "qemu64" in wait.message
     assert ("cpu_models", ("Skylake-Client", "qemu", "q35")) in host.calls
 

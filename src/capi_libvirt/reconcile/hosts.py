@@ -19,7 +19,6 @@ from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory as inventory_
 from capi_libvirt.reconcile.base import RECHECK_WAITING, Dependencies, Wait, secrets_forbidden_message
 from capi_libvirt.reconcile.machine.identity import recorded_host
-from capi_libvirt.reconcile.machine.state import SECRETS_FORBIDDEN
 
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = inventory_.PROBE_INTERVAL_S
@@ -58,7 +57,7 @@ async def upsert_host(deps: Dependencies, name: str, spec_data: dict[str, Any]) 
         try:
             data = await deps.kube.get_secret_data(ref.namespace, ref.name)
         except api.Forbidden:
-            await _refuse(deps, name, SECRETS_FORBIDDEN, secrets_forbidden_message(ref.namespace,
+            await _refuse(deps, name, reasons.SECRETS_FORBIDDEN, secrets_forbidden_message(ref.namespace,
                                                                                    deps.provider_namespace))
         if data is None:
             await _refuse(deps, name, UNREACHABLE, f"credentials Secret {ref.namespace}/{ref.name} not found")

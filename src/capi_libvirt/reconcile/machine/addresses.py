@@ -13,13 +13,7 @@ from capi_libvirt.core import conditions, machine_addresses, naming, provider_id
 from capi_libvirt.hypervisor import errors, machines, traffic_filters
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import Dependencies, Wait
-from capi_libvirt.reconcile.machine.state import (
-    RECHECK_ADDRESS,
-    TRAFFIC_FILTER_NOT_PINNED,
-    TRAFFIC_FILTER_PINNED,
-    MachinePass,
-    event,
-)
+from capi_libvirt.reconcile.machine.state import RECHECK_ADDRESS, MachinePass, event
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +58,10 @@ async def pin_leased_addresses(deps: Dependencies, p: MachinePass) -> None:
         raise
     except errors.HypervisorError as error:  # no provisioning failure: the next pass tries again
         log.warning("%s/%s: traffic filter not pinned yet: %s", p.namespace, p.name, error)
-        await event(deps, p.body, "Warning", TRAFFIC_FILTER_NOT_PINNED, f"the NIC's filter is not pinned yet: {error}")
+        await event(deps, p.body, "Warning", reasons.TRAFFIC_FILTER_NOT_PINNED, f"the NIC's filter is not pinned yet: {error}")
         return
     for mac, address in pinned:
-        await event(deps, p.body, "Normal", TRAFFIC_FILTER_PINNED, f"the NIC {mac} may now send only from {address}"
+        await event(deps, p.body, "Normal", reasons.TRAFFIC_FILTER_PINNED, f"the NIC {mac} may now send only from {address}"
                      " (leased by the host's network) and its allowed addresses")
 
 

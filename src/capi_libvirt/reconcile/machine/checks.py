@@ -13,17 +13,7 @@ from capi_libvirt.hypervisor import connection, errors, host_domains, machines, 
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import RECHECK_WAITING, Dependencies, Wait
 from capi_libvirt.reconcile.machine.identity import domain_record, owner_matches, recorded_host
-from capi_libvirt.reconcile.machine.state import (
-    ADOPTION_REFUSED,
-    CPU_MODEL_NOT_SUPPORTED,
-    IPAM_FORBIDDEN,
-    MACHINE_TYPE_NOT_SUPPORTED,
-    NETWORK_NOT_FOUND,
-    RECHECK_IPAM,
-    TENANT_NOT_ALLOWED,
-    MachinePass,
-    event,
-)
+from capi_libvirt.reconcile.machine.state import RECHECK_IPAM, MachinePass, event
 
 
 async def check_networks(deps: Dependencies, p: MachinePass) -> None:
@@ -32,22 +22,22 @@ async def check_networks(deps: Dependencies, p: MachinePass) -> None:
     p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
     if p.domain is not None:
         if not owner_matches(domain_xml.parse_owner(p.domain.xml), p.namespace, p.name, p.domain_uuid):
-            raise Wait(ADOPTION_REFUSED, f"domain {p.domain_uuid} on host {p.host} belongs to another machine; left "
+            raise Wait(reasons.ADOPTION_REFUSED, f"domain {p.domain_uuid} on host {p.host} belongs to another machine; left "
                        "alone", failure=True)
         return  # already defined: it was checked then
     # Placed, nothing made yet: the host's access rules again (its admin may have narrowed them since placement).
     refused = deps.inventory.refusal(p.host or "", p.namespace, p.spec)
     if refused is not None:
-        raise Wait(TENANT_NOT_ALLOWED, str(refused), failure=True)
+        raise Wait(reasons.TENANT_NOT_ALLOWED, str(refused), failure=True)
     segments = [address_conflicts.segment_of(nic.model_dump(by_alias=True)) for nic in p.spec.interfaces]
     try:
         p.segments = await host.call(networks.segment_facts, segments, p.domain_uuid, doing="look up networks")
     except errors.NetworkNotFound as error:
-        raise Wait(NETWORK_NOT_FOUND, str(error), failure=True) from None
+        raise Wait(reasons.NETWORK_NOT_FOUND, str(error), failure=True) from None
     machine_types = await host.call(machines.machine_types, p.spec.domain_type, doing="read capabilities")
     if p.spec.machine_type not in machine_types:
         listed = ", ".join(sorted(machine_types)[:12]) + (", ..." if len(machine_types) > 12 else "")
-        raise Wait(MACHINE_TYPE_NOT_SUPPORTED, f"machineType {p.spec.machine_type!r}: the QEMU of host {p.host} has "
+        raise Wait(reasons.MACHINE_TYPE_NOT_SUPPORTED, f"machineType {p.spec.machine_type!r}: the QEMU of host {p.host} has "
                    f"no such machine type for domainType {p.spec.domain_type} (it has: {listed or 'none'})", None,
                    failure=True)
     if p.spec.cpu_model is not None:
@@ -65,7 +55,7 @@ async def _check_cpu_model(host: connection.HostConnection, p: MachinePass) -> N
         return
     why = "cannot run it" if found.known else "does not know it"
     usable = ", ".join(found.usable_models[:12]) + (", ..." if len(found.usable_models) > 12 else "")
-    raise Wait(CPU_MODEL_NOT_SUPPORTED, f"cpuModel {model!r}: host {p.host} {why} for domainType "
+    raise Wait(reasons.CPU_MODEL_NOT_SUPPORTED, f"cpuModel {model!r}: host {p.host} {why} for domainType "
                f"{p.spec.domain_type} (usable there: {usable or 'none'})", None, failure=True)
 
 
@@ -105,7 +95,7 @@ async def resolve_addressing(deps: Dependencies, p: MachinePass) -> None:
             try:
                 claim = await deps.kube.create_ip_address_claim(ipam.claim_body(p.body, ref, cluster))
             except api.Forbidden as error:
-                raise Wait(IPAM_FORBIDDEN, f"{error}: the provider's ClusterRole must allow ipaddressclaims",
+                raise Wait(reasons.IPAM_FORBIDDEN, f"{error}: the provider's ClusterRole must allow ipaddressclaims",
                            failure=True) from None
             await event(deps, p.body, "Normal", reasons.IP_ADDRESS_CLAIM_CREATED, f"created IPAddressClaim {ref.name} for "
                          f"interface {ref.interface} from {ref.pool_ref.kind} {ref.pool_ref.name}")

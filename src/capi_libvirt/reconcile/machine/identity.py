@@ -11,7 +11,6 @@ from capi_libvirt.core import domain_xml, naming, outage, provider_id
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile.base import Dependencies, Wait
 from capi_libvirt.reconcile.machine.state import (
-    ADOPTION_REFUSED,
     DOMAIN_RECORD_ANNOTATION,
     FINALIZER,
     FORMER_HOSTS_ANNOTATION,
@@ -91,7 +90,7 @@ async def adopt_moved_machine(deps: Dependencies, p: MachinePass) -> None:
         return
     identity = await identity_from_domain(deps, p.body)
     if identity is None:
-        raise Wait(ADOPTION_REFUSED, f"spec.providerID {recorded} names no domain of this machine; not placing it "
+        raise Wait(reasons.ADOPTION_REFUSED, f"spec.providerID {recorded} names no domain of this machine; not placing it "
                    "again", failure=True)
     annotations = {IDENTITY_ANNOTATION: identity}
     finalizers = list(p.body["metadata"].get("finalizers") or [])

@@ -9,34 +9,27 @@ from capi_libvirt.core import conditions
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import Dependencies, Paused, Wait, is_paused, secrets_forbidden_message
 from capi_libvirt.reconcile.machine.identity import recorded_host
-from capi_libvirt.reconcile.machine.state import (
-    BOOTSTRAP_FORMATS,
-    RECHECK_BOOTSTRAP,
-    RECHECK_PROVISIONED,
-    SECRETS_FORBIDDEN,
-    WAITING_FOR_OWNER,
-    MachinePass,
-)
+from capi_libvirt.reconcile.machine.state import BOOTSTRAP_FORMATS, RECHECK_BOOTSTRAP, RECHECK_PROVISIONED, MachinePass
 
 
 async def find_owner_machine(deps: Dependencies, p: MachinePass) -> None:
     refs = [ref for ref in p.body["metadata"].get("ownerReferences", [])
             if ref.get("kind") == "Machine" and ref.get("apiVersion", "").startswith("cluster.x-k8s.io/")]
     if not refs:
-        raise Wait(WAITING_FOR_OWNER, "waiting for Cluster API to set the owner Machine")
+        raise Wait(reasons.WAITING_FOR_OWNER, "waiting for Cluster API to set the owner Machine")
     p.machine = await deps.kube.get_machine(p.namespace, refs[0]["name"])
     if p.machine is None:
-        raise Wait(WAITING_FOR_OWNER, f"owner Machine {refs[0]['name']} not found")
+        raise Wait(reasons.WAITING_FOR_OWNER, f"owner Machine {refs[0]['name']} not found")
 
 
 async def find_cluster(deps: Dependencies, p: MachinePass) -> None:
     cluster_name = p.body["metadata"].get("labels", {}).get(meta.CLUSTER_NAME_LABEL) or \
         (p.machine or {}).get("spec", {}).get("clusterName")
     if not cluster_name:
-        raise Wait(WAITING_FOR_OWNER, f"waiting for the {meta.CLUSTER_NAME_LABEL} label")
+        raise Wait(reasons.WAITING_FOR_OWNER, f"waiting for the {meta.CLUSTER_NAME_LABEL} label")
     p.cluster = await deps.kube.get_cluster(p.namespace, cluster_name)
     if p.cluster is None:
-        raise Wait(WAITING_FOR_OWNER, f"Cluster {cluster_name} not found")
+        raise Wait(reasons.WAITING_FOR_OWNER, f"Cluster {cluster_name} not found")
 
 
 async def honour_pause(deps: Dependencies, p: MachinePass) -> None:
@@ -69,7 +62,7 @@ async def fetch_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
     try:
         p.bootstrap = await deps.kube.get_bootstrap_data(p.namespace, secret_name)
     except api.Forbidden:
-        raise Wait(SECRETS_FORBIDDEN, secrets_forbidden_message(p.namespace, deps.provider_namespace),
+        raise Wait(reasons.SECRETS_FORBIDDEN, secrets_forbidden_message(p.namespace, deps.provider_namespace),
                    failure=True) from None
     if p.bootstrap is None:
         raise Wait(reasons.WAITING_FOR_BOOTSTRAP_DATA, f"bootstrap Secret {secret_name} not found", RECHECK_BOOTSTRAP)

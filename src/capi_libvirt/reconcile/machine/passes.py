@@ -35,14 +35,7 @@ from capi_libvirt.reconcile.machine.provisioning import (
     publish_provider_id,
 )
 from capi_libvirt.reconcile.machine.seed_removal import remove_nocloud_iso
-from capi_libvirt.reconcile.machine.state import (
-    INVALID_SPEC,
-    READY_IGNORES,
-    RECHECK_PROVISIONED,
-    RECONCILE_ERROR,
-    MachinePass,
-    event,
-)
+from capi_libvirt.reconcile.machine.state import READY_IGNORES, RECHECK_PROVISIONED, MachinePass, event
 from capi_libvirt.reconcile.machine.teardown import delete
 
 log = logging.getLogger(__name__)
@@ -74,7 +67,7 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
         spec = v1alpha1.LibvirtMachineSpec.model_validate(body.get("spec") or {})
     except pydantic.ValidationError as error:
         fields = ", ".join(".".join(map(str, e["loc"])) for e in error.errors())
-        await _write_status(deps, body, status, Wait(INVALID_SPEC, f"invalid spec: {fields}", None, failure=True))
+        await _write_status(deps, body, status, Wait(reasons.INVALID_SPEC, f"invalid spec: {fields}", None, failure=True))
         return None
     p = MachinePass(body=body, spec=spec, status=status)
     try:
@@ -102,7 +95,7 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
         return await _write_status(deps, p.body, p.status, with_backoff(deps, key, wait_for_hypervisor(error)))
     except Exception as error:  # noqa: BLE001  anything else: a condition that names its kind, details in the log
         log.exception("reconcile of %s/%s failed", namespace, name)
-        failed = Wait(RECONCILE_ERROR, f"unexpected {type(error).__name__}; see the operator log", failure=True)
+        failed = Wait(reasons.RECONCILE_ERROR, f"unexpected {type(error).__name__}; see the operator log", failure=True)
         return await _write_status(deps, p.body, p.status, with_backoff(deps, key, failed))
     deps.failures.pop(key, None)
     return await _write_status(deps, p.body, p.status, None)

@@ -22,12 +22,8 @@ from capi_libvirt.reconcile.machine.identity import (
     recorded_host,
 )
 from capi_libvirt.reconcile.machine.state import (
-    ADOPTION_REFUSED,
-    DOMAIN_HOST_MISMATCH,
     DOMAIN_RECORD_ANNOTATION,
     FORMER_HOSTS_ANNOTATION,
-    REPLACED,
-    TENANT_NOT_ALLOWED,
     MachinePass,
     event,
     volume_names,
@@ -59,7 +55,7 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
     if host:
         record = domain_record(p.body)
         if record and record != host:  # someone changed the providerID's host under a defined domain: never follow
-            raise Wait(DOMAIN_HOST_MISMATCH, f"spec.providerID names host {host}, but the domain was defined on host "
+            raise Wait(reasons.DOMAIN_HOST_MISMATCH, f"spec.providerID names host {host}, but the domain was defined on host "
                        f"{record}; not defining another", failure=True)
         decision = outage.decide(host, record, deps.inventory.state(host), deps.replace_after_s,
                                  pinned=p.spec.host is not None)
@@ -77,7 +73,7 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
         await keep_finalizer_and_identity(deps, p)
         return
     if (p.body.get("spec") or {}).get("providerID"):  # adopt_moved_machine found nothing to adopt: never re-place
-        raise Wait(ADOPTION_REFUSED, f"spec.providerID {p.body['spec']['providerID']} names no domain of this machine;"
+        raise Wait(reasons.ADOPTION_REFUSED, f"spec.providerID {p.body['spec']['providerID']} names no domain of this machine;"
                    " not placing it again", failure=True)
     never_probed = [name for name, known in deps.inventory.hosts.items() if known.probe is None and not known.problem]
     if never_probed:  # just added (or the operator just started): look before deciding, outside the lock
@@ -86,7 +82,7 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
         result = await _choose(deps, p)
         if isinstance(result, placement.NoHost):
             # A refusal waits for the host's admin (a LibvirtHost change wakes nothing here): looked at again slowly.
-            raise Wait(result.reason, result.message, RECHECK_WAITING, failure=result.reason == TENANT_NOT_ALLOWED)
+            raise Wait(result.reason, result.message, RECHECK_WAITING, failure=result.reason == reasons.TENANT_NOT_ALLOWED)
         p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, placement_patch(p.body, result.host))
         _placed_on(p, result)
     await event(deps, p.body, "Normal", reasons.PLACED, f"placed on host {p.host}")
@@ -150,7 +146,7 @@ async def _replace(deps: Dependencies, p: MachinePass, old: str, why: str) -> No
                          "resourceVersion": p.body["metadata"]["resourceVersion"]},
             "spec": {"providerID": provider_id.format_provider_id(result.host, p.domain_uuid)}})
         _placed_on(p, result)
-    await event(deps, p.body, "Warning", REPLACED, f"{why}: placed on host {p.host} instead")
+    await event(deps, p.body, "Warning", reasons.REPLACED, f"{why}: placed on host {p.host} instead")
 
 
 async def clean_former_hosts(deps: Dependencies, p: MachinePass) -> None:

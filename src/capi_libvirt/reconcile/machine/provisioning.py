@@ -14,13 +14,7 @@ from capi_libvirt.reconcile.base import Dependencies, Wait
 from capi_libvirt.reconcile.machine.identity import domain_record
 from capi_libvirt.reconcile.machine.owners import fetch_bootstrap_data
 from capi_libvirt.reconcile.machine.placing import pool_room
-from capi_libvirt.reconcile.machine.state import (
-    DOMAIN_RECORD_ANNOTATION,
-    INVALID_SPEC,
-    TRAFFIC_FILTER_NOT_FOUND,
-    MachinePass,
-    event,
-)
+from capi_libvirt.reconcile.machine.state import DOMAIN_RECORD_ANNOTATION, MachinePass, event
 
 
 async def ensure_image(deps: Dependencies, p: MachinePass) -> None:
@@ -78,7 +72,7 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     try:
         await host.call(traffic_filters.ensure_filters, doing="look up traffic filters")
     except traffic_filters.TrafficFilterMissing as error:
-        raise Wait(TRAFFIC_FILTER_NOT_FOUND, str(error), failure=True) from None
+        raise Wait(reasons.TRAFFIC_FILTER_NOT_FOUND, str(error), failure=True) from None
     try:
         config = domain_xml.from_spec(p.spec, name=p.domain_name, uuid=p.domain_uuid, disk_path=overlay_path,
                                       iso_path=None if ignition else f"{pool_dir}/{volumes.nocloud}",
@@ -87,7 +81,7 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
                                       ignition_path=f"{pool_dir}/{volumes.ignition}" if ignition else None,
                                       known_addresses={i: a.addresses for i, a in p.addressing.items()})
     except ValueError as error:  # a spec admission let through that no domain XML can carry: the spec is immutable
-        raise Wait(INVALID_SPEC, f"invalid spec: {error}", None, failure=True) from None
+        raise Wait(reasons.INVALID_SPEC, f"invalid spec: {error}", None, failure=True) from None
     user_data = (p.bootstrap.value if p.bootstrap else None) or b""  # (always set and non-empty: fetched above)
     if ignition:  # the config as it is, for Ignition to read from fw_cfg; no NoCloud seed
         await host.call(machines.replace_ignition, volumes, user_data, doing="upload Ignition config")

@@ -7,17 +7,11 @@ from __future__ import annotations
 import logging
 import posixpath
 
+from capi_libvirt.api import reasons
 from capi_libvirt.core import domain_xml
 from capi_libvirt.hypervisor import errors, machines
 from capi_libvirt.reconcile.base import Dependencies
-from capi_libvirt.reconcile.machine.state import (
-    IGNITION_CONFIG_NOT_REMOVED,
-    IGNITION_CONFIG_REMOVED,
-    NOCLOUD_ISO_NOT_REMOVED,
-    NOCLOUD_ISO_REMOVED,
-    MachinePass,
-    event,
-)
+from capi_libvirt.reconcile.machine.state import MachinePass, event
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +45,13 @@ async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
         raise
     except errors.HypervisorError as error:
         log.warning("%s/%s: the NoCloud ISO was not removed yet: %s", p.namespace, p.name, error)
-        await event(deps, p.body, "Warning", NOCLOUD_ISO_NOT_REMOVED, f"the NoCloud ISO stays for now: {error}")
+        await event(deps, p.body, "Warning", reasons.NOCLOUD_ISO_NOT_REMOVED, f"the NoCloud ISO stays for now: {error}")
         return
     p.status["noCloudISORemoved"] = True
     done = ([f"ejected from the domain ({' and '.join(ejected)})"] if ejected else []) + \
         ([f"volume {volumes.nocloud} deleted"] if deleted else [])
     if done:
-        await event(deps, p.body, "Normal", NOCLOUD_ISO_REMOVED, "the node joined, so the bootstrap data was used: "
+        await event(deps, p.body, "Normal", reasons.NOCLOUD_ISO_REMOVED, "the node joined, so the bootstrap data was used: "
                      f"NoCloud ISO {', '.join(done)} on host {p.host}")
 
 
@@ -77,11 +71,11 @@ async def _remove_ignition_config(deps: Dependencies, p: MachinePass) -> None:
         raise
     except errors.HypervisorError as error:
         log.warning("%s/%s: the Ignition config was not removed yet: %s", p.namespace, p.name, error)
-        await event(deps, p.body, "Warning", IGNITION_CONFIG_NOT_REMOVED,
+        await event(deps, p.body, "Warning", reasons.IGNITION_CONFIG_NOT_REMOVED,
                      f"the Ignition config stays for now: {error}")
         return
     p.status["ignitionConfigRemoved"] = True
     said = {"definition": "taken out of the domain's definition", "volume": f"volume {volumes.ignition} deleted"}
     if done:
-        await event(deps, p.body, "Normal", IGNITION_CONFIG_REMOVED, "the node joined, so the bootstrap data was "
+        await event(deps, p.body, "Normal", reasons.IGNITION_CONFIG_REMOVED, "the node joined, so the bootstrap data was "
                      f"used: Ignition config {', '.join(said[what] for what in done)} on host {p.host}")

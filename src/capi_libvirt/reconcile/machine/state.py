@@ -8,32 +8,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from capi_libvirt.api import meta, reasons, v1alpha1
-from capi_libvirt.core import address_conflicts, conditions, naming, tenancy
+from capi_libvirt.api import meta, v1alpha1
+from capi_libvirt.core import address_conflicts, conditions, naming
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import Dependencies
 
-WAITING_FOR_OWNER = reasons.WAITING_FOR_OWNER
-INVALID_SPEC = reasons.INVALID_SPEC
-NETWORK_NOT_FOUND = reasons.NETWORK_NOT_FOUND
-RECONCILE_ERROR = reasons.RECONCILE_ERROR
-ADOPTION_REFUSED = reasons.ADOPTION_REFUSED
-TENANT_NOT_ALLOWED = tenancy.TENANT_NOT_ALLOWED
-SECRETS_FORBIDDEN = reasons.SECRETS_FORBIDDEN
-DELETED_FOR_MOVE = reasons.DELETED_FOR_MOVE
-REPLACED = reasons.REPLACED
-DOMAIN_HOST_MISMATCH = reasons.DOMAIN_HOST_MISMATCH
-NOCLOUD_ISO_REMOVED = reasons.NOCLOUD_ISO_REMOVED
-NOCLOUD_ISO_NOT_REMOVED = reasons.NOCLOUD_ISO_NOT_REMOVED
-IGNITION_CONFIG_REMOVED = reasons.IGNITION_CONFIG_REMOVED
-IGNITION_CONFIG_NOT_REMOVED = reasons.IGNITION_CONFIG_NOT_REMOVED
-IPAM_FORBIDDEN = reasons.IPAM_FORBIDDEN
-CPU_MODEL_NOT_SUPPORTED = reasons.CPU_MODEL_NOT_SUPPORTED
-MACHINE_TYPE_NOT_SUPPORTED = reasons.MACHINE_TYPE_NOT_SUPPORTED
-TRAFFIC_FILTER_NOT_FOUND = reasons.TRAFFIC_FILTER_NOT_FOUND
-TRAFFIC_FILTER_PINNED = reasons.TRAFFIC_FILTER_PINNED
-TRAFFIC_FILTER_NOT_PINNED = reasons.TRAFFIC_FILTER_NOT_PINNED
 BOOTSTRAP_FORMATS = ("cloud-config", "ignition")  # cloud-config on a NoCloud ISO; ignition through fw_cfg
 
 # clusterctl move puts this on every source object just before deleting it: the object goes, its machine does not.

@@ -26,11 +26,8 @@ from capi_libvirt.reconcile.base import (
 from capi_libvirt.reconcile.machine.identity import domain_record, former_hosts, identity_from_domain, recorded_host
 from capi_libvirt.reconcile.machine.state import (
     DELETE_FOR_MOVE_ANNOTATION,
-    DELETED_FOR_MOVE,
     FINALIZER,
-    IPAM_FORBIDDEN,
     READY_IGNORES,
-    RECONCILE_ERROR,
     event,
     machine_volumes,
     volume_names,
@@ -56,7 +53,7 @@ async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
         deps.moved_away.add(naming.identity_uid(body))
         log.info("%s/%s deleted by clusterctl move (%s): its domain stays, the finalizer goes", namespace, name,
                  DELETE_FOR_MOVE_ANNOTATION)
-        await event(deps, body, "Normal", DELETED_FOR_MOVE, "deleted by clusterctl move; the domain on host "
+        await event(deps, body, "Normal", reasons.DELETED_FOR_MOVE, "deleted by clusterctl move; the domain on host "
                      f"{recorded_host(body) or '(none recorded)'} is left to the moved copy")
         return await _release_finalizer(deps, body)
     cluster_name = body["metadata"].get("labels", {}).get(meta.CLUSTER_NAME_LABEL)
@@ -88,11 +85,11 @@ async def _release_ip_address_claims(deps: Dependencies, body: dict[str, Any]) -
             if await deps.kube.delete_ip_address_claim(namespace, ref.name):
                 await event(deps, body, "Normal", reasons.IP_ADDRESS_RELEASED, f"deleted IPAddressClaim {ref.name}")
         except api.Forbidden:
-            await event(deps, body, "Warning", IPAM_FORBIDDEN, f"may not delete IPAddressClaim {ref.name}; "
+            await event(deps, body, "Warning", reasons.IPAM_FORBIDDEN, f"may not delete IPAddressClaim {ref.name}; "
                          "its owner reference lets the garbage collector remove it")
         except Exception as error:  # noqa: BLE001  the API hiccuped: again, with backoff
             log.info("deleting IPAddressClaim %s/%s failed: %s", namespace, ref.name, type(error).__name__)
-            raise with_backoff(deps, key, Wait(RECONCILE_ERROR, "deleting IPAddressClaims failed")) from None
+            raise with_backoff(deps, key, Wait(reasons.RECONCILE_ERROR, "deleting IPAddressClaims failed")) from None
     deps.failures.pop(key, None)
 
 

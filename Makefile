@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
-.PHONY: help system-deps venv trixie-root upstream upstream-control-plane upstream-kubernetes guest-image guest-image-minimal \
+.PHONY: help system-deps venv trixie-root upstream upstream-control-plane upstream-kubernetes upstream-rest upstream-operator guest-image guest-image-minimal \
 	guest-image-node prerequisites manifests lint lint-checks lock lock-check image test test-whole-cluster test-fast bench run demo clean \
 	release-manifests templates reference docs test-other-pythons
 
@@ -63,8 +63,15 @@ lock-check: venv
 
 # The upstream programs (hack/build-upstream.sh): the Kubernetes commands first, since the node image needs kubelet and
 # kubeadm; the rest while the node image is made. `upstream-control-plane` is only what `make run`/`make demo` use.
-upstream: upstream-kubernetes
+upstream: upstream-rest upstream-operator
+
+upstream-rest: upstream-kubernetes
 	@$(TIMED) upstream-rest hack/build-upstream.sh rest
+
+# The Cluster API Operator: a step of its own, after the Kubernetes build (not to slow it) and beside the rest (whose
+# second core otherwise only has the node image to make).
+upstream-operator: upstream-kubernetes
+	@$(TIMED) upstream-operator hack/build-upstream.sh operator
 
 upstream-kubernetes: system-deps
 	@$(TIMED) upstream-kubernetes hack/build-upstream.sh kubernetes

@@ -4,20 +4,20 @@
 # Everything is cached by version under $CAPI_LIBVIRT_CACHE (default ~/.cache/capi-libvirt), outside the work tree; a
 # second run only checks the cache.
 #
-#   hack/build-upstream.sh [control-plane|kubernetes|rest|all]      (default: all)
+#   hack/build-upstream.sh [control-plane|kubernetes|rest|operator|all]      (default: all)
 #
 # `control-plane` is what `make run` and `make demo` need: etcd, kube-apiserver, kubeadm (its phases make the API
 # server's certificates) and Cluster API's module (its CRDs). `kubernetes` builds what the node image needs first
 # (kubelet and kubeadm, with the other Kubernetes commands in the same `go build`), so the Makefile can start the node
-# image while `rest` builds the others (etcd, kustomize, Cluster API, the Cluster API Operator, cluster-autoscaler,
-# cert-manager, helm). Programs of one module
+# image while `rest` builds the others (etcd, kustomize, Cluster API, cluster-autoscaler, cert-manager, helm) and
+# `operator` the Cluster API Operator, beside it. Programs of one module
 # are built by one `go build` (they share its compilation and link side by side). Each build prints one line when it
 # starts and one when it ends; its output (`go: downloading ...`) goes to out/logs/build-<name>.log, whose end is
 # printed if it fails. Each build's seconds land in out/timing/setup.tsv (hack/timed.sh, tests/timing_report.py).
 set -euo pipefail
 
 group=${1:-all}
-case "$group" in control-plane|kubernetes|rest|all) ;; *) echo "usage: $0 [control-plane|kubernetes|rest|all]" >&2; exit 2 ;; esac
+case "$group" in control-plane|kubernetes|rest|operator|all) ;; *) echo "usage: $0 [control-plane|kubernetes|rest|operator|all]" >&2; exit 2 ;; esac
 
 : "${KUBERNETES_VERSION:=v1.35.4}"
 : "${ETCD_VERSION:=v3.6.16}"
@@ -262,6 +262,16 @@ link_cluster_api_module() {
   ln -sfn "$capi_dir" "$CAPI_LIBVIRT_CACHE/cluster-api-$CLUSTER_API_VERSION"
 }
 
+# The Cluster API Operator's manager (its go.mod has no replace directives), and its module linked for its CRDs.
+build_operator_group() {
+operator="$bin/cluster-api-operator-$CLUSTER_API_OPERATOR_VERSION"
+[ -x "$operator" ] || build cluster-api-operator \
+  "the Cluster API Operator $CLUSTER_API_OPERATOR_VERSION (3-6 minutes on 2 cores, once)" \
+  build_single "$operator" operator_build
+ln -sfn "$(module_field "sigs.k8s.io/cluster-api-operator@$CLUSTER_API_OPERATOR_VERSION" Dir)" \
+  "$CAPI_LIBVIRT_CACHE/cluster-api-operator-$CLUSTER_API_OPERATOR_VERSION"
+}
+
 build_rest_group() {
 build_etcd
 
@@ -277,14 +287,6 @@ fi
 ln -sfn "$capi_manager" "$bin/cluster-api-manager"
 ln -sfn "$clusterctl" "$bin/clusterctl"
 link_cluster_api_module
-
-# The Cluster API Operator's manager (its go.mod has no replace directives), and its module linked for its CRDs.
-operator="$bin/cluster-api-operator-$CLUSTER_API_OPERATOR_VERSION"
-[ -x "$operator" ] || build cluster-api-operator \
-  "the Cluster API Operator $CLUSTER_API_OPERATOR_VERSION (3-6 minutes on 2 cores, once)" \
-  build_single "$operator" operator_build
-ln -sfn "$(module_field "sigs.k8s.io/cluster-api-operator@$CLUSTER_API_OPERATOR_VERSION" Dir)" \
-  "$CAPI_LIBVIRT_CACHE/cluster-api-operator-$CLUSTER_API_OPERATOR_VERSION"
 
 # cluster-autoscaler, with only the Cluster API cloud provider compiled in (build tag clusterapi). Its go.mod pins k8s.io
 # staging modules with replace directives (copied into the scratch module) and replaces its nested module
@@ -437,6 +439,7 @@ case "$group" in
   control-plane) build_etcd; build_kubernetes_group kube-apiserver kubeadm; link_cluster_api_module ;;
   kubernetes) build_kubernetes_group; build_node_image_inputs ;;
   rest) build_rest_group ;;
-  all) build_kubernetes_group; build_node_image_inputs; build_rest_group ;;
+  operator) build_operator_group ;;
+  all) build_kubernetes_group; build_node_image_inputs; build_rest_group; build_operator_group ;;
 esac
 log "$group ready in $bin"

@@ -60,7 +60,7 @@ def run(settings: Settings) -> dict:
                                     ("floor", lambda n=n: floor.run(n)), ("floor_serial", lambda n=n: serial.run(n))):
                     result = make()
                     provisioned = f"{result.provisioned_s:.2f}s" if result.provisioned_s is not None else \
-                        f"not all ({result.unprovisioned} without an address)"
+                        f"not all ({result.unprovisioned} without an address: {'; '.join(result.unprovisioned_why)})"
                     log.info("bench: N=%d round %d %s: running %.2fs, provisioned %s, deleted %.2fs", n, index + 1,
                              label, result.running_s, provisioned, result.delete_s)
                     results[label].setdefault(str(n), []).append(dataclasses.asdict(result))

@@ -43,6 +43,9 @@ class Round:
     libvirt_operations: float | None = None
     idle: dict | None = None  # the operator idling over the N provisioned machines (see idle_cost)
     unprovisioned: int = 0
+    # Why, for each machine not provisioned in time: its AddressesDiscovered condition and whether the host's network
+    # leased its MAC (no lease: the guest's DHCP never completed; a lease: the provider did not publish it).
+    unprovisioned_why: list[str] = dataclasses.field(default_factory=list)
 
 
 async def idle_cost(bed: testbed.Bed, seconds: float) -> dict:
@@ -102,6 +105,7 @@ class Ours:
                 except TimeoutError:
                     provisioned = None
                 unprovisioned = n - tracker.provisioned
+                why = await self._why_unprovisioned(objects, conn, tracker, prefix, n) if unprovisioned else []
                 rss = measure.process_sample(self.bed.operator.pid).rss_mb
                 idle = await idle_cost(self.bed, idle_s) if idle_s else None
                 deleting = time.monotonic()
@@ -118,7 +122,7 @@ class Ours:
             await self._remove_the_rest(api, prefix, n)
         await asyncio.to_thread(conn.close)
         return Round(n=n, running_s=running - started, provisioned_s=provisioned and provisioned - started,
-                     unprovisioned=unprovisioned, delete_s=done - deleting, cpu_s=after_cpu.cpu_s - before_cpu.cpu_s,
+                     unprovisioned=unprovisioned, unprovisioned_why=why, delete_s=done - deleting, cpu_s=after_cpu.cpu_s - before_cpu.cpu_s,
                      rss_mb=rss,
                      api={f"{verb} {resource}": count for (verb, resource), count in sorted(operator_api.items())},
                      libvirt_operations=after_ops - before_ops, idle=idle)
@@ -144,6 +148,23 @@ class Ours:
             "spec": testbed.machine_spec(self.bed.host.pool_name, self.bed.host.network_name)})
         for resource in ("secrets", "machines", "libvirtmachines"):
             self._count("POST", resource)
+
+    async def _why_unprovisioned(self, objects: client.CustomObjectsApi, conn: libvirt.virConnect, tracker: Tracker,
+                                 prefix: str, n: int) -> list[str]:
+        leased = await asyncio.to_thread(measure.leased_macs, conn, self.bed.host.network_name or "")
+        why = []
+        for name in (f"{prefix}{i}" for i in range(n)):
+            if name in tracker.done:
+                continue
+            body = await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, testbed.NAMESPACE,
+                                                              "libvirtmachines", name)
+            self._count("GET", "libvirtmachines")
+            found = {c["type"]: f"{c.get('reason')}: {c.get('message')}"
+                     for c in (body.get("status") or {}).get("conditions") or []}
+            mac = naming.mac_address(body["metadata"]["uid"], 0)
+            why.append(f"{name}: {'leased' if mac in leased else 'no lease for'} {mac}; "
+                       f"AddressesDiscovered {found.get('AddressesDiscovered')}; Ready {found.get('Ready')}")
+        return why
 
     async def _delete(self, objects: client.CustomObjectsApi, name: str) -> None:
         await objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, testbed.NAMESPACE, "libvirtmachines",
@@ -237,13 +258,14 @@ class Floor:
                     lambda: set(macs) <= measure.leased_macs(conn, host.network_name), PROVISION_TIMEOUT_S)
             except TimeoutError:
                 provisioned = None
-            unprovisioned = len(set(macs) - measure.leased_macs(conn, host.network_name))
+            unleased = sorted(set(macs) - measure.leased_macs(conn, host.network_name))
             deleting = time.monotonic()
             list(threads.map(lambda args: self._delete(conn, *args), zip(names, uids, strict=True)))
             done = measure.wait_until(lambda: measure.host_clean(conn, host.pool_name, {testbed.BASE_VOLUME}),
                                       ROUND_TIMEOUT_S)
         return Round(n=n, running_s=running - started, provisioned_s=provisioned and provisioned - started,
-                     unprovisioned=unprovisioned, delete_s=done - deleting)
+                     unprovisioned=len(unleased), unprovisioned_why=[f"no lease for {mac}" for mac in unleased],
+                     delete_s=done - deleting)
 
     @staticmethod
     def _create(conn: libvirt.virConnect, pool: libvirt.virStoragePool, pool_dir: str, base: libvirt.virStorageVol,

@@ -25,6 +25,7 @@ def test_a_small_bench_run_measures_everything_and_writes_its_report(tmp_path: p
 
     for label in ("ours", "floor", "floor_serial"):
         (round_,) = results[label]["2"]
+        assert round_["provisioned_s"] is not None, (label, round_)  # its unprovisioned_why says which and why
         assert 0 < round_["running_s"] <= round_["provisioned_s"], (label, round_)
         assert round_["delete_s"] > 0
     ours = results["ours"]["2"][0]

@@ -22,6 +22,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import conditions, naming
 from capi_libvirt.hypervisor import connection, credentials, machines
+from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 
 T = TypeVar("T")
@@ -154,12 +155,11 @@ async def show(kube: api.KubeAPI, namespace: str, name: str, out: BinaryIO, *, s
     where = await locate(kube, namespace, name)
     uri, secret = await host_access(kube, where.host, static_hosts)
     connection.ensure_libvirt_event_loop()  # keepalives: a dead host is noticed instead of hanging a follow
-    host = connection.HostConnection(where.host, uri, secret)
+    host = host_api.libvirt_host(where.host, uri, secret, None)
     output = Limited(out, limit_bytes)
 
     async def read(start: int, tail: int | None) -> machines.LogChunk:
-        return await host.call(machines.read_serial_log, where.pool, where.volume, start, tail,
-                               doing="read serial log")
+        return await host.read_serial_log(where.pool, where.volume, start, tail)
     try:
         if tail_lines is None:
             chunk = await read(0, None)

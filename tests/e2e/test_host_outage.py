@@ -25,7 +25,6 @@ from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import naming, provider_id
-from capi_libvirt.hypervisor import machines as hypervisor_machines
 from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv import capi_objects, ipxe_image, workload_cluster
 from devenv import remote_access as ra
@@ -201,20 +200,20 @@ async def test_a_host_cut_off_mid_provision_keeps_its_machine_and_a_machine_with
             assert body["metadata"]["annotations"][machine_reconcile.DOMAIN_RECORD_ANNOTATION] == ""
 
             # The link goes down right after the next domain is defined: mid-provision, before it is started. The
-            # fault comes through the host connection the running operator uses (no hook in production code): its
-            # define call returns, then the link is cut.
+            # fault comes through the host the running operator uses (no hook in production code): its define
+            # returns, then the link is cut.
             cut = []
-            connection = memo.runtime.deps.hosts.get("outage-a")
-            real_call = connection.call
+            host_a = memo.runtime.deps.hosts.get("outage-a")
+            real_define = host_a.define_domain
 
-            async def cut_after_define(fn, *args, doing: str = ""):
-                result = await real_call(fn, *args, doing=doing)
-                if fn is hypervisor_machines.define_domain and not cut:
+            async def cut_after_define(uuid: str, xml: str):
+                result = await real_define(uuid, xml)
+                if not cut:
                     set_link(a, up=False)
                     cut.append(time.monotonic())
                     clock.mark("outage-a cut off right after a domain was defined there")
                 return result
-            connection.call = cut_after_define
+            host_a.define_domain = cut_after_define
             await capi_objects.create_machine(api_client, namespace, "outage", "midway", "#cloud-config\n",
                                               ipxe_image.machine_spec(a.host.pool_name, a.host.network_name, BASE))
 

@@ -2,7 +2,7 @@
 restarted operator converges from: exactly one running domain and no stray volume, and deletion leaves the host clean.
 
 The fault comes through a dependency the test constructs, never through a switch in production code: the first pass
-is the production reconcile (`reconcile.machine.reconcile`), given a host connection whose libvirt call raises
+is the production reconcile (`reconcile.machine.reconcile`), given a host whose operation raises
 `ProcessDied` (a BaseException: no `except Exception`, no status write, no cleanup runs after it, as after a SIGKILL)
 the moment the phase's last host operation has returned. Then the operator itself starts (a fresh process state:
 new connections, an empty cache) and must finish the job. Kills of the operator process from outside, at random
@@ -19,7 +19,7 @@ from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import domain_xml, naming
-from capi_libvirt.hypervisor import connection, machines
+from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory
 from capi_libvirt.reconcile import machine as machine_reconcile
@@ -47,18 +47,16 @@ def our_objects(host, machine_uid: str) -> dict[str, list[str]]:
     return {"domains": domains, "volumes": volumes}
 
 
-def dying_after(registry: connection.HostRegistry, host: str, last_operation) -> None:
-    """Make `host`'s connection end the process once `last_operation` (a hypervisor.machines function) returned."""
-    conn = registry.get(host)
-    real_call = conn.call
+def dying_after(registry: host_api.HostRegistry, host: str, last_operation: str) -> None:
+    """Make `host` end the process once its operation `last_operation` (a Host method's name) returned."""
+    target = registry.get(host)
+    real = getattr(target, last_operation)
 
-    async def call(fn, *args, doing: str = ""):
-        result = await real_call(fn, *args, doing=doing)
-        if fn is last_operation:
-            raise ProcessDied(fn.__name__)
-        return result
+    async def operation(*args):
+        await real(*args)  # done on the host; the process dies before it hears the answer
+        raise ProcessDied(last_operation)
 
-    conn.call = call  # type: ignore[method-assign]
+    setattr(target, last_operation, operation)
 
 
 async def run_until_the_process_dies(control_plane, host, namespace: str, name: str, last_operation) -> None:
@@ -66,7 +64,7 @@ async def run_until_the_process_dies(control_plane, host, namespace: str, name: 
     configuration = client.Configuration()
     await config.load_kube_config(config_file=str(control_plane.kubeconfig_for(OPERATOR_USER)),
                                   client_configuration=configuration)
-    registry = connection.HostRegistry({host.name: host.uri})
+    registry = host_api.HostRegistry({host.name: host.uri})
     dying_after(registry, host.name, last_operation)
     async with client.ApiClient(configuration) as api_client:
         deps = machine_reconcile.Dependencies(kube=api.KubeAPI(api_client), inventory=inventory.Inventory(registry),
@@ -75,7 +73,7 @@ async def run_until_the_process_dies(control_plane, host, namespace: str, name: 
             for _ in range(20):
                 await machine_reconcile.reconcile(deps, namespace, name)
                 await asyncio.sleep(0.2)
-            raise AssertionError(f"20 passes and {last_operation.__name__} never ran")
+            raise AssertionError(f"20 passes and {last_operation} never ran")
         except ProcessDied:
             pass
         finally:
@@ -83,8 +81,8 @@ async def run_until_the_process_dies(control_plane, host, namespace: str, name: 
 
 
 @pytest.mark.parametrize("last_operation, expected_before_restart", [
-    (machines.ensure_overlay, {"domains": 0, "volumes": 1}),  # the overlay only
-    (machines.define_domain, {"domains": 1, "volumes": 3}),   # overlay, ISO, empty serial log; defined, never started
+    ("ensure_overlay", {"domains": 0, "volumes": 1}),  # the overlay only
+    ("define_domain", {"domains": 1, "volumes": 3}),   # overlay, ISO, empty serial log; defined, never started
 ], ids=["after-ensure_overlay", "after-ensure_domain"])
 async def test_restart_after_a_crash_converges_to_one_domain_and_no_stray_volume(
         last_operation, expected_before_restart, control_plane, api_client, namespace, libvirt_host, guest_image,

@@ -24,7 +24,7 @@ from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import naming, volume_xml
-from capi_libvirt.hypervisor import connection, machines
+from capi_libvirt.hypervisor import host as host_api
 from devenv import control_plane as cp
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -257,8 +257,7 @@ async def test_reading_waits_out_a_volume_being_built_in_the_pool(libvirt_host, 
                                pool.storageVolLookupByName(source.name), 0)
         finished["at"] = time.monotonic()
 
-    connection.ensure_libvirt_event_loop()
-    host = connection.HostConnection(libvirt_host.name, libvirt_host.uri)
+    host = host_api.libvirt_host(libvirt_host.name, libvirt_host.uri, None, None)
     cloning = threading.Thread(target=build_clone)
     try:
         with libvirt_host.connect() as conn:
@@ -273,8 +272,7 @@ async def test_reading_waits_out_a_volume_being_built_in_the_pool(libvirt_host, 
                     assert (refused.get_error_code(), refused.get_error_domain()) == \
                         (libvirt.VIR_ERR_INTERNAL_ERROR, libvirt.VIR_FROM_STORAGE)
                     break
-        chunk = await host.call(machines.read_serial_log, libvirt_host.pool_name, path.name, 0, None,
-                                doing="read serial log")
+        chunk = await host.read_serial_log(libvirt_host.pool_name, path.name, 0, None)
         read_at = time.monotonic()
         cloning.join(COMMAND_TIMEOUT_S)
         assert (chunk.data, chunk.end) == (LOG, len(LOG))

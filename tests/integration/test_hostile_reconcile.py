@@ -38,7 +38,7 @@ from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import address_conflicts, conditions, domain_xml, naming
-from capi_libvirt.hypervisor import connection
+from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory
 from capi_libvirt.reconcile import machine as reconcile
@@ -160,7 +160,7 @@ class Case:
         admin_configuration = client.Configuration()
         await config.load_kube_config(config_file=str(self.plane.kubeconfig_path),
                                       client_configuration=admin_configuration)
-        registry = connection.HostRegistry({self.host.name: self.host.uri})
+        registry = host_api.HostRegistry({self.host.name: self.host.uri})
         async with client.ApiClient(configuration) as operator_client, \
                 client.ApiClient(admin_configuration) as admin:
             deps = reconcile.Dependencies(kube=api.KubeAPI(operator_client), inventory=inventory.Inventory(registry),

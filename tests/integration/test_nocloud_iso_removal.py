@@ -27,7 +27,6 @@ from kubernetes_asyncio import client
 from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import cloud_init, domain_xml, naming
 from capi_libvirt.hypervisor import errors
-from capi_libvirt.hypervisor import machines as hypervisor_machines
 from devenv import capi_objects, ipxe_image
 from devenv.libvirt_host import LibvirtHost
 from guests import provider_objects, refreshed_pool
@@ -107,18 +106,18 @@ async def test_the_iso_leaves_the_host_once_the_node_joined_unless_kept_and_a_cr
         async def started():
             return "runtime" in memo
         await wait_until("the operator started", started, DEADLINE_S, interval=0.1)
-        connection = memo.runtime.deps.hosts.get(host.name)
-        real_call = connection.call
+        operated = memo.runtime.deps.hosts.get(host.name)
+        real_eject = operated.eject_nocloud
         after_eject: list[dict] = []
 
-        async def fail_after_eject(fn, *args, doing: str = ""):
-            result = await real_call(fn, *args, doing=doing)
-            if fn is hypervisor_machines.eject_nocloud and "-crashed-" in args[1] and not after_eject:
-                after_eject.append({"ejected": result, **iso_state_of(host, args[0], args[1])})
+        async def fail_after_eject(uuid: str, iso_volume: str):
+            result = await real_eject(uuid, iso_volume)
+            if "-crashed-" in iso_volume and not after_eject:
+                after_eject.append({"ejected": result, **iso_state_of(host, uuid, iso_volume)})
                 raise errors.HostUnreachable("connection lost right after the eject (a fault the test injects)",
                                              host.name)
             return result
-        connection.call = fail_after_eject
+        operated.eject_nocloud = fail_after_eject
 
         for name, extra in names.items():
             await capi_objects.create_machine(api_client, namespace, CLUSTER, name, "#cloud-config\n",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import threading
 import types
 
 import pydantic
@@ -19,6 +20,7 @@ from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.core.orphans import HostDomain
 from capi_libvirt.hypervisor import images as host_images
 from capi_libvirt.reconcile import images as reconcile_images
+from devenv.memory_host import Hold, MemoryHost
 
 pytestmark = pytest.mark.unit
 
@@ -158,39 +160,52 @@ def test_messages_never_show_a_urls_query():
     assert download.shown(URL) == URL
 
 
-class FakeHost:
-    """A host whose pool has only what it imported, and whose import waits for the test to let it finish."""
+class Served:
+    """The image's download, in memory (download.open_image's stand-in: no server here): `length`, `received` and
+    `read` as a download has them; a read waits for `gate` when the test holds it, and raises `error` when set."""
 
-    host = "kvm1"
+    def __init__(self, data: bytes = b"image") -> None:
+        self.data, self.length, self.received = data, len(data), 0
+        self.gate: threading.Event | None = None
+        self.error: Exception | None = None
 
-    def __init__(self) -> None:
-        self.imports = 0
-        self.release = asyncio.Event()
-        self.outcome: Exception | None = None
-        self.volume: host_images.ImageVolume | None = None
-        self.held_look: asyncio.Event | None = None  # when set by a test, the next look-up waits for it
-        self.looking = asyncio.Event()  # set once a held look-up has read the pool
+    def read(self, size: int = 1 << 20) -> bytes:
+        if self.gate is not None:
+            self.gate.wait(5)
+        if self.error is not None:
+            raise self.error
+        chunk, self.data = self.data[:size], self.data[size:]
+        self.received += len(chunk)
+        return chunk
 
-    async def call(self, fn, *args, doing="", transfer=False):
-        if fn is host_images.find_image:
-            seen = self.volume  # what the pool held when the look-up read it
-            held, self.held_look = self.held_look, None
-            await asyncio.sleep(0)  # a real look-up is a thread's round trip: other passes run meanwhile
-            if held is not None:
-                self.looking.set()
-                await held.wait()
-            return seen
-        assert fn is host_images.import_image and transfer  # a long stream: the transfer thread, never the pool's
-        self.imports += 1
-        await self.release.wait()
-        if self.outcome is not None:
-            raise self.outcome
-        self.volume = host_images.ImageVolume(images.image_volume_name(SHA), "/pool/x", "qcow2", 10)
-        return self.volume
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+
+@pytest.fixture(autouse=True)
+def served(monkeypatch) -> list[Served]:
+    """Every download a test's imports open, in order; each serves the image whose sha256 is SHA."""
+    opened: list[Served] = []
+
+    def open_image(url: str, allowed) -> Served:
+        assert allowed(url), url
+        opened.append(Served())
+        return opened[-1]
+    monkeypatch.setattr(reconcile_images.download, "open_image", open_image)
+    return opened
+
+
+def importing_host() -> tuple[MemoryHost, Hold]:
+    """kvm1 in memory, its next image import held until the test releases it (a download takes its time)."""
+    host = MemoryHost("kvm1")
+    return host, host.hold("import_image")
 
 
 async def test_machines_wanting_one_image_on_one_host_wait_for_one_import():
-    host, now = FakeHost(), [0.0]
+    (host, release), now = importing_host(), [0.0]
     imports = reconcile_images.ImageImports(clock=lambda: now[0])
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
     woken: list[str] = []
@@ -199,27 +214,27 @@ async def test_machines_wanting_one_image_on_one_host_wait_for_one_import():
             await imports.ensure(host, "default", image, [PREFIX], woken.append)
         assert waiting.value.reason == "ImageImporting" and not waiting.value.failure
     await asyncio.sleep(0)
-    assert host.imports == 1 and imports.started == 1
+    assert host.operations["import_image"] == 1 and imports.started == 1
     assert woken == []
-    host.release.set()
+    release.release()
     await asyncio.sleep(0.01)
     assert woken == ["kvm1"]  # the host's machines are queued at once, not at their next recheck
     found = await imports.ensure(host, "default", image, [PREFIX])
-    assert found.name == images.image_volume_name(SHA) and host.imports == 1
+    assert found.name == images.image_volume_name(SHA) and host.operations["import_image"] == 1
 
 
 async def test_machines_asking_at_the_same_moment_start_one_import():
     """Two passes that both look the image up before either started its import (the look-up awaits the host): one
     import, not one each (a race seen under load in the integration tier)."""
-    host = FakeHost()
+    host, release = importing_host()
     imports = reconcile_images.ImageImports()
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
     answers = await asyncio.gather(*(imports.ensure(host, "default", image, [PREFIX]) for _machine in range(3)),
                                    return_exceptions=True)
     assert all(isinstance(a, reconcile_images.NotReady) and a.reason == "ImageImporting" for a in answers), answers
     await asyncio.sleep(0)
-    assert host.imports == 1 and imports.started == 1
-    host.release.set()
+    assert host.operations["import_image"] == 1 and imports.started == 1
+    release.release()
     await imports.close()
 
 
@@ -227,45 +242,46 @@ async def test_a_pass_that_looked_while_the_import_finished_looks_again():
     """A pass whose look-up read the pool before any import started, and returned after another pass had started the
     import, it had finished and a third pass had taken its volume: it looks again and finds the image, and starts no
     second import (a race seen under load in CI)."""
-    host = FakeHost()
+    host, release = importing_host()
     imports = reconcile_images.ImageImports()
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
-    host.held_look = release_late = asyncio.Event()
+    late_look = host.hold("find_image", after=True)
     late = asyncio.create_task(imports.ensure(host, "default", image, [PREFIX]))
-    await asyncio.wait_for(host.looking.wait(), 5)  # the late pass has read an empty pool
+    await asyncio.wait_for(late_look.reached.wait(), 5)  # the late pass has read an empty pool
     with pytest.raises(reconcile_images.NotReady):
         await imports.ensure(host, "default", image, [PREFIX])  # another pass starts the import
-    host.release.set()
+    release.release()
     await asyncio.sleep(0.01)  # the import finishes
     first = await imports.ensure(host, "default", image, [PREFIX])  # a third pass takes the imported volume
-    release_late.set()
+    late_look.release()
     assert (await asyncio.wait_for(late, 5)).name == first.name == images.image_volume_name(SHA)
-    assert host.imports == 1 and imports.started == 1
+    assert host.operations["import_image"] == 1 and imports.started == 1
 
 
 async def test_an_image_gone_from_the_pool_after_its_import_is_imported_again():
-    host = FakeHost()
+    host, release = importing_host()
     imports = reconcile_images.ImageImports()
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
-    host.release.set()
+    release.release()
     with pytest.raises(reconcile_images.NotReady):
         await imports.ensure(host, "default", image, [PREFIX])
     await asyncio.sleep(0.01)
     assert (await imports.ensure(host, "default", image, [PREFIX])).name == images.image_volume_name(SHA)
-    host.volume = None  # an admin deleted it
+    for name in (images.image_volume_name(SHA), images.verified_marker_name(SHA)):
+        del host.pools["default"].volumes[name]  # an admin deleted it
     with pytest.raises(reconcile_images.NotReady) as importing:
         await imports.ensure(host, "default", image, [PREFIX])
     assert importing.value.reason == "ImageImporting"
     await asyncio.sleep(0.01)
-    assert host.imports == 2 and imports.started == 2
+    assert host.operations["import_image"] == 2 and imports.started == 2
 
 
 async def test_a_failed_import_answers_every_waiting_machine_then_one_retries():
-    host, now = FakeHost(), [0.0]
+    (host, release), now = importing_host(), [0.0]
     imports = reconcile_images.ImageImports(clock=lambda: now[0])
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
-    host.outcome = host_images.ChecksumMismatch(SHA, "f" * 64, 10)
-    host.release.set()
+    host.fail("import_image", host_images.ChecksumMismatch(SHA, "f" * 64, 10))
+    release.release()
     woken: list[str] = []
     with pytest.raises(reconcile_images.NotReady):
         await imports.ensure(host, "default", image, [PREFIX], woken.append)
@@ -276,13 +292,13 @@ async def test_a_failed_import_answers_every_waiting_machine_then_one_retries():
             await imports.ensure(host, "default", image, [PREFIX])
         assert failed.value.reason == "ImageChecksumMismatch" and failed.value.failure
         assert SHA in failed.value.message and "f" * 64 in failed.value.message
-    assert host.imports == 1
+    assert host.operations["import_image"] == 1
     now[0] += reconcile_images.RETRY_AFTER_S
     with pytest.raises(reconcile_images.NotReady) as retrying:
         await imports.ensure(host, "default", image, [PREFIX])
     assert retrying.value.reason == "ImageImporting"
     await asyncio.sleep(0.01)
-    assert host.imports == 2
+    assert host.operations["import_image"] == 2
     with contextlib.suppress(Exception):
         await imports.close()
 
@@ -299,28 +315,30 @@ def test_an_imports_progress_is_in_the_message_the_machines_wait_with():
 
 
 async def test_every_import_is_observed_with_its_bytes_time_and_outcome(monkeypatch):
-    class OpeningHost(FakeHost):
-        async def call(self, fn, *args, doing="", transfer=False):
-            if fn is host_images.import_image:
-                args[2]()  # the download opens in the transfer thread, as import_image does
-            return await super().call(fn, *args, doing=doing, transfer=transfer)
+    streaming = Served(b"x" * 4096)
+    streaming.gate, opened = threading.Event(), threading.Event()
 
-    opened = types.SimpleNamespace(received=0, length=4096)
-    monkeypatch.setattr(reconcile_images.download, "open_image", lambda url, allowed: opened)
+    def open_image(url: str, allowed) -> Served:
+        opened.set()  # in the import's thread, as the libvirt import opens it
+        return streaming
+    monkeypatch.setattr(reconcile_images.download, "open_image", open_image)
     seen: list[tuple[int, bool]] = []
-    host, now = OpeningHost(), [0.0]
+    host, now = MemoryHost("kvm1"), [0.0]
     imports = reconcile_images.ImageImports(clock=lambda: now[0],
                                             observe=lambda received, seconds, ok: seen.append((received, ok)))
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
     with pytest.raises(reconcile_images.NotReady):
         await imports.ensure(host, "default", image, [PREFIX])
-    await asyncio.sleep(0)
-    opened.received = 1024
+    assert await asyncio.to_thread(opened.wait, 5)
+    streaming.received = 1024
     with pytest.raises(reconcile_images.NotReady) as waiting:
         await imports.ensure(host, "default", image, [PREFIX])
     assert waiting.value.message.endswith(", 0 of 0 MiB received")  # 1 KiB of 4 KiB, in MiB
-    host.outcome = RuntimeError("cut short")
-    opened.received = 2048
-    host.release.set()
-    await asyncio.sleep(0.01)
+    streaming.error = RuntimeError("cut short")
+    streaming.received = 2048
+    streaming.gate.set()
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.01)
     assert seen == [(2048, False)]

@@ -12,6 +12,7 @@ from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import conditions, machine_addresses
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile import machine as machine_reconcile
+from devenv.memory_host import Domain, MemoryHost
 
 pytestmark = pytest.mark.unit
 
@@ -111,23 +112,27 @@ def test_an_agent_that_fails_or_has_nothing_leaves_the_answer_to_arp() -> None:
 
 # -- publishing, in a pass ----------------------------------------------------------------------------------------
 
-class FakeHost:
-    def __init__(self, discovery: machines.Discovery) -> None:
-        self.discovery = discovery
-
-    async def call(self, fn, *args, doing=""):
-        assert fn is machines.domain_addresses, fn.__name__
-        return self.discovery
-
-
 def machine_pass(status: dict, addressing: dict[int, v1alpha1.StaticAddressing]) -> machine_reconcile.MachinePass:
     spec = v1alpha1.LibvirtMachineSpec.model_validate({"image": {"volume": "base"}, "interfaces": [{"bridge": "br0"}]})
     body = {"metadata": {"namespace": "ns", "name": "m0", "uid": "u", "generation": 1}, "spec": {}, "status": status}
     return machine_reconcile.MachinePass(body=body, spec=spec, status=dict(status), host="kvm1", addressing=addressing)
 
 
-async def observe(p: machine_reconcile.MachinePass, discovery: machines.Discovery) -> None:
-    host = FakeHost(discovery)
+def host_answering(p: machine_reconcile.MachinePass, *, agent: list[str] | None, arp: tuple[str, ...] = ()) -> MemoryHost:
+    """kvm1 in memory with the machine's running domain on a bridge: its guest agent connected and answering `agent`
+    (None: not connected), the host's ARP table holding `arp`."""
+    host = MemoryHost("kvm1")
+    channel = ("<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0' state='connected'/></channel>"
+               if agent is not None else "")
+    xml = (f"<domain><name>d</name><uuid>{p.domain_uuid}</uuid><devices><interface type='bridge'>"
+           f"<mac address='52:54:00:00:00:01'/><source bridge='br0'/></interface>{channel}</devices></domain>")
+    host.domains[p.domain_uuid] = Domain(p.domain_uuid, "d", xml, "running")
+    host.agent_addresses[p.domain_uuid] = list(agent or [])
+    host.arp_addresses[p.domain_uuid] = list(arp)
+    return host
+
+
+async def observe(p: machine_reconcile.MachinePass, host: MemoryHost) -> None:
     deps = types.SimpleNamespace(hosts=types.SimpleNamespace(get=lambda name: host),
                                  now=lambda: "2026-12-01T00:00:00Z")
     await machine_reconcile.observe_addresses(deps, p)
@@ -139,7 +144,7 @@ def internal(status: dict) -> list[str]:
 
 async def test_a_static_address_is_published_and_the_machine_provisioned_before_discovery_finds_anything() -> None:
     p = machine_pass({}, {0: static("192.0.2.10/24")})
-    await observe(p, machines.Discovery([], None, ["arp"]))
+    await observe(p, host_answering(p, agent=None))  # asks the ARP table only: nothing
     assert p.status["addresses"][0] == {"type": "Hostname", "address": "m0"}
     assert internal(p.status) == ["192.0.2.10"]
     assert p.status["initialization"] == {"provisioned": True} and p.status["ready"] is True
@@ -150,14 +155,14 @@ async def test_a_static_address_is_published_and_the_machine_provisioned_before_
 async def test_without_known_addresses_a_machine_waits_for_discovery_then_keeps_the_last_found() -> None:
     p = machine_pass({}, {})
     with pytest.raises(machine_reconcile.Wait) as waiting:
-        await observe(p, machines.Discovery([], None, ["agent", "arp"]))
+        await observe(p, host_answering(p, agent=[]))  # the agent, then the ARP table: nothing
     assert waiting.value.reason == reasons.WAITING_FOR_ADDRESS
     p = machine_pass(p.status, {})
-    await observe(p, machines.Discovery(["192.0.2.50"], "agent", ["agent"]))
+    await observe(p, host_answering(p, agent=["192.0.2.50"]))
     assert internal(p.status) == ["192.0.2.50"]
     assert conditions.get_condition(p.status["conditions"], conditions.ADDRESSES_DISCOVERED)["reason"] == "GuestAgent"
     p = machine_pass(p.status, {})  # the agent stopped, the ARP entry is gone
-    await observe(p, machines.Discovery([], None, ["arp"]))
+    await observe(p, host_answering(p, agent=None))
     assert internal(p.status) == ["192.0.2.50"]
     assert p.status["initialization"] == {"provisioned": True}
     condition = conditions.get_condition(p.status["conditions"], conditions.ADDRESSES_DISCOVERED)

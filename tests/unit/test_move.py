@@ -1,133 +1,25 @@
 """clusterctl move: a copied LibvirtMachine (new UID, no status, same spec, finalizers and annotations) keeps naming
 the same domain, is adopted rather than placed again, and the deletion of the source copy never touches the host.
 
-The reconcile runs against fakes of the API and of the hosts: what they record is every write and every host call."""
+The reconcile runs against a fake of the API and the in-memory host (tests/one_placed_machine.py): what they record
+is every write and every host operation."""
 
 from __future__ import annotations
 
-import dataclasses
 import types
 
 import pytest
 
 from capi_libvirt.api import reasons, v1alpha1
-from capi_libvirt.core import capacity, domain_xml, naming, outage, provider_id
-from capi_libvirt.hypervisor import machines
+from capi_libvirt.core import capacity, naming, provider_id
 from capi_libvirt.reconcile import hosts as hosts_reconcile
 from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile.machine import DELETE_FOR_MOVE_ANNOTATION, FINALIZER, IDENTITY_ANNOTATION
 from capi_libvirt.reconcile.machine import DOMAIN_RECORD_ANNOTATION as DOMAIN_RECORD
+from one_placed_machine import COPY_UID, PROVIDER_ID, SOURCE_UID, deps_for, domain_of, placed
 
 NOW = "2026-12-04T00:00:00Z"
 pytestmark = pytest.mark.unit
-
-SOURCE_UID = "11111111-1111-4111-8111-111111111111"
-COPY_UID = "22222222-2222-4222-8222-222222222222"
-PROVIDER_ID = provider_id.format_provider_id("kvm1", naming.domain_uuid(SOURCE_UID))
-
-
-def placed(uid: str = SOURCE_UID, *, annotation: str | None = SOURCE_UID, status: dict | None = None,
-           extra_annotations: dict | None = None, deleting: bool = False) -> dict:
-    """A LibvirtMachine as placement leaves it (or as clusterctl copies it: another uid, no status)."""
-    annotations = dict(extra_annotations or {})
-    if annotation is not None:
-        annotations[IDENTITY_ANNOTATION] = annotation
-    body = {"metadata": {"namespace": "ns", "name": "m0", "uid": uid, "resourceVersion": "7", "generation": 1,
-                         "finalizers": [FINALIZER], "annotations": annotations,
-                         "labels": {"cluster.x-k8s.io/cluster-name": "c1"},
-                         "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-                                              "name": "m0"}]},
-            "spec": {"providerID": PROVIDER_ID, "image": {"volume": "base.qcow2"}}}
-    if status is not None:
-        body["status"] = status
-    if deleting:
-        body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return body
-
-
-def domain_of(namespace: str = "ns", name: str = "m0", uid: str = SOURCE_UID) -> machines.DomainInfo:
-    owner = domain_xml.Owner(namespace=namespace, name=name, uid=uid, cluster="c1")
-    xml = (f'<domain><metadata><capi:machine xmlns:capi="{domain_xml.METADATA_NAMESPACE}">'
-           + "".join(f"<capi:{field}>{getattr(owner, field)}</capi:{field}>" for field in domain_xml.OWNER_FIELDS)
-           + "</capi:machine></metadata></domain>")
-    return machines.DomainInfo(uuid=naming.domain_uuid(uid), name=naming.domain_name(namespace, name, uid),
-                               state="running", xml=xml)
-
-
-class FakeHost:
-    def __init__(self, domain: machines.DomainInfo | None) -> None:
-        self.domain, self.calls = domain, []
-
-    async def call(self, fn, *args, doing=""):
-        self.calls.append((fn.__name__, args))
-        if fn is machines.domain_info:
-            return self.domain if self.domain is not None and self.domain.uuid == args[0] else None
-        if fn is machines.delete_machine:
-            return [f"domain {args[0]}"]
-        if fn is machines.domain_addresses:
-            return machines.Discovery(["192.0.2.10"], "lease", ["lease"])
-        if fn is machines.start_domain:
-            return None
-        if fn is machines.eject_nocloud:  # a moved copy (no status) whose Machine has a nodeRef: its ISO is long gone
-            return []
-        if fn is machines.delete_nocloud:
-            return False
-        raise AssertionError(f"unexpected host call {fn.__name__}")
-
-
-@dataclasses.dataclass
-class FakeKube:
-    body: dict
-    cluster: dict = dataclasses.field(default_factory=lambda: {
-        "metadata": {"name": "c1", "namespace": "ns"}, "spec": {},
-        "status": {"initialization": {"infrastructureProvisioned": True}}})
-    patches: list = dataclasses.field(default_factory=list)
-    status_patches: list = dataclasses.field(default_factory=list)
-
-    async def get_libvirt_machine(self, namespace, name):
-        return self.body
-
-    async def get_cluster(self, namespace, name):
-        return self.cluster
-
-    async def get_machine(self, namespace, name):
-        return {"metadata": {"name": name}, "spec": {"clusterName": "c1", "bootstrap": {"dataSecretName": "s"}},
-                "status": {"nodeRef": {"name": "m0"}}}
-
-    async def patch_libvirt_machine(self, namespace, name, patch):
-        self.patches.append(patch)
-        metadata = patch.get("metadata") or {}
-        merged = {**self.body["metadata"], **{k: v for k, v in metadata.items() if k != "annotations"}}
-        merged["annotations"] = {**(self.body["metadata"].get("annotations") or {}),
-                                 **(metadata.get("annotations") or {})}
-        self.body = {**self.body, "metadata": merged, "spec": {**self.body["spec"], **(patch.get("spec") or {})}}
-        return self.body
-
-    async def patch_libvirt_machine_status(self, namespace, name, status):
-        self.status_patches.append(status)
-
-    async def reread_libvirt_machine(self, namespace, name):
-        return self.body
-
-    async def list_libvirt_machines(self):
-        raise AssertionError("a placed or moved machine is never placed again")
-
-
-def deps_for(body: dict, domain: machines.DomainInfo | None) -> tuple[machine_reconcile.Dependencies, FakeHost,
-                                                                         list]:
-    host, events = FakeHost(domain), []
-
-    class Registry:
-        def get(self, name):
-            assert name == "kvm1", name
-            return host
-
-    inventory = types.SimpleNamespace(registry=Registry(), hosts={}, state=lambda name: outage.HostState())
-    deps = machine_reconcile.Dependencies(kube=FakeKube(body), inventory=inventory,
-                                          post_event=lambda body, kind, reason, message: events.append(reason),
-                                          now=lambda: "2026-01-01T00:00:00Z")
-    return deps, host, events
-
 
 # -- identity -----------------------------------------------------------------------------------------------------
 
@@ -185,7 +77,7 @@ async def test_a_moved_copy_is_adopted_status_rebuilt_never_placed_or_defined_ag
     assert status["ready"] is True and status["initialization"] == {"provisioned": True} and status["state"] == "running"
     assert deps.kube.patches == []  # providerID, finalizer and annotation already right: nothing to write
     # Its Machine has a nodeRef and the copy no status: the host is asked once whether an ISO is left (none).
-    assert {name for name, _ in host.calls} == {"domain_info", "domain_addresses", "eject_nocloud", "delete_nocloud"}
+    assert {name for name, _ in host.asked} == {"domain_info", "domain_addresses", "eject_nocloud", "delete_nocloud"}
     assert status["noCloudISORemoved"] is True
 
 
@@ -213,7 +105,7 @@ async def test_a_clone_under_another_name_does_not_take_over_the_domain() -> Non
     await machine_reconcile.reconcile(deps, "ns", "m1")
     provisioned = [c for c in deps.kube.status_patches[-1]["conditions"] if c["type"] == "Provisioned"][0]
     assert provisioned["reason"] == reasons.ADOPTION_REFUSED
-    assert [name for name, _ in host.calls] == ["domain_info"]
+    assert [name for name, _ in host.asked] == ["domain_info"]
 
 
 # -- deletion -----------------------------------------------------------------------------------------------------
@@ -223,7 +115,7 @@ async def test_delete_for_move_releases_the_finalizer_without_a_host_call() -> N
                   deleting=True)
     deps, host, events = deps_for(body, domain_of())
     assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
-    assert host.calls == []
+    assert host.asked == []
     assert deps.kube.patches == [{"metadata": {"finalizers": None, "resourceVersion": "7"}}]
     assert events == [reasons.DELETED_FOR_MOVE]
 
@@ -232,13 +124,13 @@ async def test_a_paused_cluster_keeps_the_finalizer_and_the_host_untouched() -> 
     deps, host, events = deps_for(placed(SOURCE_UID, status={"host": "kvm1"}, deleting=True), domain_of())
     deps.kube.cluster["spec"]["paused"] = True
     assert await machine_reconcile.reconcile(deps, "ns", "m0") == machine_reconcile.RECHECK_WAITING
-    assert host.calls == [] and deps.kube.patches == []
+    assert host.asked == [] and deps.kube.patches == []
 
 
 async def test_deleting_a_moved_copy_removes_the_domain_of_its_identity() -> None:
     deps, host, events = deps_for(placed(COPY_UID, deleting=True), domain_of())
     assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
-    assert host.calls == [("delete_machine", (naming.domain_uuid(SOURCE_UID), SOURCE_UID,
+    assert host.asked == [("delete_machine", (naming.domain_uuid(SOURCE_UID), SOURCE_UID,
                                               machine_reconcile.machine_volumes("ns", "m0", SOURCE_UID, "default"),
                                               "ns", "m0"))]
     assert deps.kube.patches[-1]["metadata"]["finalizers"] is None
@@ -247,14 +139,14 @@ async def test_deleting_a_moved_copy_removes_the_domain_of_its_identity() -> Non
 async def test_deleting_a_copy_without_annotation_or_status_looks_the_domain_up_instead_of_leaking_it() -> None:
     deps, host, events = deps_for(placed(COPY_UID, annotation=None, deleting=True), domain_of())
     assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
-    assert [name for name, _ in host.calls] == ["domain_info", "delete_machine"]
-    assert host.calls[1][1][:2] == (naming.domain_uuid(SOURCE_UID), SOURCE_UID)
+    assert [name for name, _ in host.asked] == ["domain_info", "delete_machine"]
+    assert host.asked[1][1][:2] == (naming.domain_uuid(SOURCE_UID), SOURCE_UID)
 
 
 async def test_deleting_when_the_provider_id_names_no_domain_of_this_machine_leaves_the_host_alone() -> None:
     deps, host, events = deps_for(placed(COPY_UID, annotation=None, deleting=True), domain_of(name="other"))
     assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
-    assert [name for name, _ in host.calls] == ["domain_info"]
+    assert [name for name, _ in host.asked] == ["domain_info"]
 
 
 # -- copies of LibvirtHosts and LibvirtMachineTemplates on a running target ---------------------------------------

@@ -1,5 +1,5 @@
 """The NoCloud ISO leaves the host once the node joined: the eject's device XML (pure), the reconcile phase's decisions
-with the host faked (when it asks the host, what it records, that a crash between eject and delete converges, that a
+with the in-memory host (when it asks the host, what it records, that a crash between eject and delete converges, that a
 failure is no provisioning failure), and the orphan rules for a domain whose CD-ROM is already empty."""
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud, orphans, outage
 from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.hypervisor import errors, machines
+from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.reconcile import machine as machine_reconcile
+from devenv.memory_host import Domain, MemoryHost, MemoryHosts
 
 pytestmark = pytest.mark.unit
 
@@ -64,54 +66,46 @@ def test_cdrom_sources_lists_the_files_in_the_drives_only() -> None:
     assert domain_xml.cdrom_sources(emptied) == [] and domain_xml.ejected_cdrom_xml(emptied, ISO) is None
 
 
-# -- the phase, the host faked ------------------------------------------------------------------------------------------
-
-class Host:
-    """A host whose eject answers `ejected` and whose delete answers `deleted` (or raises `error`, at the eject)."""
-
-    def __init__(self, ejected: list[str], deleted: bool, error: Exception | None) -> None:
-        self.ejected, self.deleted, self.error, self.calls = ejected, deleted, error, []
-
-    async def call(self, fn, *args, doing=""):
-        self.calls.append(fn.__name__)
-        if self.error is not None:
-            raise self.error
-        if fn is machines.eject_nocloud:
-            assert args == (naming.domain_uuid(UID), ISO)
-            return self.ejected
-        assert fn is machines.delete_nocloud, fn
-        assert args[0].nocloud == ISO
-        return self.deleted
-
+# -- the phase, on the in-memory host ------------------------------------------------------------------------------------------
 
 def phase_pass(*, node_ref: bool = True, keep: bool = False, inserted: bool = True, recorded: bool = False,
-               ejected: tuple[str, ...] = ("live", "persistent"), deleted: bool = True, error: Exception | None = None):
-    host, events = Host(list(ejected), deleted, error), []
-
-    class Registry:
-        def get(self, name):
-            assert name == "kvm1"
-            return host
-
+               deleted: bool = True, error: errors.HypervisorError | None = None):
+    """The phase's pass over the in-memory host kvm1, whose running domain's CD-ROM holds the ISO (`inserted`), whose
+    pool still has the ISO's volume (`deleted`: there to delete), and whose eject raises `error`."""
+    host, events = MemoryHost("kvm1"), []
+    host.pools["default"].path = POOL
+    host.add_volume("default", OVERLAY)
+    if deleted:
+        host.add_volume("default", ISO, b"seed")
+    info = machines.DomainInfo(uuid=naming.domain_uuid(UID), name="d", state="running",
+                               xml=domain(f"{POOL}/{ISO}" if inserted else None, live=True))
+    host.domains[info.uuid] = Domain(info.uuid, info.name, info.xml, info.state)
+    if error is not None:
+        host.fail("eject_nocloud", error)
+    registry = host_api.HostRegistry({"kvm1": "memory:///system"}, factory=MemoryHosts(host))
     deps = machine_reconcile.Dependencies(
-        kube=None, inventory=types.SimpleNamespace(registry=Registry(), hosts={}, state=lambda n: outage.HostState()),
+        kube=None, inventory=types.SimpleNamespace(registry=registry, hosts={}, state=lambda n: outage.HostState()),
         post_event=lambda body, kind, reason, message: events.append((kind, reason, message)))
     body = {"metadata": {"namespace": "ns", "name": "m0", "uid": UID, "annotations": {}},
             "spec": {"image": {"volume": "base.qcow2"}, "keepNoCloudISO": keep}}
     machine = {"metadata": {"name": "m0"}, "status": {"nodeRef": {"name": "m0"}} if node_ref else {}}
-    info = machines.DomainInfo(uuid=naming.domain_uuid(UID), name="d", state="running",
-                               xml=domain(f"{POOL}/{ISO}" if inserted else None, live=True))
     p = machine_reconcile.MachinePass(body=body, spec=v1alpha1.LibvirtMachineSpec.model_validate(body["spec"]),
                                       status={"noCloudISORemoved": True} if recorded else {}, machine=machine,
                                       host="kvm1", domain=info)
     return deps, p, host, events
 
 
+def asked(host: MemoryHost) -> list[str]:
+    return [name for name, _ in host.asked]
+
+
 async def test_once_the_machine_has_a_node_ref_the_iso_is_removed_recorded_and_a_normal_event_says_so() -> None:
     deps, p, host, events = phase_pass()
     await machine_reconcile.remove_nocloud_iso(deps, p)
-    assert host.calls == ["eject_nocloud", "delete_nocloud"]  # in this order: never a domain pointing at no file
+    assert asked(host) == ["eject_nocloud", "delete_nocloud"]  # in this order: never a domain pointing at no file
     assert p.status["noCloudISORemoved"] is True
+    assert ISO not in host.volume_names("default") and OVERLAY in host.volume_names("default")
+    assert domain_xml.cdrom_sources(host.domains[naming.domain_uuid(UID)].xml) == []
     [(kind, reason, message)] = events
     assert (kind, reason) == ("Normal", reasons.NOCLOUD_ISO_REMOVED)
     assert "ejected from the domain (live and persistent)" in message and f"volume {ISO} deleted" in message
@@ -123,31 +117,31 @@ async def test_the_host_is_not_asked_before_the_node_joined_nor_once_done(case) 
     deps, p, host, events = phase_pass(**case)
     before = dict(p.status)
     await machine_reconcile.remove_nocloud_iso(deps, p)
-    assert host.calls == [] and events == [] and p.status == before
+    assert asked(host) == [] and events == [] and p.status == before
 
 
 async def test_keep_nocloud_iso_keeps_it_and_says_so_once_the_node_joined() -> None:
     deps, p, host, events = phase_pass(keep=True)
     await machine_reconcile.remove_nocloud_iso(deps, p)
-    assert host.calls == [] and events == [] and p.status == {"noCloudISORemoved": False}
+    assert asked(host) == [] and events == [] and p.status == {"noCloudISORemoved": False}
 
 
 async def test_an_iso_put_back_after_it_was_recorded_removed_is_removed_again() -> None:
     deps, p, host, _ = phase_pass(inserted=True, recorded=True)  # the domain was defined anew, with a fresh ISO
     await machine_reconcile.remove_nocloud_iso(deps, p)
-    assert host.calls == ["eject_nocloud", "delete_nocloud"]
+    assert asked(host) == ["eject_nocloud", "delete_nocloud"]
 
 
 async def test_a_crash_between_eject_and_delete_converges_ejected_but_unrecorded_asks_the_host_again() -> None:
-    deps, p, host, events = phase_pass(inserted=False, recorded=False, ejected=())
+    deps, p, host, events = phase_pass(inserted=False, recorded=False)
     await machine_reconcile.remove_nocloud_iso(deps, p)
-    assert host.calls == ["eject_nocloud", "delete_nocloud"] and p.status["noCloudISORemoved"] is True
+    assert asked(host) == ["eject_nocloud", "delete_nocloud"] and p.status["noCloudISORemoved"] is True
     [(_, reason, message)] = events
     assert reason == reasons.NOCLOUD_ISO_REMOVED and "ejected" not in message and "deleted" in message
     # A moved copy (no status) whose ISO is long gone: the host has nothing to do, so no event either.
-    deps, p, host, events = phase_pass(inserted=False, recorded=False, ejected=(), deleted=False)
+    deps, p, host, events = phase_pass(inserted=False, recorded=False, deleted=False)
     await machine_reconcile.remove_nocloud_iso(deps, p)
-    assert len(host.calls) == 2 and p.status["noCloudISORemoved"] is True and events == []
+    assert len(host.asked) == 2 and p.status["noCloudISORemoved"] is True and events == []
 
 
 async def test_a_refused_eject_is_a_warning_and_no_provisioning_failure_the_next_pass_tries_again() -> None:

@@ -1,4 +1,4 @@
-"""The orphan collector's round (reconcile.orphans.collect_host) against stand-ins of the host and the API: the grace
+"""The orphan collector's round (reconcile.orphans.collect_host) against the in-memory host and a stand-in of the API: the grace
 period, the last-word fresh LIST before anything is removed, the events and the status it writes; and the operator
 options that configure it. (The real host and API server: tests/integration/test_orphans_on_a_host.py.)"""
 
@@ -10,13 +10,13 @@ import uuid
 import pytest
 
 from capi_libvirt import cli
-from capi_libvirt.core import naming, provider_id
+from capi_libvirt.core import domain_xml, naming, provider_id
 from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.core.orphans import HostDomain
-from capi_libvirt.hypervisor import host_domains
 from capi_libvirt.operator import config
 from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile import orphans as collector
+from devenv.memory_host import Domain, MemoryHost
 
 pytestmark = pytest.mark.unit
 
@@ -32,20 +32,26 @@ def ours(name: str) -> HostDomain:
                       paths=frozenset({f"/pool/{naming.overlay_volume_name('ns', name, uid)}", "/pool/base.qcow2"}))
 
 
-class FakeHost:
-    def __init__(self, domains: list[HostDomain]) -> None:
-        self.domains = domains
-        self.removed: list[tuple[str, frozenset[str]]] = []
+def host_with(*domains: HostDomain) -> MemoryHost:
+    """kvm1 in memory with these domains running, and the files they use as volumes of its pool (folder /pool)."""
+    host = MemoryHost(HOST)
+    host.pools["default"].path = "/pool"
+    for domain in domains:
+        assert domain.owner is not None
+        disks = "".join(f"<disk type='file' device='disk'><source file='{path}'/><target dev='vd{chr(97 + i)}'/></disk>"
+                        for i, path in enumerate(sorted(domain.paths)))
+        xml = (f"<domain><name>{domain.name}</name><uuid>{domain.uuid}</uuid><metadata>"
+               f"{domain_xml.owner_metadata_xml(domain.owner)}</metadata><devices>{disks}</devices></domain>")
+        host.domains[domain.uuid] = Domain(domain.uuid, domain.name, xml, "running")
+        for path in domain.paths:
+            if path.rsplit("/", 1)[1] not in host.pools["default"].volumes:
+                host.add_volume("default", path.rsplit("/", 1)[1])
+    return host
 
-    async def call(self, function, *args, doing: str):
-        if function is host_domains.list_domains:
-            return list(self.domains), []
-        if function is host_domains.remove_orphan:
-            domain, paths = args
-            self.removed.append((domain.name, paths))
-            self.domains.remove(domain)
-            return [f"domain {domain.name}"] + [f"volume {p.rsplit('/', 1)[1]}" for p in sorted(paths)]
-        raise AssertionError(f"unexpected host call {function.__name__} ({doing})")
+
+def removed(host: MemoryHost) -> list[tuple[str, frozenset[str]]]:
+    """(domain name, paths) of each orphan the collector asked the host to remove."""
+    return [(args[0].name, args[1]) for name, args in host.asked if name == "remove_orphan"]
 
 
 class FakeKube:
@@ -76,7 +82,7 @@ def machine_of(domain: HostDomain) -> dict:
             "spec": {"providerID": provider_id.format_provider_id(HOST, domain.uuid)}}
 
 
-def dependencies(host: FakeHost, kube: FakeKube, management: str | None = ME,
+def dependencies(host: MemoryHost, kube: FakeKube, management: str | None = ME,
                  decommissioned: bool = False) -> types.SimpleNamespace:
     events: list[tuple[str, str, str]] = []
     removed: list[tuple[str, int, int]] = []
@@ -93,21 +99,21 @@ def dependencies(host: FakeHost, kube: FakeKube, management: str | None = ME,
 
 async def test_an_orphan_is_reported_then_removed_after_the_grace_period_unless_a_fresh_list_claims_it() -> None:
     orphan, late = ours("gone"), ours("late")  # `late`: a machine the watch cache has not delivered yet
-    host, kube = FakeHost([orphan, late]), FakeKube(cached=[], fresh=[machine_of(late)])
+    host, kube = host_with(orphan, late), FakeKube(cached=[], fresh=[machine_of(late)])
     deps = dependencies(host, kube)
 
     record = await collector.collect_host(deps, HOST, clock=lambda: 100.0)
-    assert record is not None and record.pending == 2 and host.removed == []
+    assert record is not None and record.pending == 2 and removed(host) == []
     assert [(kind, reason) for kind, reason, _ in deps.events] == [("Warning", "OrphanFound")]
     assert orphan.name in deps.events[0][2] and late.name in deps.events[0][2]
     assert kube.statuses[-1]["count"] == 2 and kube.statuses[-1]["removed"] == 0
 
     await collector.collect_host(deps, HOST, clock=lambda: 100.0 + GRACE - 1)
-    assert host.removed == [] and len(deps.events) == 1  # within the grace period; no second OrphanFound
+    assert removed(host) == [] and len(deps.events) == 1  # within the grace period; no second OrphanFound
 
     record = await collector.collect_host(deps, HOST, clock=lambda: 100.0 + GRACE)
-    assert [name for name, _ in host.removed] == [orphan.name]  # `late` is claimed by the fresh LIST
-    assert host.removed[0][1] == {p for p in orphan.paths if "base" not in p}  # not a shared base image
+    assert [name for name, _ in removed(host)] == [orphan.name]  # `late` is claimed by the fresh LIST
+    assert removed(host)[0][1] == {p for p in orphan.paths if "base" not in p}  # not a shared base image
     assert deps.events[-1][:2] == ("Warning", "OrphanRemoved") and "ns/gone" in deps.events[-1][2]
     assert deps.removed == [(HOST, 1, 1)]
     assert (record.removed_domains, record.removed_volumes, record.pending) == (1, 1, 1)
@@ -115,18 +121,17 @@ async def test_an_orphan_is_reported_then_removed_after_the_grace_period_unless_
 
 
 async def test_without_a_management_cluster_identity_nothing_is_looked_at() -> None:
-    host = FakeHost([ours("gone")])
+    host = host_with(ours("gone"))
     deps = dependencies(host, FakeKube([], []), management=None)
     assert await collector.collect_host(deps, HOST, clock=lambda: 1e9) is None
-    assert host.removed == [] and deps.events == []
+    assert removed(host) == [] and deps.events == []
 
 
 async def test_a_decommissioned_host_is_never_contacted() -> None:
-    class Untouchable(FakeHost):
-        async def call(self, function, *args, doing: str):
-            raise AssertionError(f"a decommissioned host was asked to {doing}")
-    deps = dependencies(Untouchable([ours("gone")]), FakeKube([], []), decommissioned=True)
+    host = host_with(ours("gone"))
+    deps = dependencies(host, FakeKube([], []), decommissioned=True)
     assert await collector.collect_host(deps, HOST, clock=lambda: 1e9) is None
+    assert host.asked == [], "a decommissioned host was asked something"
     assert deps.events == [] and deps.kube.statuses == []
 
 
@@ -137,29 +142,22 @@ async def test_a_replaced_machines_domain_left_on_its_old_host_is_claimed_not_co
     moved = machine_of(left)
     moved["spec"]["providerID"] = provider_id.format_provider_id("kvm2", left.uuid)
     moved["metadata"]["annotations"] = {machine_reconcile.FORMER_HOSTS_ANNOTATION: HOST}
-    host = FakeHost([left])
+    host = host_with(left)
     deps = dependencies(host, FakeKube(cached=[moved], fresh=[moved]))
     record = await collector.collect_host(deps, HOST, clock=lambda: 1e9)
-    assert record is not None and record.pending == 0 and host.removed == [] and deps.events == []
+    assert record is not None and record.pending == 0 and removed(host) == [] and deps.events == []
 
 
 async def test_a_machine_deleted_for_move_is_released_not_collected() -> None:
     moved = ours("moved")
     assert moved.owner is not None
-    released: list[tuple[str, Owner]] = []
-
-    class Host(FakeHost):
-        async def call(self, function, *args, doing: str):
-            if function is host_domains.set_owner:
-                released.append(args)
-                return None
-            return await super().call(function, *args, doing=doing)
-    host = Host([moved])
+    host = host_with(moved)
     deps = dependencies(host, FakeKube([], []))
     deps.moved_away.add(moved.owner.uid)
     record = await collector.collect_host(deps, HOST, clock=lambda: 1e9)
+    released = [args for name, args in host.asked if name == "set_owner"]
     assert released == [(moved.uuid, Owner("ns", "moved", moved.owner.uid, "c", None), moved.owner)]
-    assert host.removed == [] and record is not None and record.kept == 1 and record.pending == 0
+    assert removed(host) == [] and record is not None and record.kept == 1 and record.pending == 0
 
 
 def test_grace_period_option() -> None:

@@ -1,5 +1,5 @@
-"""The machine reconcile around host outages, with the API and the host faked (test_move's fakes): a machine that never
-had a domain moves in one guarded write; one whose domain may exist stays; deleting a machine of a decommissioned host
+"""The machine reconcile around host outages, with a fake of the API and the in-memory host
+(tests/one_placed_machine.py): a machine that never had a domain moves in one guarded write; one whose domain may exist stays; deleting a machine of a decommissioned host
 never touches it and releases the finalizer with a Warning."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 import types
 
 import pytest
-from test_move import PROVIDER_ID, SOURCE_UID, deps_for, domain_of, placed
 
 from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import naming, outage, placement, provider_id
 from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile.machine import DOMAIN_RECORD_ANNOTATION, FORMER_HOSTS_ANNOTATION
+from one_placed_machine import PROVIDER_ID, SOURCE_UID, deps_for, domain_of, placed
 
 pytestmark = pytest.mark.unit
 
@@ -79,7 +79,7 @@ async def test_deleting_a_machine_of_a_decommissioned_host_releases_it_without_t
                                   domain_of())
     deps.inventory.state = lambda name: outage.HostState(decommissioned=True)
     assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
-    assert host.calls == []
+    assert host.asked == []
     assert events == [placement.HOST_DECOMMISSIONED]
     assert deps.kube.patches[-1]["metadata"]["finalizers"] is None
 

@@ -14,9 +14,9 @@ import pytest
 
 from capi_libvirt.api import crd, kinds, reasons, v1alpha1
 from capi_libvirt.core import domain_xml, naming, orphans, tenancy
-from capi_libvirt.hypervisor import machines
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import machine as machine_reconcile
+from devenv.memory_host import MemoryHost
 
 pytestmark = pytest.mark.unit
 
@@ -179,30 +179,19 @@ def test_an_orphans_data_disks_and_ignition_config_go_with_it() -> None:
     assert {f"/pool/{domain}-data-0.qcow2", f"/pool/{domain}.ign"} <= orphans.removable_paths(orphan, [])
 
 
-# --- the reconcile phases, against a fake host ---------------------------------------------------------------------
+# --- the reconcile phases, against the in-memory host ---------------------------------------------------------------
 
 
-class FakeHost:
-    def __init__(self, models: machines.CPUModels | None = None) -> None:
-        self.calls: list[tuple[str, tuple]] = []
-        self.models = models
-
-    async def call(self, fn, *args, doing=""):
-        self.calls.append((fn.__name__, args))
-        if fn is machines.pool_path:
-            return "/pool"
-        if fn is machines.define_domain:
-            return machines.DomainInfo(uuid=args[0], name="d", state="shutoff", xml=args[1])
-        if fn is machines.cpu_models:
-            return self.models
-        if fn is machines.domain_info:
-            return None
-        if fn is machines.machine_types:
-            return frozenset({"q35", "pc", "pc-q35-7.2"})
-        return None
+def fake_host(cpu_models: dict[str, bool] | None = None) -> MemoryHost:
+    """kvm1 in memory: its pool's folder /pool with the base image, its QEMU's machine types, the CPU models it lists
+    (name -> usable)."""
+    host = MemoryHost("kvm1", machine_types=("q35", "pc", "pc-q35-7.2"), cpu_models=cpu_models or {})
+    host.pools["default"].path = "/pool"
+    host.add_volume("default", "base.qcow2", capacity=1 << 30, fmt="qcow2")
+    return host
 
 
-def machine_pass(host: FakeHost, bootstrap: api.BootstrapData | None, **fields: object):
+def machine_pass(host: MemoryHost, bootstrap: api.BootstrapData | None, **fields: object):
     body = {"metadata": {"namespace": "ns", "name": "m0", "uid": UID, "resourceVersion": "1",
                          "annotations": {machine_reconcile.DOMAIN_RECORD_ANNOTATION: "kvm1"}},
             "spec": {"image": {"volume": "base.qcow2"}, **fields}}
@@ -217,54 +206,54 @@ def machine_pass(host: FakeHost, bootstrap: api.BootstrapData | None, **fields: 
 
 
 async def test_ignition_bootstrap_data_is_uploaded_as_is_and_handed_over_by_fw_cfg_not_nocloud() -> None:
-    host = FakeHost()
+    host = fake_host()
     deps, p, _ = machine_pass(host, api.BootstrapData(value=b'{"ignition":{"version":"3.4.0"}}', format="ignition"))
     await machine_reconcile.ensure_domain(deps, p)
-    names = [name for name, _ in host.calls]
+    names = [name for name, _ in host.asked]
     assert "replace_ignition" in names and "replace_nocloud" not in names
-    (uploaded,) = [args for name, args in host.calls if name == "replace_ignition"]
+    (uploaded,) = [args for name, args in host.asked if name == "replace_ignition"]
     assert uploaded[1] == b'{"ignition":{"version":"3.4.0"}}'
-    (defined,) = [args for name, args in host.calls if name == "define_domain"]
+    (defined,) = [args for name, args in host.asked if name == "define_domain"]
     root = ET.fromstring(defined[1])
     assert root.find("sysinfo/entry").get("file") == f"/pool/{naming.ignition_volume_name('ns', 'm0', UID)}"
     assert "3.4.0" not in defined[1], "the config itself stays in its file, never in the domain XML"
 
 
 async def test_cloud_config_still_rides_the_nocloud_iso() -> None:
-    host = FakeHost()
+    host = fake_host()
     deps, p, _ = machine_pass(host, api.BootstrapData(value=b"#cloud-config\n", format="cloud-config"))
     await machine_reconcile.ensure_domain(deps, p)
-    names = [name for name, _ in host.calls]
+    names = [name for name, _ in host.asked]
     assert "replace_nocloud" in names and "replace_ignition" not in names
 
 
 async def test_data_disks_are_made_with_the_root_disk() -> None:
-    host = FakeHost()
+    host = fake_host()
     deps, p, _ = machine_pass(host, None, dataDisks=[{"sizeGiB": 3}, {"sizeGiB": 5, "bus": "sata"}])
     await machine_reconcile.ensure_overlay(deps, p)
-    (made,) = [args for name, args in host.calls if name == "ensure_data_disks"]
+    (made,) = [args for name, args in host.asked if name == "ensure_data_disks"]
     assert made[0].data_disks == (naming.data_disk_volume_name("ns", "m0", UID, 0),
                                   naming.data_disk_volume_name("ns", "m0", UID, 1))
     assert made[1] == [3, 5]
 
 
 async def test_a_cpu_model_the_host_cannot_run_is_refused_by_name_and_not_retried() -> None:
-    host = FakeHost(machines.CPUModels(known=True, usable=False, usable_models=("qemu64", "Nehalem")))
+    host = fake_host({"Skylake-Client": False, "qemu64": True, "Nehalem": True})
     deps, p, _ = machine_pass(host, None, cpuModel="Skylake-Client", domainType="qemu")
     with pytest.raises(machine_reconcile.Wait) as caught:
         await machine_reconcile.check_networks(deps, p)
     wait = caught.value
     assert wait.reason == reasons.CPU_MODEL_NOT_SUPPORTED and wait.retry_after is None and wait.failure
     assert "'Skylake-Client'" in wait.message and "kvm1 cannot run it" in wait.message and "qemu64" in wait.message
-    assert ("cpu_models", ("Skylake-Client", "qemu", "q35")) in host.calls
+    assert ("cpu_models", ("Skylake-Client", "qemu", "q35")) in host.asked
 
 
 async def test_an_unknown_cpu_model_says_so_and_a_usable_one_passes() -> None:
-    unknown = FakeHost(machines.CPUModels(known=False, usable=False, usable_models=()))
+    unknown = fake_host({})
     deps, p, _ = machine_pass(unknown, None, cpuModel="NoSuchCPU")
     with pytest.raises(machine_reconcile.Wait, match="does not know it"):
         await machine_reconcile.check_networks(deps, p)
-    usable = FakeHost(machines.CPUModels(known=True, usable=True, usable_models=("qemu64",)))
+    usable = fake_host({"qemu64": True})
     deps, p, _ = machine_pass(usable, None, cpuModel="qemu64")
     await machine_reconcile.check_networks(deps, p)
 

@@ -163,35 +163,3 @@ class HostConnection:
         for conn in connections:
             self._close_quietly(conn)
 
-
-class HostRegistry:
-    """The connections of every known host, in the order they were configured or added."""
-
-    def __init__(self, hosts: dict[str, str], observe: CallObserver | None = None) -> None:
-        ensure_libvirt_event_loop()
-        self.observe = observe
-        self._connections = {name: HostConnection(name, uri, observe=observe) for name, uri in hosts.items()}
-
-    def names(self) -> list[str]:
-        return list(self._connections)
-
-    def upsert(self, host: str, uri: str, credentials: creds.Credentials | None) -> HostConnection | None:
-        """Add a host or change how it is reached; returns a replaced connection, which the caller closes off-loop."""
-        current = self._connections.get(host)
-        if current is not None and current.uri == uri and current.credentials == credentials:
-            return None
-        self._connections[host] = HostConnection(host, uri, credentials, self.observe)
-        return current
-
-    def remove(self, host: str) -> HostConnection | None:
-        return self._connections.pop(host, None)
-
-    def get(self, host: str) -> HostConnection:
-        try:
-            return self._connections[host]
-        except KeyError:
-            raise errors.HostUnreachable("not a configured host", host) from None
-
-    def close(self) -> None:
-        for connection in self._connections.values():
-            connection.close()

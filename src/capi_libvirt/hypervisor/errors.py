@@ -13,7 +13,7 @@ class HypervisorError(Exception):
     def __init__(self, message: str, host: str = "") -> None:
         super().__init__(message)
         self.message = message
-        self.host = host  # filled in by HostConnection when the raiser did not know it
+        self.host = host  # filled in by the host's connection when the raiser did not know it
 
     def __str__(self) -> str:
         return f"host {self.host}: {self.message}" if self.host else self.message

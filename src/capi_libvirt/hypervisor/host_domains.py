@@ -1,6 +1,6 @@
 """A host's domains as the orphan collector sees them, their removal, and rewriting a domain's owner metadata.
 
-Called through `HostConnection.call` like hypervisor.machines. Removal checks again, on the host and right before it
+Run by LibvirtHost (hypervisor.host) like hypervisor.machines. Removal checks again, on the host and right before it
 acts, that the domain still carries exactly the owner metadata the decision (core.orphans) was made on; anything that
 changed meanwhile (adopted by a move target, redefined) is left alone.
 """

@@ -1,8 +1,8 @@
 """What the provider does to a host for one machine: overlay, data disks, NoCloud ISO or Ignition config, domain,
 addresses, serial log, teardown; and whether the host can run a named CPU model.
 
-Every function takes an open `virConnect` first and is called through `HostConnection.call`, which runs it in the
-thread pool and translates libvirt's errors. Each operation is idempotent: "create" of something present returns it,
+Every function takes an open `virConnect` first and is run by LibvirtHost (hypervisor.host) through its
+connection's thread pool (hypervisor.connection), which translates libvirt's errors. Each operation is idempotent: "create" of something present returns it,
 "delete" of something absent is a no-op, so a retried or restarted reconcile converges instead of duplicating.
 """
 

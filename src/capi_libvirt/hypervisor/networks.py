@@ -1,6 +1,6 @@
 """What a host says of the networks and bridges a new machine joins: that each libvirt network exists and runs, its
 own addresses (gateway, DHCP and DNS server) and subnets, its DHCP leases, and the MACs other domains use there
-(core.address_conflicts decides from these). Called through `HostConnection.call` like hypervisor.machines.
+(core.address_conflicts decides from these). Run by LibvirtHost (hypervisor.host) like hypervisor.machines.
 """
 
 from __future__ import annotations

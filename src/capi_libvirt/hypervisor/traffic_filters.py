@@ -1,5 +1,5 @@
 """The anti-spoofing filters on a host (libvirt's nwfilter): libvirt's own `clean-traffic` must be there, and this
-project's (core.traffic_filter) are defined when missing. Called through `HostConnection.call` before a domain is
+project's (core.traffic_filter) are defined when missing. Run by LibvirtHost (hypervisor.host) before a domain is
 defined. A filter of ours that exists is left as it is: its name carries its version.
 """
 

@@ -27,7 +27,8 @@ import kopf
 
 from capi_libvirt.api import kinds, meta, v1alpha1
 from capi_libvirt.core import capacity, ipam, orphans, provider_id
-from capi_libvirt.hypervisor import connection, credentials
+from capi_libvirt.hypervisor import credentials
+from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import election, logs, metrics, workqueue
@@ -229,7 +230,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     _configure_kopf(settings)
     cfg: operator_config.OperatorConfig = memo.get("config") or operator_config.from_environment()
     credentials.sweep_leftovers()  # key files a crash in the middle of connecting may have left behind
-    hosts = connection.HostRegistry(cfg.hosts, observe=metrics.libvirt_call)
+    hosts = host_api.HostRegistry(cfg.hosts, observe=metrics.libvirt_call)
     limit = None if cfg.kube_api_qps is None else api.RateLimit(cfg.kube_api_qps, cfg.kube_api_burst)
     kube = api.KubeAPI(await api.new_api_client(observe=metrics.api_request, rate_limit=limit))
     observer = metrics.Observer()

@@ -14,7 +14,8 @@ from typing import Any
 
 from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import outage, placement
-from capi_libvirt.hypervisor import connection, errors
+from capi_libvirt.hypervisor import errors
+from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import images as images_
 from capi_libvirt.reconcile import inventory as inventory_
@@ -84,7 +85,7 @@ class Dependencies:
         return self.creation_slots.setdefault(host, asyncio.Semaphore(self.creates_per_host))
 
     @property
-    def hosts(self) -> connection.HostRegistry:
+    def hosts(self) -> host_api.HostRegistry:
         return self.inventory.registry
 
 

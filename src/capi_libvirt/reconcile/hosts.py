@@ -14,7 +14,8 @@ import pydantic
 
 from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import conditions
-from capi_libvirt.hypervisor import connection, credentials, machines
+from capi_libvirt.hypervisor import credentials, machines
+from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory as inventory_
 from capi_libvirt.reconcile.base import RECHECK_WAITING, Dependencies, Wait, secrets_forbidden_message
@@ -27,7 +28,7 @@ DECOMMISSIONED = reasons.DECOMMISSIONED
 CREDENTIALS_NAMESPACE = reasons.CREDENTIALS_NAMESPACE
 
 
-async def _close(replaced: connection.HostConnection | None) -> None:
+async def _close(replaced: host_api.Host | None) -> None:
     if replaced is not None:
         await asyncio.get_running_loop().run_in_executor(None, replaced.close)
 

@@ -25,7 +25,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from capi_libvirt import download
 from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import images, tenancy
-from capi_libvirt.hypervisor import connection, errors
+from capi_libvirt.hypervisor import errors
+from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.hypervisor import images as host_images
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class ImageImports:
         self.observe = observe
         self.started = 0  # imports started since the operator started (a metric's worth, for the tests' numbers)
 
-    async def ensure(self, host: connection.HostConnection, pool: str, image: v1alpha1.ImageSource,
+    async def ensure(self, host: host_api.Host, pool: str, image: v1alpha1.ImageSource,
                      prefixes: Sequence[str], on_imported: Callable[[str], None] = lambda host: None,
                      room: Callable[[], Awaitable[int | None]] = _unknown_room) -> host_images.ImageVolume:
         """The verified image in `pool` on `host`, or NotReady (importing, or why the import failed). `on_imported`
@@ -115,7 +116,7 @@ class ImageImports:
         # succeeded import's entry stays, so a pass that looked while it finished knows to look again (below). The
         # room is asked first: between the look below and the import's start, nothing may await.
         room_bytes = await room()
-        found = await host.call(host_images.find_image, pool, image.sha256, doing="look up image")
+        found = await host.find_image(pool, image.sha256)
         if found is not None:
             return found
         now = self._running.get(key)
@@ -137,7 +138,7 @@ class ImageImports:
         if not task.cancelled() and task.exception() is None:  # (a failure is retrieved here: the machines report it)
             wake()
 
-    async def _import(self, host: connection.HostConnection, pool: str, url: str, sha256: str,
+    async def _import(self, host: host_api.Host, pool: str, url: str, sha256: str,
                       prefixes: Sequence[str], room_bytes: int | None, progress: Progress) -> host_images.ImageVolume:
         started, ok = time.monotonic(), False
         log.info("host %s: importing image %s (sha256 %s) into pool %s", host.host, download.shown(url), sha256, pool)
@@ -146,8 +147,7 @@ class ImageImports:
         def opener() -> download.Download:
             return progress.track(download.open_image(url, allowed))
         try:
-            volume = await host.call(host_images.import_image, pool, sha256, opener, room_bytes,
-                                     doing="import image", transfer=True)
+            volume = await host.import_image(pool, sha256, opener, room_bytes)
             ok = True
         except Exception as error:
             log.warning("host %s: import of image %s into pool %s failed: %s", host.host, download.shown(url), pool,

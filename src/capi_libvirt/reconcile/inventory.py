@@ -17,7 +17,8 @@ from typing import Any
 
 from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import outage, placement, tenancy
-from capi_libvirt.hypervisor import connection, credentials, errors, machines
+from capi_libvirt.hypervisor import credentials, errors, machines
+from capi_libvirt.hypervisor import host as host_api
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 20.0
@@ -50,7 +51,7 @@ class OrphanRecord:
 
 
 class Inventory:
-    def __init__(self, registry: connection.HostRegistry, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, registry: host_api.HostRegistry, clock: Callable[[], float] = time.monotonic,
                  management_cluster: str | None = None) -> None:
         self.registry = registry
         self.clock = clock
@@ -66,7 +67,7 @@ class Inventory:
                 uri=registry.get(name).uri, access=tenancy.UNRESTRICTED))
 
     def upsert(self, name: str, spec: v1alpha1.LibvirtHostSpec,
-               secret: credentials.Credentials | None) -> connection.HostConnection | None:
+               secret: credentials.Credentials | None) -> host_api.Host | None:
         """Add or update a host; returns a replaced connection for the caller to close off the event loop."""
         current = self.hosts.get(name)
         self.hosts[name] = InventoryHost(name, spec, current.probe if current else None,
@@ -74,7 +75,7 @@ class Inventory:
                                          unreachable_since=current.unreachable_since if current else None)
         return self.registry.upsert(name, spec.uri, secret)
 
-    def remove(self, name: str) -> connection.HostConnection | None:
+    def remove(self, name: str) -> host_api.Host | None:
         self.hosts.pop(name, None)
         self.orphans.pop(name, None)
         return self.registry.remove(name)
@@ -91,9 +92,8 @@ class Inventory:
         refresh = host.pools_refreshed_at is None or self.clock() - host.pools_refreshed_at >= POOL_REFRESH_S
         try:
             host.probe = await asyncio.wait_for(
-                self.registry.get(name).call(machines.probe_host, host.spec.storage_pool, self.management_cluster,
-                                             tenancy.allowed_pools(host.spec.access, host.spec.storage_pool), refresh,
-                                             doing="probe host"), timeout)
+                self.registry.get(name).probe(host.spec.storage_pool, self.management_cluster,
+                                             tenancy.allowed_pools(host.spec.access, host.spec.storage_pool), refresh), timeout)
             host.reachable, host.problem, host.unreachable_since = True, None, None
             if refresh:
                 host.pools_refreshed_at = self.clock()

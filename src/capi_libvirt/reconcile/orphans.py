@@ -34,7 +34,7 @@ from typing import Any
 
 from capi_libvirt.api import reasons
 from capi_libvirt.core import orphans
-from capi_libvirt.hypervisor import errors, host_domains
+from capi_libvirt.hypervisor import errors
 from capi_libvirt.reconcile import inventory as inventory_
 from capi_libvirt.reconcile.base import Dependencies
 
@@ -53,7 +53,7 @@ async def collect_host(deps: Dependencies, name: str, namespaces: Sequence[str] 
         return None
     host = deps.hosts.get(name)
     domains, volumes = await asyncio.wait_for(
-        host.call(host_domains.list_domains, known.spec.storage_pool, doing="list domains"), LIST_TIMEOUT_S)
+        host.list_domains(known.spec.storage_pool), LIST_TIMEOUT_S)
     claims = orphans.claims_of(await deps.kube.list_libvirt_machines(), deps.moved_away, namespaces or None,
                                deps.kube.cached_clusters())
     findings = orphans.find(domains, deps.management_cluster, claims, volumes)
@@ -98,7 +98,7 @@ async def _remove(deps: Dependencies, name: str, namespaces: Sequence[str],
         if orphans.classify(domain, deps.management_cluster, fresh) is not orphans.Verdict.ORPHAN:
             continue  # claimed after all (the cache was behind): not an orphan
         try:
-            removed = await host.call(host_domains.remove_orphan, domain, paths, doing="remove orphan")
+            removed = await host.remove_orphan(domain, paths)
         except errors.HypervisorError as error:
             log.warning("host %s: orphan %s not removed: %s", name, domain.name, error)
             continue
@@ -127,8 +127,7 @@ async def _release_moved_away(deps: Dependencies, name: str, findings: orphans.F
         if verdict is orphans.Verdict.MOVED_AWAY and owner is not None and \
                 owner.management_cluster == deps.management_cluster:
             try:
-                await host.call(host_domains.set_owner, domain.uuid, dataclasses.replace(owner, management_cluster=None),
-                                owner, doing="release owner metadata")
+                await host.set_owner(domain.uuid, dataclasses.replace(owner, management_cluster=None), owner)
             except errors.HypervisorError as error:  # adopted (or gone) meanwhile: nothing to release
                 log.info("host %s: owner metadata of %s not released: %s", name, domain.name, error)
                 continue

@@ -10,7 +10,7 @@ from typing import Any
 
 from capi_libvirt.api import reasons
 from capi_libvirt.core import conditions, machine_addresses, naming, provider_id, traffic_filter
-from capi_libvirt.hypervisor import errors, machines, traffic_filters
+from capi_libvirt.hypervisor import errors
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import Dependencies, Wait
 from capi_libvirt.reconcile.machine.state import RECHECK_ADDRESS, MachinePass, event
@@ -22,7 +22,7 @@ async def observe_addresses(deps: Dependencies, p: MachinePass) -> None:
     runs, then what discovery finds, the last discovered kept while discovery finds nothing; the machine is
     provisioned once it has any. The AddressesDiscovered condition says where this look found them, or what it asked."""
     host = deps.hosts.get(p.host or "")
-    discovery = await host.call(machines.domain_addresses, p.domain_uuid, doing="read addresses")
+    discovery = await host.domain_addresses(p.domain_uuid)
     known = machine_addresses.known_addresses(p.addressing)
     previous = [a["address"] for a in p.status.get("addresses") or [] if a.get("type") == "InternalIP"]
     internal = machine_addresses.internal_addresses(known, discovery.addresses, previous)
@@ -52,8 +52,7 @@ async def pin_leased_addresses(deps: Dependencies, p: MachinePass) -> None:
     allowed = {(nic.mac_address or naming.mac_address(p.uid, index)).lower():
                traffic_filter.ipv4_only(nic.allowed_addresses or []) for index, nic in enumerate(p.spec.interfaces)}
     try:
-        pinned = await deps.hosts.get(p.host or "").call(traffic_filters.pin_leased_addresses, p.domain_uuid,
-                                                         allowed, doing="pin traffic filters")
+        pinned = await deps.hosts.get(p.host or "").pin_leased_addresses(p.domain_uuid, allowed)
     except errors.HostUnreachable:
         raise
     except errors.HypervisorError as error:  # no provisioning failure: the next pass tries again

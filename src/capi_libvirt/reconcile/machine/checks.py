@@ -9,7 +9,8 @@ from typing import Any
 
 from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import address_conflicts, domain_xml, ipam, naming
-from capi_libvirt.hypervisor import connection, errors, host_domains, machines, networks
+from capi_libvirt.hypervisor import errors
+from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import RECHECK_WAITING, Dependencies, Wait
 from capi_libvirt.reconcile.machine.identity import domain_record, owner_matches, recorded_host
@@ -19,7 +20,7 @@ from capi_libvirt.reconcile.machine.state import RECHECK_IPAM, MachinePass, even
 async def check_networks(deps: Dependencies, p: MachinePass) -> None:
     """Before anything is created: a missing network would otherwise leave an overlay and a domain that cannot start."""
     host = deps.hosts.get(p.host or "")
-    p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
+    p.domain = await host.domain_info(p.domain_uuid)
     if p.domain is not None:
         if not owner_matches(domain_xml.parse_owner(p.domain.xml), p.namespace, p.name, p.domain_uuid):
             raise Wait(reasons.ADOPTION_REFUSED, f"domain {p.domain_uuid} on host {p.host} belongs to another machine; left "
@@ -31,10 +32,10 @@ async def check_networks(deps: Dependencies, p: MachinePass) -> None:
         raise Wait(reasons.TENANT_NOT_ALLOWED, str(refused), failure=True)
     segments = [address_conflicts.segment_of(nic.model_dump(by_alias=True)) for nic in p.spec.interfaces]
     try:
-        p.segments = await host.call(networks.segment_facts, segments, p.domain_uuid, doing="look up networks")
+        p.segments = await host.segment_facts(segments, p.domain_uuid)
     except errors.NetworkNotFound as error:
         raise Wait(reasons.NETWORK_NOT_FOUND, str(error), failure=True) from None
-    machine_types = await host.call(machines.machine_types, p.spec.domain_type, doing="read capabilities")
+    machine_types = await host.machine_types(p.spec.domain_type)
     if p.spec.machine_type not in machine_types:
         listed = ", ".join(sorted(machine_types)[:12]) + (", ..." if len(machine_types) > 12 else "")
         raise Wait(reasons.MACHINE_TYPE_NOT_SUPPORTED, f"machineType {p.spec.machine_type!r}: the QEMU of host {p.host} has "
@@ -44,13 +45,12 @@ async def check_networks(deps: Dependencies, p: MachinePass) -> None:
         await _check_cpu_model(host, p)
 
 
-async def _check_cpu_model(host: connection.HostConnection, p: MachinePass) -> None:
+async def _check_cpu_model(host: host_api.Host, p: MachinePass) -> None:
     """A named CPU model the host cannot run (unknown to its QEMU, or lacking features here) would fail every start:
     refused once, naming the model, the host and what it can run, and not retried (the spec is immutable; deleting
     the machine is what is left to do)."""
     model = p.spec.cpu_model or ""
-    found = await host.call(machines.cpu_models, model, p.spec.domain_type, p.spec.machine_type,
-                            doing="read domain capabilities")
+    found = await host.cpu_models(model, p.spec.domain_type, p.spec.machine_type)
     if found.usable:
         return
     why = "cannot run it" if found.known else "does not know it"
@@ -70,10 +70,8 @@ async def record_owner(deps: Dependencies, p: MachinePass) -> None:
     if owner is None or owner.management_cluster == deps.management_cluster:
         return
     host = deps.hosts.get(p.host or "")
-    await host.call(host_domains.set_owner, p.domain_uuid,
-                    dataclasses.replace(owner, management_cluster=deps.management_cluster), owner,
-                    doing="set owner metadata")
-    p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
+    await host.set_owner(p.domain_uuid, dataclasses.replace(owner, management_cluster=deps.management_cluster), owner)
+    p.domain = await host.domain_info(p.domain_uuid)
     await event(deps, p.body, "Normal", reasons.OWNER_RECORDED, f"domain {p.domain_name} on host {p.host} now records this "
                  f"management cluster as its owner (was {owner.management_cluster or 'none'})")
 

@@ -8,7 +8,6 @@ from typing import Any
 
 from capi_libvirt.api import reasons
 from capi_libvirt.core import domain_xml, naming, outage, provider_id
-from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile.base import Dependencies, Wait
 from capi_libvirt.reconcile.machine.state import (
     DOMAIN_RECORD_ANNOTATION,
@@ -115,7 +114,7 @@ async def identity_from_domain(deps: Dependencies, body: dict[str, Any]) -> str 
     except ValueError:
         return None
     host = deps.hosts.get(parsed.host)
-    info = await host.call(machines.domain_info, parsed.domain_uuid, doing="look up domain")
+    info = await host.domain_info(parsed.domain_uuid)
     if info is None:
         return None
     owner = domain_xml.parse_owner(info.xml)

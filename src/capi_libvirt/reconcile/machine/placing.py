@@ -11,7 +11,7 @@ from typing import Any
 
 from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import outage, placement, provider_id
-from capi_libvirt.hypervisor import errors, machines
+from capi_libvirt.hypervisor import errors
 from capi_libvirt.reconcile import inventory as inventory_
 from capi_libvirt.reconcile.base import RECHECK_WAITING, Dependencies, Wait
 from capi_libvirt.reconcile.machine.identity import (
@@ -166,8 +166,8 @@ async def clean_former_hosts(deps: Dependencies, p: MachinePass) -> None:
             done.append(host)
         elif known.reachable:
             try:
-                await deps.hosts.get(host).call(machines.delete_machine, p.domain_uuid, p.uid, p.volumes(),
-                                                p.namespace, p.name, doing="delete machine")
+                await deps.hosts.get(host).delete_machine(p.domain_uuid, p.uid, p.volumes(), p.namespace,
+                                                          p.name)
             except errors.HypervisorError as error:
                 log.info("%s/%s: former host %s not cleaned yet: %s", p.namespace, p.name, host, error)
                 continue

@@ -8,7 +8,7 @@ import functools
 
 from capi_libvirt.api import reasons
 from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud, provider_id
-from capi_libvirt.hypervisor import errors, machines, traffic_filters
+from capi_libvirt.hypervisor import errors, traffic_filters
 from capi_libvirt.reconcile import images as images_
 from capi_libvirt.reconcile.base import Dependencies, Wait
 from capi_libvirt.reconcile.machine.identity import domain_record
@@ -45,14 +45,12 @@ async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
     base_pool = p.spec.image.pool or p.spec.storage_pool
     base_volume = p.image_volume or p.spec.image.volume or ""
     try:
-        await host.call(machines.ensure_overlay, p.volumes(), base_pool, base_volume, p.spec.disk_gib,
-                        doing="create overlay volume")
+        await host.ensure_overlay(p.volumes(), base_pool, base_volume, p.spec.disk_gib)
     except errors.VolumeNotFound:
         raise Wait(reasons.IMAGE_NOT_FOUND, f"base image volume {base_volume!r} not found in pool "
                    f"{base_pool!r} on host {p.host}", failure=True) from None
     if p.spec.data_disks:
-        await host.call(machines.ensure_data_disks, p.volumes(), [disk.size_gib for disk in p.spec.data_disks],
-                        doing="create data disk volumes")
+        await host.ensure_data_disks(p.volumes(), [disk.size_gib for disk in p.spec.data_disks])
 
 
 async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
@@ -62,7 +60,7 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
         await fetch_bootstrap_data(deps, p)
     host = deps.hosts.get(p.host or "")
     volumes = p.volumes()
-    pool_dir = await host.call(machines.pool_path, volumes.pool, doing="read pool path")
+    pool_dir = await host.pool_path(volumes.pool)
     provider = provider_id.format_provider_id(p.host or "", p.domain_uuid)
     owner = domain_xml.Owner(namespace=p.namespace, name=p.name, uid=p.uid,
                              cluster=(p.cluster or {}).get("metadata", {}).get("name"),
@@ -70,7 +68,7 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     overlay_path = f"{pool_dir}/{volumes.overlay}"
     ignition = p.bootstrap is not None and p.bootstrap.format == "ignition"
     try:
-        await host.call(traffic_filters.ensure_filters, doing="look up traffic filters")
+        await host.ensure_filters()
     except traffic_filters.TrafficFilterMissing as error:
         raise Wait(reasons.TRAFFIC_FILTER_NOT_FOUND, str(error), failure=True) from None
     try:
@@ -84,7 +82,7 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
         raise Wait(reasons.INVALID_SPEC, f"invalid spec: {error}", None, failure=True) from None
     user_data = (p.bootstrap.value if p.bootstrap else None) or b""  # (always set and non-empty: fetched above)
     if ignition:  # the config as it is, for Ignition to read from fw_cfg; no NoCloud seed
-        await host.call(machines.replace_ignition, volumes, user_data, doing="upload Ignition config")
+        await host.replace_ignition(volumes, user_data)
     else:
         iso = nocloud.build_nocloud_iso(
             user_data=user_data,
@@ -93,15 +91,14 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
                                                      p.addressing),
             vendor_data=None if p.spec.keep_nocloud_iso else cloud_init.DISABLE_AFTER_FIRST_BOOT,
         )
-        await host.call(machines.replace_nocloud, volumes, iso, doing="upload NoCloud ISO")
+        await host.replace_nocloud(volumes, iso)
     if p.spec.serial_log:
-        await host.call(machines.ensure_serial_log, volumes, doing="create serial log")
+        await host.ensure_serial_log(volumes)
     if domain_record(p.body) != p.host:  # written ahead: from here on a domain may exist there (core.outage)
         p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {"metadata": {
             "annotations": {DOMAIN_RECORD_ANNOTATION: p.host},
             "resourceVersion": p.body["metadata"]["resourceVersion"]}})
-    p.domain = await host.call(machines.define_domain, p.domain_uuid, domain_xml.domain_xml(config),
-                               doing="define domain")
+    p.domain = await host.define_domain(p.domain_uuid, domain_xml.domain_xml(config))
     await event(deps, p.body, "Normal", reasons.DOMAIN_DEFINED, f"domain {p.domain_name} defined on host {p.host}")
 
 
@@ -109,10 +106,10 @@ async def ensure_running(deps: Dependencies, p: MachinePass) -> None:
     host = deps.hosts.get(p.host or "")
     if p.domain is None or p.domain.state != "running":
         paused_for = p.domain.pause_reason if p.domain else None
-        if await host.call(machines.start_domain, p.domain_uuid, doing="start domain"):
+        if await host.start_domain(p.domain_uuid):
             await event(deps, p.body, "Warning", reasons.DOMAIN_RESUMED,
                          f"domain {p.domain_name} on host {p.host} was paused ({paused_for or 'reason unknown'}); resumed")
-        p.domain = await host.call(machines.domain_info, p.domain_uuid, doing="look up domain")
+        p.domain = await host.domain_info(p.domain_uuid)
     p.status["state"] = p.domain.state if p.domain else "unknown"
 
 

@@ -9,7 +9,7 @@ import posixpath
 
 from capi_libvirt.api import reasons
 from capi_libvirt.core import domain_xml
-from capi_libvirt.hypervisor import errors, machines
+from capi_libvirt.hypervisor import errors
 from capi_libvirt.reconcile.base import Dependencies
 from capi_libvirt.reconcile.machine.state import MachinePass, event
 
@@ -39,8 +39,8 @@ async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
         return
     host, volumes = deps.hosts.get(p.host or ""), p.volumes()
     try:
-        ejected = await host.call(machines.eject_nocloud, p.domain_uuid, volumes.nocloud, doing="eject NoCloud ISO")
-        deleted = await host.call(machines.delete_nocloud, volumes, doing="delete NoCloud ISO")
+        ejected = await host.eject_nocloud(p.domain_uuid, volumes.nocloud)
+        deleted = await host.delete_nocloud(volumes)
     except errors.HostUnreachable:
         raise
     except errors.HypervisorError as error:
@@ -66,7 +66,7 @@ async def _remove_ignition_config(deps: Dependencies, p: MachinePass) -> None:
         return
     host, volumes = deps.hosts.get(p.host or ""), p.volumes()
     try:
-        done = await host.call(machines.drop_ignition, p.domain_uuid, volumes, doing="remove Ignition config")
+        done = await host.drop_ignition(p.domain_uuid, volumes)
     except errors.HostUnreachable:
         raise
     except errors.HypervisorError as error:

@@ -132,8 +132,7 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
                 await event(deps, body, "Warning", placement.HOST_DECOMMISSIONED,
                              outage.what_may_remain(former, None, volume_names(volumes)))
             elif not await _released_from_decommissioned(deps, body, former, None, volumes):
-                await deps.hosts.get(former).call(machines.delete_machine, naming.domain_uuid(uid), uid, volumes,
-                                                  namespace, name, doing="delete machine")
+                await deps.hosts.get(former).delete_machine(naming.domain_uuid(uid), uid, volumes, namespace, name)
         current = host_name or provider_id.parse_provider_id(recorded).host
         domain = naming.domain_name(namespace, name, uid) if outage.may_have_domain(domain_record(body)) else None
         volumes = machine_volumes(namespace, name, uid, pool, data_disks)
@@ -149,8 +148,7 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
             host_name, uid = provider_id.parse_provider_id(recorded).host, identity
         volumes = machine_volumes(namespace, name, uid, pool, data_disks)
         host = deps.hosts.get(host_name)
-        removed = await host.call(machines.delete_machine, naming.domain_uuid(uid), uid, volumes, namespace, name,
-                                  doing="delete machine")
+        removed = await host.delete_machine(naming.domain_uuid(uid), uid, volumes, namespace, name)
     except errors.HypervisorError as error:
         wait = wait_for_hypervisor(error)
         if not isinstance(error, errors.HostUnreachable):

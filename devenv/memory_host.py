@@ -1,0 +1,648 @@
+"""An in-memory hypervisor host: the provider's `Host` protocol (capi_libvirt.hypervisor.host) over state kept in
+memory, for the fast test tier and for benchmarks of the reconciles without guests.
+
+It keeps what the provider makes on a host and answers as the libvirt implementation does, raising the same
+hypervisor errors: storage pools with volumes (their capacity counted against the pool, their bytes kept: the NoCloud
+ISO can be read back), domains defined from the provider's own XML (started, paused, stopped; a start needs every disk
+and CD-ROM file it names), libvirt networks that lease an address to each NIC when its domain starts (or, with
+`lease_on_start=False`, when the test says), base images imported by sha256 with their marker, and foreign domains an
+admin defined. Faults on demand: the host unreachable (`unreachable`), an operation failing the next N times
+(`fail`), an operation held until the test releases it (`hold`), a domain lost behind the provider's back
+(`lose_domain`), a pool filled by something else (`fill_pool`).
+
+What it is not: libvirt. It checks what the provider's reconciles rely on (ownership metadata, files before a start,
+space in a pool, a network that exists and runs), not libvirt's schema; the integration and e2e tiers keep the real
+libvirtd for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import fnmatch
+import hashlib
+import ipaddress
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator, Sequence
+
+from capi_libvirt.core import domain_xml, images, placement, traffic_filter
+from capi_libvirt.core.address_conflicts import Segment, SegmentFacts
+from capi_libvirt.core.orphans import HostDomain
+from capi_libvirt.hypervisor import connection, credentials, errors, machines, traffic_filters
+from capi_libvirt.hypervisor import images as host_images
+from capi_libvirt.hypervisor.host import Host, ImageOpener
+
+GIB = 1 << 30
+OVERLAY_ALLOCATION = 196 * 1024  # what a fresh qcow2 overlay takes on disk: its header and tables
+
+
+@dataclasses.dataclass
+class Volume:
+    name: str
+    capacity: int
+    allocation: int
+    format: str = "raw"
+    data: bytes = b""
+    backing: str | None = None
+
+
+@dataclasses.dataclass
+class Pool:
+    name: str
+    path: str
+    capacity: int
+    volumes: dict[str, Volume] = dataclasses.field(default_factory=dict)
+    active: bool = True
+    used_elsewhere: int = 0  # bytes taken by files that are not volumes (fill_pool)
+
+    @property
+    def allocation(self) -> int:
+        return self.used_elsewhere + sum(volume.allocation for volume in self.volumes.values())
+
+    @property
+    def available(self) -> int:
+        return max(self.capacity - self.allocation, 0)
+
+    def path_of(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+
+@dataclasses.dataclass
+class Network:
+    name: str
+    subnet: ipaddress.IPv4Network
+    active: bool = True
+    leases: dict[str, str] = dataclasses.field(default_factory=dict)  # MAC (lowercase) -> address
+
+    @property
+    def gateway(self) -> str:
+        return str(next(self.subnet.hosts()))
+
+    def lease(self, mac: str) -> str:
+        """The MAC's address, leased now if it has none (the next free one after the gateway)."""
+        if mac not in self.leases:
+            taken = {*self.leases.values(), self.gateway}
+            free = next((str(a) for a in self.subnet.hosts() if str(a) not in taken), None)
+            if free is None:
+                raise errors.HypervisorError(f"network {self.name}: no address left to lease")
+            self.leases[mac] = free
+        return self.leases[mac]
+
+
+@dataclasses.dataclass
+class Domain:
+    uuid: str
+    name: str
+    xml: str  # live and persistent alike
+    state: str = "shutoff"  # machines.STATE_NAMES' values: running, paused, shutoff
+    pause_reason: str | None = None
+
+
+@dataclasses.dataclass
+class Hold:
+    """An operation held (MemoryHost.hold): `reached` once it waits, and it goes on once the test calls release()."""
+
+    after: bool = False
+    reached: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def wait(self) -> None:
+        self.reached.set()
+        await self.released.wait()
+
+
+class MemoryHost:
+    """One host in memory. `host`, `uri`, `credentials`, `opened` and `calls` as the Host protocol says;
+    `operations` counts each operation by name, `asked` lists them with their arguments."""
+
+    def __init__(self, host: str = "memory", *, uri: str = "memory:///system", cpus: int = 8,
+                 memory_mib: int = 16384, pools: dict[str, int] | None = None,
+                 networks: dict[str, str] | None = None, lease_on_start: bool = True,
+                 domain_types: Sequence[str] = ("qemu", "kvm"),
+                 machine_types: Sequence[str] = ("pc", "q35", "pc-i440fx-7.2", "pc-q35-7.2"),
+                 cpu_models: dict[str, bool] | None = None, libvirt_version: str = "9.0.0",
+                 hypervisor_version: str = "7.2.0", clean_traffic: bool = True) -> None:
+        self.host, self.uri = host, uri
+        self.credentials: credentials.Credentials | None = None
+        self.observe: connection.CallObserver | None = None
+        self.opened, self.calls = 1, 0
+        self.operations: collections.Counter[str] = collections.Counter()
+        self.asked: list[tuple[str, tuple[object, ...]]] = []  # every operation asked, with its arguments, in order
+        self.cpus, self.memory_mib = cpus, memory_mib
+        self.libvirt_version, self.hypervisor_version = libvirt_version, hypervisor_version
+        self.pools = {name: Pool(name, f"/var/lib/libvirt/{name}", size)
+                      for name, size in (pools if pools is not None else {"default": 100 * GIB}).items()}
+        self.networks = {name: Network(name, ipaddress.IPv4Network(subnet))
+                         for name, subnet in (networks if networks is not None
+                                              else {"default": "192.168.122.0/24"}).items()}
+        self.lease_on_start = lease_on_start
+        self.domains: dict[str, Domain] = {}
+        self.domain_types = frozenset(domain_types)  # what its QEMU runs (no kvm: a host without hardware virtualization)
+        self.known_machine_types = frozenset(machine_types)  # of its QEMU, for each of its domain types
+        self.known_cpu_models = cpu_models if cpu_models is not None else {"qemu64": True, "Haswell": False}  # usable?
+        self.clean_traffic = clean_traffic
+        self.agent_addresses: dict[str, list[str]] = {}  # domain UUID -> what its guest agent answers
+        self.arp_addresses: dict[str, list[str]] = {}  # domain UUID -> what the host's ARP table holds for it
+        # Faults
+        self.unreachable: str | None = None  # every operation raises HostUnreachable with this message
+        self._failures: dict[str, list[Exception]] = {}
+        self._holds: dict[str, Hold] = {}
+
+    # -- faults and the test's hands on the host ---------------------------------------------------------------------
+
+    def fail(self, operation: str, error: Exception, times: int = 1) -> None:
+        """The next `times` calls of `operation` (a Host method's name) raise `error`, doing nothing."""
+        self._failures.setdefault(operation, []).extend([error] * times)
+
+    def hold(self, operation: str, *, after: bool = False) -> Hold:
+        """The next call of `operation` waits until the test releases it: before it acts, or (`after`) once it has
+        acted, before it answers (a look-up that read the state, its answer still on its way)."""
+        self._holds[operation] = Hold(after=after)
+        return self._holds[operation]
+
+    def lose_domain(self, uuid: str) -> None:
+        """The domain is gone (an admin undefined it), its volumes left where they are."""
+        del self.domains[uuid]
+
+    def fill_pool(self, pool: str, leave_bytes: int = 0) -> None:
+        """Something else takes the pool's free space but `leave_bytes`."""
+        self.pools[pool].used_elsewhere += max(self.pools[pool].available - leave_bytes, 0)
+
+    def add_volume(self, pool: str, name: str, data: bytes = b"", *, capacity: int | None = None,
+                   fmt: str = "raw") -> Volume:
+        """A volume an admin made (a base image: `fmt` qcow2 and a `capacity`)."""
+        volume = Volume(name, capacity if capacity is not None else len(data), len(data), fmt, data)
+        self.pools[pool].volumes[name] = volume
+        return volume
+
+    def define_foreign(self, name: str, uuid: str, memory_mib: int = 1024, vcpus: int = 1,
+                       running: bool = True) -> Domain:
+        """A domain that is not this provider's (no owner metadata)."""
+        xml = (f"<domain type='qemu'><name>{name}</name><uuid>{uuid}</uuid>"
+               f"<memory unit='KiB'>{memory_mib * 1024}</memory><vcpu>{vcpus}</vcpu><devices/></domain>")
+        self.domains[uuid] = Domain(uuid, name, xml, "running" if running else "shutoff")
+        return self.domains[uuid]
+
+    def leased(self, uuid: str) -> dict[str, str]:
+        """The domain's NICs on libvirt networks that have a lease: MAC -> address."""
+        return {mac: self.networks[network].leases[mac] for mac, network in self._network_nics(uuid)
+                if network in self.networks and mac in self.networks[network].leases}
+
+    def volume_names(self, pool: str) -> list[str]:
+        return sorted(self.pools[pool].volumes)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    @contextlib.asynccontextmanager
+    async def _operation(self, name: str, *args: object) -> collections.abc.AsyncIterator[None]:
+        self.calls += 1
+        self.operations[name] += 1
+        self.asked.append((name, args))
+        started, ok = time.monotonic(), False
+        try:
+            held = self._holds.pop(name, None)
+            if held is not None and not held.after:
+                await held.wait()
+            await asyncio.sleep(0)  # a real call is a thread's round trip: other passes run meanwhile
+            if self.unreachable is not None:
+                raise errors.HostUnreachable(f"{name}: {self.unreachable}", self.host)
+            failures = self._failures.get(name)
+            if failures:
+                error = failures.pop(0)
+                if isinstance(error, errors.HypervisorError):
+                    error.host = error.host or self.host
+                raise error
+            yield
+            if held is not None and held.after:
+                await held.wait()
+            ok = True
+        finally:
+            if self.observe is not None:
+                self.observe(name, time.monotonic() - started, ok)
+
+    # -- the host as a whole -------------------------------------------------------------------------------------------
+
+    async def probe(self, pool: str, management_cluster: str | None, pool_patterns: Sequence[str],
+                    refresh_pools: bool) -> machines.HostProbe:
+        async with self._operation("probe", pool, management_cluster, pool_patterns, refresh_pools):
+            usage = placement.host_usage([self._usage(domain) for domain in self.domains.values()],
+                                         management_cluster)
+            main = self.pools.get(pool)
+            pools = tuple(self._pool_usage(p, usage.volume_paths) for p in self.pools.values()
+                          if p.active and any(fnmatch.fnmatchcase(p.name, pattern) for pattern in pool_patterns))
+            used = sum(self._usage(d).memory_mib for d in self.domains.values() if d.state != "shutoff")
+            free = max(self.memory_mib - used, 0)
+            return machines.HostProbe(
+                libvirt_version=self.libvirt_version, hypervisor_version=self.hypervisor_version, cpus=self.cpus,
+                memory_mib=self.memory_mib, free_memory_mib=free, machines=usage.machines,
+                allocated_cpus=usage.allocated_cpus, allocated_memory_mib=usage.allocated_memory_mib,
+                pool_capacity_bytes=main.capacity if main is not None and main.active else None,
+                pool_available_bytes=main.available if main is not None and main.active else None,
+                available_memory_mib=free, foreign_vms=usage.foreign_vms, foreign_cpus=usage.foreign_cpus,
+                foreign_memory_mib=usage.foreign_memory_mib, foreign_shut_off=usage.foreign_shut_off, pools=pools)
+
+    @staticmethod
+    def _usage(domain: Domain) -> placement.DomainUsage:
+        root = ET.fromstring(domain.xml)
+        memory_kib = int(root.findtext("memory") or 0)  # the provider writes KiB
+        return placement.DomainUsage(owner=domain_xml.parse_owner(domain.xml), active=domain.state != "shutoff",
+                                     memory_mib=memory_kib // 1024, vcpus=int(root.findtext("vcpu") or 1),
+                                     disk_paths=domain_xml.disk_paths(domain.xml))
+
+    @staticmethod
+    def _pool_usage(pool: Pool, machine_paths: frozenset[str]) -> placement.PoolUsage:
+        ours = [v for v in pool.volumes.values() if pool.path_of(v.name) in machine_paths]
+        return placement.PoolUsage(pool.name, pool.capacity, pool.allocation, pool.available,
+                                   sum(v.capacity for v in ours), sum(v.allocation for v in ours))
+
+    async def machine_types(self, domain_type: str) -> frozenset[str]:
+        async with self._operation("machine_types", domain_type):
+            return self.known_machine_types if domain_type in self.domain_types else frozenset()
+
+    async def cpu_models(self, model: str, domain_type: str, machine_type: str) -> machines.CPUModels:
+        async with self._operation("cpu_models", model, domain_type, machine_type):
+            usable = tuple(sorted(name for name, ok in self.known_cpu_models.items() if ok))
+            return machines.CPUModels(known=model in self.known_cpu_models,
+                                      usable=self.known_cpu_models.get(model, False),
+                                      usable_models=usable)
+
+    async def segment_facts(self, segments: Sequence[Segment], own_uuid: str) -> dict[Segment, SegmentFacts]:
+        async with self._operation("segment_facts", segments, own_uuid):
+            facts = {}
+            for segment in segments:
+                kind, name = segment
+                own: tuple[str, ...] = ()
+                leases: dict[str, str] = {}
+                if kind == "network":
+                    network = self._active_network(name)
+                    own = (f"{network.gateway}/{network.subnet.prefixlen}",)
+                    leases = {address: mac for mac, address in network.leases.items()}
+                macs = frozenset(mac for uuid in self.domains if uuid != own_uuid
+                                 for mac, nic_segment in self._nics(uuid) if nic_segment == segment)
+                facts[segment] = SegmentFacts(own=own, macs=macs, leases=leases)
+            return facts
+
+    async def ensure_filters(self) -> None:
+        async with self._operation("ensure_filters"):
+            if not self.clean_traffic:
+                raise traffic_filters.TrafficFilterMissing("the host has no libvirt traffic filter clean-traffic")
+
+    # -- a machine's volumes ------------------------------------------------------------------------------------------
+
+    async def pool_path(self, pool: str) -> str:
+        async with self._operation("pool_path", pool):
+            return self._active_pool(pool).path
+
+    async def ensure_overlay(self, volumes: machines.MachineVolumes, base_pool: str, base_volume: str,
+                             disk_gib: int) -> str:
+        async with self._operation("ensure_overlay", volumes, base_pool, base_volume, disk_gib):
+            pool = self._active_pool(volumes.pool)
+            if volumes.overlay not in pool.volumes:
+                base_in = self._active_pool(base_pool)
+                base = self._volume(base_in, base_volume)
+                self._create(pool, Volume(volumes.overlay, max(disk_gib * GIB, base.capacity), OVERLAY_ALLOCATION,
+                                          "qcow2", backing=base_in.path_of(base.name)))
+            return pool.path_of(volumes.overlay)
+
+    async def ensure_data_disks(self, volumes: machines.MachineVolumes, sizes_gib: list[int]) -> list[str]:
+        async with self._operation("ensure_data_disks", volumes, sizes_gib):
+            pool = self._active_pool(volumes.pool)
+            for name, size in zip(volumes.data_disks, sizes_gib, strict=True):
+                if name not in pool.volumes:
+                    self._create(pool, Volume(name, size * GIB, OVERLAY_ALLOCATION, "qcow2"))
+            return [pool.path_of(name) for name in volumes.data_disks]
+
+    async def replace_nocloud(self, volumes: machines.MachineVolumes, iso: bytes) -> str:
+        async with self._operation("replace_nocloud", volumes, iso):
+            return self._upload(volumes.pool, volumes.nocloud, iso)
+
+    async def replace_ignition(self, volumes: machines.MachineVolumes, config: bytes) -> str:
+        async with self._operation("replace_ignition", volumes, config):
+            if not volumes.ignition:
+                raise ValueError("no Ignition volume name")
+            return self._upload(volumes.pool, volumes.ignition, config)
+
+    async def ensure_serial_log(self, volumes: machines.MachineVolumes) -> str:
+        async with self._operation("ensure_serial_log", volumes):
+            pool = self._active_pool(volumes.pool)
+            if volumes.serial_log not in pool.volumes:
+                self._create(pool, Volume(volumes.serial_log, 0, 0))
+            return pool.path_of(volumes.serial_log)
+
+    async def read_serial_log(self, pool: str, log_volume: str, start: int, tail: int | None) -> machines.LogChunk:
+        async with self._operation("read_serial_log", pool, log_volume, start, tail):
+            data = self._volume(self._active_pool(pool), log_volume).data
+            first, end = machines.log_range(len(data), start, tail)
+            return machines.LogChunk(data[first:end], end)
+
+    # -- a machine's domain -------------------------------------------------------------------------------------------
+
+    async def domain_info(self, uuid: str) -> machines.DomainInfo | None:
+        async with self._operation("domain_info", uuid):
+            return self._info(uuid) if uuid in self.domains else None
+
+    async def define_domain(self, uuid: str, xml: str) -> machines.DomainInfo:
+        async with self._operation("define_domain", uuid, xml):
+            if uuid not in self.domains:
+                root = ET.fromstring(xml)
+                name = root.findtext("name") or ""
+                if root.findtext("uuid") != uuid:
+                    raise errors.HypervisorError(f"define domain: the XML's UUID is not {uuid}")
+                if any(domain.name == name for domain in self.domains.values()):
+                    raise errors.HypervisorError(f"define domain: domain '{name}' already exists")
+                self.domains[uuid] = Domain(uuid, name, xml)
+            return self._info(uuid)
+
+    async def start_domain(self, uuid: str) -> bool:
+        async with self._operation("start_domain", uuid):
+            domain = self._domain(uuid)
+            if domain.state == "paused":
+                domain.state, domain.pause_reason = "running", None
+                return True
+            if domain.state == "shutoff":
+                missing = sorted(p for p in domain_xml.disk_paths(domain.xml) if not self._volume_at(p))
+                if missing:
+                    raise errors.HypervisorError(f"start domain: Cannot access storage file '{missing[0]}'")
+                for mac, network in self._network_nics(uuid):
+                    self._active_network(network)
+                    if self.lease_on_start:
+                        self.networks[network].lease(mac)
+                domain.state = "running"
+            return False
+
+    async def domain_addresses(self, uuid: str) -> machines.Discovery:
+        async with self._operation("domain_addresses", uuid):
+            domain = self._domain(uuid)
+            asked = []
+            for source in machines.address_sources(domain.xml):
+                asked.append(source)
+                answers = {"lease": list(self.leased(uuid).values()), "agent": self.agent_addresses.get(uuid, []),
+                           "arp": self.arp_addresses.get(uuid, [])}
+                found = list(answers.get(source, [])) if domain.state == "running" else []
+                if found:
+                    return machines.Discovery(found, source, asked)
+            return machines.Discovery([], None, asked)
+
+    async def pin_leased_addresses(self, uuid: str, allowed: dict[str, tuple[str, ...]]) -> list[tuple[str, str]]:
+        async with self._operation("pin_leased_addresses", uuid, allowed):
+            domain = self._domain(uuid)
+            root = ET.fromstring(domain.xml)
+            pinned = []
+            for nic in root.findall("devices/interface[@type='network']"):
+                current = traffic_filter.parse_filterref(nic)
+                mac_element, source = nic.find("mac"), nic.find("source")
+                mac = (mac_element.get("address") or "").lower() if mac_element is not None else ""
+                network = self.networks.get(source.get("network") or "") if source is not None else None
+                if current is None or not current.awaiting_lease or network is None or mac not in network.leases:
+                    continue
+                wanted = traffic_filter.TrafficFilter(addresses=(network.leases[mac],), allowed=allowed.get(mac, ()))
+                for old in nic.findall("filterref"):
+                    nic.remove(old)
+                nic.append(traffic_filter.filterref_element(wanted))
+                pinned.append((mac, network.leases[mac]))
+            domain.xml = ET.tostring(root, encoding="unicode")
+            return pinned
+
+    async def set_owner(self, uuid: str, owner: domain_xml.Owner, expected: domain_xml.Owner | None) -> None:
+        async with self._operation("set_owner", uuid, owner, expected):
+            domain = self._domain(uuid)
+            if expected is not None and domain_xml.parse_owner(domain.xml) != expected:
+                raise errors.HypervisorError(f"owner metadata of domain {domain.name} changed meanwhile")
+            root = ET.fromstring(domain.xml)
+            metadata = root.find("metadata")
+            if metadata is None:
+                metadata = ET.SubElement(root, "metadata")
+            for old in metadata.findall(f"{{{domain_xml.METADATA_NAMESPACE}}}{domain_xml.METADATA_ELEMENT}"):
+                metadata.remove(old)
+            metadata.append(ET.fromstring(domain_xml.owner_metadata_xml(owner)))
+            domain.xml = ET.tostring(root, encoding="unicode")
+
+    async def eject_nocloud(self, uuid: str, iso_volume: str) -> list[str]:
+        async with self._operation("eject_nocloud", uuid, iso_volume):
+            domain = self._domain(uuid)
+            ejected = domain_xml.ejected_cdrom_xml(domain.xml, iso_volume)
+            if ejected is None:
+                return []
+            domain.xml = self._with_device(domain.xml, ejected)
+            return ["live", "persistent"] if domain.state != "shutoff" else ["persistent"]
+
+    async def delete_nocloud(self, volumes: machines.MachineVolumes) -> bool:
+        async with self._operation("delete_nocloud", volumes):
+            return self._active_pool(volumes.pool).volumes.pop(volumes.nocloud, None) is not None
+
+    async def drop_ignition(self, uuid: str, volumes: machines.MachineVolumes) -> list[str]:
+        async with self._operation("drop_ignition", uuid, volumes):
+            if not volumes.ignition:
+                raise ValueError("no Ignition volume name")
+            domain, done = self._domain(uuid), []
+            redefined = domain_xml.without_fw_cfg_file_xml(domain.xml, volumes.ignition)
+            if redefined is not None:
+                domain.xml = redefined
+                done.append("definition")
+            if self._active_pool(volumes.pool).volumes.pop(volumes.ignition, None) is not None:
+                done.append("volume")
+            return done
+
+    async def delete_machine(self, uuid: str, machine_uid: str, volumes: machines.MachineVolumes,
+                             namespace: str | None, name: str | None) -> list[str]:
+        async with self._operation("delete_machine", uuid, machine_uid, volumes, namespace, name):
+            removed = []
+            domain = self.domains.get(uuid)
+            if domain is not None:
+                owner = domain_xml.parse_owner(domain.xml)
+                if owner is None or owner.uid != machine_uid or (namespace is not None and owner.namespace != namespace) \
+                        or (name is not None and owner.name != name):
+                    raise errors.HypervisorError(f"domain {uuid} is not owned by machine {machine_uid}; left alone")
+                del self.domains[uuid]
+                removed.append(f"domain {uuid}")
+            pool = self.pools.get(volumes.pool)
+            if pool is None:
+                return removed
+            pool.active = True
+            for volume in volumes.all_names():
+                if pool.volumes.pop(volume, None) is not None:
+                    removed.append(f"volume {volume}")
+            return removed
+
+    # -- the host's domains as the orphan collector sees them ---------------------------------------------------------
+
+    async def list_domains(self, pool: str) -> tuple[list[HostDomain], list[str]]:
+        async with self._operation("list_domains", pool):
+            found = []
+            for domain in self.domains.values():
+                try:
+                    owner = domain_xml.parse_owner(domain.xml)
+                except ValueError:
+                    owner = None
+                found.append(HostDomain(uuid=domain.uuid, name=domain.name, owner=owner,
+                                        paths=domain_xml.disk_paths(domain.xml)))
+            listed = self.pools.get(pool)
+            return found, sorted(listed.volumes) if listed is not None and listed.active else []
+
+    async def remove_orphan(self, orphan: HostDomain, paths: frozenset[str]) -> list[str]:
+        async with self._operation("remove_orphan", orphan, paths):
+            domain = self.domains.get(orphan.uuid)
+            if domain is None:
+                return []
+            if domain.name != orphan.name or domain_xml.parse_owner(domain.xml) != orphan.owner:
+                raise errors.HypervisorError(f"domain {orphan.name} changed since it was found orphaned; left alone")
+            del self.domains[orphan.uuid]
+            removed = [f"domain {orphan.name}"]
+            for path in sorted(paths):
+                for pool in self.pools.values():
+                    folder, _, name = path.rpartition("/")
+                    if folder == pool.path and pool.volumes.pop(name, None) is not None:
+                        removed.append(f"volume {name}")
+            return removed
+
+    # -- base images imported from a URL ------------------------------------------------------------------------------
+
+    async def find_image(self, pool: str, sha256: str) -> host_images.ImageVolume | None:
+        async with self._operation("find_image", pool, sha256):
+            return self._found_image(self._active_pool(pool), sha256)
+
+    async def import_image(self, pool: str, sha256: str, open_source: ImageOpener,
+                           room_bytes: int | None) -> host_images.ImageVolume:
+        async with self._operation("import_image", pool, sha256, open_source, room_bytes):
+            target = self._active_pool(pool)
+            found = self._found_image(target, sha256)
+            if found is not None:
+                return found
+            data = await asyncio.to_thread(_read_all, open_source, room_bytes, target.available, pool)
+            if hashlib.sha256(data).hexdigest() != sha256:
+                raise host_images.ChecksumMismatch(sha256, hashlib.sha256(data).hexdigest(), len(data))
+            try:
+                shape = images.inspect_header(data[:images.HEADER_BYTES])
+            except images.ImageRefused as error:
+                raise host_images.ImageRefused(str(error)) from None
+            name = images.image_volume_name(sha256)
+            target.volumes.pop(name, None)
+            self._create(target, Volume(name, shape.virtual_size or len(data), len(data), shape.format, data))
+            self._create(target, Volume(images.verified_marker_name(sha256), 0, 0))
+            return host_images.ImageVolume(name, target.path_of(name), shape.format, len(data))
+
+    # -- the state's rules ---------------------------------------------------------------------------------------------
+
+    def _active_pool(self, name: str) -> Pool:
+        pool = self.pools.get(name)
+        if pool is None:
+            raise errors.PoolNotFound(f"Storage pool not found: no storage pool with matching name '{name}'",
+                                      self.host)
+        if not pool.active:
+            raise errors.OperationInvalid(f"storage pool '{name}' is not active", self.host)
+        return pool
+
+    def _active_network(self, name: str) -> Network:
+        network = self.networks.get(name)
+        if network is None:
+            raise errors.NetworkNotFound(f"Network not found: no network with matching name '{name}'", self.host)
+        if not network.active:
+            raise errors.NetworkNotFound(f"network {name} is not active", self.host)
+        return network
+
+    def _volume(self, pool: Pool, name: str) -> Volume:
+        volume = pool.volumes.get(name)
+        if volume is None:
+            raise errors.VolumeNotFound(f"Storage volume not found: no storage vol with matching name '{name}'",
+                                        self.host)
+        return volume
+
+    def _volume_at(self, path: str) -> Volume | None:
+        folder, _, name = path.rpartition("/")
+        return next((p.volumes.get(name) for p in self.pools.values() if p.path == folder and name in p.volumes),
+                    None)
+
+    def _create(self, pool: Pool, volume: Volume) -> None:
+        if volume.name in pool.volumes:
+            raise errors.HypervisorError(f"storage volume '{volume.name}' exists already", self.host)
+        if volume.allocation > pool.available:
+            raise errors.HypervisorError(f"Not enough space in pool {pool.name} for volume {volume.name}: "
+                                         f"{volume.allocation} bytes wanted, {pool.available} free", self.host)
+        pool.volumes[volume.name] = volume
+
+    def _upload(self, pool_name: str, name: str, data: bytes) -> str:
+        pool = self._active_pool(pool_name)
+        pool.volumes.pop(name, None)  # an earlier upload may have been cut short: replaced, never trusted
+        self._create(pool, Volume(name, len(data), len(data), "raw", data))
+        return pool.path_of(name)
+
+    def _found_image(self, pool: Pool, sha256: str) -> host_images.ImageVolume | None:
+        volume = pool.volumes.get(images.image_volume_name(sha256))
+        if volume is None or images.verified_marker_name(sha256) not in pool.volumes:
+            return None
+        return host_images.ImageVolume(volume.name, pool.path_of(volume.name), volume.format)
+
+    def _domain(self, uuid: str) -> Domain:
+        domain = self.domains.get(uuid)
+        if domain is None:
+            raise errors.DomainNotFound(f"Domain not found: no domain with matching uuid '{uuid}'", self.host)
+        return domain
+
+    def _info(self, uuid: str) -> machines.DomainInfo:
+        domain = self.domains[uuid]
+        return machines.DomainInfo(uuid=uuid, name=domain.name, state=domain.state, xml=domain.xml,
+                                   pause_reason=domain.pause_reason if domain.state == "paused" else None)
+
+    def _nics(self, uuid: str) -> Iterator[tuple[str, Segment]]:
+        """(MAC, segment) of each NIC of the domain on a libvirt network or a bridge."""
+        for nic in ET.fromstring(self.domains[uuid].xml).findall("devices/interface"):
+            kind, source, mac = nic.get("type"), nic.find("source"), nic.find("mac")
+            if kind in ("network", "bridge") and source is not None and mac is not None:
+                yield (mac.get("address") or "").lower(), (kind, source.get(kind) or "")
+
+    def _network_nics(self, uuid: str) -> list[tuple[str, str]]:
+        return [(mac, name) for mac, (kind, name) in self._nics(uuid) if kind == "network"]
+
+    @staticmethod
+    def _with_device(xml: str, device_xml: str) -> str:
+        """The domain's XML with the disk of the same target replaced by `device_xml` (a media change)."""
+        root, device = ET.fromstring(xml), ET.fromstring(device_xml)
+        target = device.find("target")
+        devices = root.find("devices")
+        assert devices is not None and target is not None
+        for index, disk in enumerate(devices):
+            found = disk.find("target")
+            if disk.tag == "disk" and found is not None and found.get("dev") == target.get("dev"):
+                devices[index] = device
+        return ET.tostring(root, encoding="unicode")
+
+
+def _read_all(open_source: ImageOpener, room_bytes: int | None, available: int, pool: str) -> bytes:
+    """The source's bytes, refused as the libvirt import refuses them when its length says it cannot fit."""
+    with open_source() as source:
+        if source.length is not None and room_bytes is not None and source.length > room_bytes:
+            raise host_images.InsufficientStorage(images.storage_message(source.length, room_bytes, pool,
+                                                                         promised=True))
+        if source.length is not None and source.length > available:
+            raise host_images.InsufficientStorage(images.storage_message(source.length, available, pool))
+        return b"".join(iter(lambda: source.read(1 << 20), b""))
+
+
+class MemoryHosts:
+    """The in-memory hosts of a test, by name: a HostRegistry's factory (hypervisor.host.HostRegistry(factory=...))
+    that hands out the same host for a name, as a re-configured LibvirtHost still reaches the same machine."""
+
+    def __init__(self, *hosts: MemoryHost) -> None:
+        self.hosts = {host.host: host for host in hosts}
+
+    def __call__(self, name: str, uri: str, secret: credentials.Credentials | None,
+                 observe: connection.CallObserver | None) -> MemoryHost:
+        host = self.hosts.setdefault(name, MemoryHost(name))
+        host.uri, host.credentials, host.observe = uri, secret, observe
+        return host
+
+    def __getitem__(self, name: str) -> MemoryHost:
+        return self.hosts[name]
+
+
+
+def as_host(host: MemoryHost) -> Host:
+    """The in-memory host where the provider wants a Host (and mypy's proof that it is one)."""
+    return host

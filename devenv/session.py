@@ -41,7 +41,7 @@ async def _cluster_reachable() -> bool:
 
 def run_dev(namespaces: list[str], force_local: bool = False) -> int:
     if not force_local and asyncio.run(_cluster_reachable()):
-        asyncio.run(operator_main.run_operator(namespaces, operator_config=operator_config.from_environment()))
+        asyncio.run(operator_main.run_operator(namespaces, operator_config=operator_config.from_arguments({})))
         return 0
     crd_dirs = [REPO / "config" / "crd", paths.cluster_api_crd_dir()]
     with control_plane.LocalControlPlane(crd_dirs=crd_dirs) as plane, libvirt_host.LibvirtHost("dev") as host:

@@ -11,11 +11,11 @@ import os
 import pathlib
 import re
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from capi_libvirt.operator import election
+    from capi_libvirt.operator import config, election
 
 log = logging.getLogger("capi_libvirt")
 
@@ -49,19 +49,12 @@ def _cmd_release_manifests(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from capi_libvirt.operator import config, election, logs, main
+    from capi_libvirt.operator import election, logs, main
 
     logs.configure(args.log_format, verbose=args.verbose or args.run_verbose or args.v >= DEBUG_VERBOSITY)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
-    operator_config = config.from_environment(args.host, workers=args.workers,
-                                              creates_per_host=args.creates_per_host,
-                                              probe_interval_s=args.host_probe_interval,
-                                              replace_after_s=args.replace_unreachable_after,
-                                              management_cluster_id=args.management_cluster_id,
-                                              orphan_grace=args.orphan_grace_period,
-                                              sync_period_s=args.sync_period, watch_filter=args.watch_filter,
-                                              kube_api_qps=args.kube_api_qps, kube_api_burst=args.kube_api_burst)
+    operator_config = run_config(args)
     try:
         lease = election_lease(args)
         metrics_address = _metrics_address(args)
@@ -82,6 +75,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         log.error("leader election lost: %s", error)
         return 1
     return 0
+
+
+def run_config(args: argparse.Namespace) -> config.OperatorConfig:
+    """The operator's configuration from `run`'s arguments: the settings given, the rest from the environment or their
+    defaults (operator.config)."""
+    from capi_libvirt.operator import config
+
+    given = {name: getattr(args, name) for name, _flag, _default in config.settings() if hasattr(args, name)}
+    return config.from_arguments(given, args.host)
 
 
 def election_lease(args: argparse.Namespace) -> election.Lease | None:
@@ -111,22 +113,21 @@ def _metrics_address(args: argparse.Namespace) -> str:
     return str(args.diagnostics_address)
 
 
-GO_DURATION = re.compile(r"(\d+(?:\.\d*)?)(h|ms|m|s)")
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A setting's parser as argparse's `type`: its ValueError becomes the message argparse prints."""
+    def read(value: str) -> Any:
+        try:
+            return parse(value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    read.__name__ = getattr(parse, "__name__", "value")
+    return read
 
 
 def _duration(value: str) -> float:
-    """Seconds, from a Go duration as Cluster API's managers take it (15s, 1m30s, 500ms) or a plain number."""
-    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-    try:
-        seconds = float(value)
-    except ValueError:
-        parts = GO_DURATION.findall(value)
-        if not parts or "".join(number + unit for number, unit in parts) != value:
-            raise argparse.ArgumentTypeError(f"{value!r}: expected a duration such as 15s, 1m30s or 500ms") from None
-        seconds = sum(float(number) * units[unit] for number, unit in parts)
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a duration above 0")
-    return seconds
+    from capi_libvirt.operator import config
+
+    return _argument_type(config.duration)(value)
 
 
 def _address(value: str) -> str:
@@ -192,51 +193,6 @@ def _log_format(value: str) -> str:
     return chosen
 
 
-def _positive_int(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a whole number of at least 1")
-    return int(value)
-
-
-def _positive_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of seconds above 0")
-    return seconds
-
-
-def _positive_rate(value: str) -> float:
-    try:
-        rate = float(value)
-    except ValueError:
-        rate = 0.0
-    if not rate > 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of requests a second above 0")
-    return rate
-
-
-def _management_cluster_id(value: str) -> str:
-    from capi_libvirt.operator import config
-
-    try:
-        return config.check_management_cluster_id(value)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _grace_period(value: str) -> str:
-    from capi_libvirt.operator import config
-
-    try:
-        config.parse_grace_period(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected seconds (>= 0) or 'never'") from None
-    return value
-
-
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     """Leader election, endpoints, concurrency and log format of `run` (the Deployment's args:
     config/manager/manager.yaml)."""
@@ -263,22 +219,9 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--leader-elect-retry-period", type=_duration, default=election_.DEFAULT_RETRY_PERIOD_S,
                      metavar="DURATION", help="how often every replica tries to take or renew the Lease (default: "
                      f"{election_.DEFAULT_RETRY_PERIOD_S:g}s)")
-    run.add_argument("--libvirtmachine-concurrency", "--max-concurrent-reconciles", "--workers", dest="workers",
-                     type=_positive_int, default=config.DEFAULT_WORKERS, metavar="N",
-                     help=f"LibvirtMachine reconciles at once (default: {config.DEFAULT_WORKERS}; "
-                          "--max-concurrent-reconciles: the Cluster API Operator's name; --workers: its old name)")
-    run.add_argument("--watch-filter", metavar="VALUE", default="",
-                     help="reconcile only LibvirtMachines, LibvirtClusters and LibvirtMachineTemplates labelled "
-                          "cluster.x-k8s.io/watch-filter=VALUE, as Cluster API's managers (LibvirtHosts are shared: "
-                          "every instance keeps the inventory; placement counts every machine)")
-    run.add_argument("--kube-api-qps", type=_positive_rate, metavar="QPS",
-                     help="at most this many requests a second from the operator's own API client (kopf's watches "
-                          "aside), after a burst (default: not limited; Cluster API's managers default to 20)")
-    run.add_argument("--kube-api-burst", type=_positive_int, default=config.DEFAULT_KUBE_API_BURST, metavar="N",
-                     help=f"requests at once before --kube-api-qps applies (default: {config.DEFAULT_KUBE_API_BURST})")
-    run.add_argument("--sync-period", type=_duration, default=config.DEFAULT_SYNC_PERIOD_S, metavar="DURATION",
-                     help="reconcile every LibvirtMachine at least this often, whatever happened (default: "
-                          f"{config.DEFAULT_SYNC_PERIOD_S / 60:g}m, as Cluster API's managers)")
+    for name, setting, default in config.settings():  # the operator's own settings, each spelled once there
+        run.add_argument(*setting.names, dest=name, type=_argument_type(setting.parse), metavar=setting.metavar,
+                         default=argparse.SUPPRESS, help=setting.help.format(default=setting.shown(default)))
     run.add_argument("--feature-gates", type=_feature_gates, default={}, metavar="NAME=BOOL,...",
                      help="Cluster API's flag; this provider has no feature gates yet, and refuses unknown ones")
     for flag, what in (("--webhook-host", "HOST"), ("--webhook-port", "PORT"), ("--webhook-cert-dir", "DIR"),
@@ -286,23 +229,6 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         run.add_argument(flag, metavar=what, dest=f"unused_{flag[2:].replace('-', '_')}",
                          help="taken for the Cluster API Operator's sake and ignored with a warning: this provider "
                               "serves no webhooks and no Go profiler")
-    run.add_argument("--creates-per-host", type=_positive_int, default=config.DEFAULT_CREATES_PER_HOST, metavar="N",
-                     help="machines created on one libvirt host at once; a burst queues behind them "
-                          f"(default: {config.DEFAULT_CREATES_PER_HOST})")
-    run.add_argument("--host-probe-interval", type=_positive_seconds, default=config.DEFAULT_PROBE_INTERVAL_S,
-                     metavar="SECONDS", help="probe every libvirt host this often (default: "
-                                             f"{config.DEFAULT_PROBE_INTERVAL_S:g})")
-    run.add_argument("--replace-unreachable-after", type=_positive_seconds, default=config.DEFAULT_REPLACE_AFTER_S,
-                     metavar="SECONDS", help="a machine that never had a domain on its host moves to another host "
-                                             "when that host stays unreachable this long (default: "
-                                             f"{config.DEFAULT_REPLACE_AFTER_S:g})")
-    run.add_argument("--management-cluster-id", type=_management_cluster_id, metavar="ID",
-                     help=f"this management cluster's identity in domains' owner metadata (default: "
-                          f"${config.MANAGEMENT_CLUSTER_ENV}, else the kube-system Namespace's UID)")
-    run.add_argument("--orphan-grace-period", type=_grace_period, metavar="SECONDS|never",
-                     help="remove a domain this management cluster made whose LibvirtMachine is gone once it has "
-                          f"been orphaned this long; never: report only (default: ${config.ORPHAN_GRACE_ENV}, else "
-                          f"{config.ORPHAN_GRACE_S:.0f})")
     run.add_argument("--health-addr", "--health-address", dest="health_address", default="0.0.0.0:8081",
                      type=_address, metavar="HOST:PORT",
                      help="serve /healthz and /readyz here (default: 0.0.0.0:8081; 0: off; --health-address: its old "
@@ -340,7 +266,7 @@ def _cmd_console_log(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
 
     async def show() -> None:
-        static_hosts = config.from_environment(args.host).hosts
+        static_hosts = config.from_arguments({}, args.host).hosts
         given = args.namespace if args.namespace or "/" in args.machine else api.default_namespace(args.context)
         namespace, name = console_log.parse_machine_ref(args.machine, given)
         async with await api.new_api_client(args.context) as api_client:

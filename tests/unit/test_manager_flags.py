@@ -54,7 +54,8 @@ def test_what_the_cluster_api_operator_writes_from_spec_manager_is_taken():
     lease = cli.election_lease(args)
     assert (lease.namespace, lease.name, lease.duration_s, lease.renew_deadline_s, lease.retry_period_s) == \
         ("capi-libvirt-system", "my-lease", 30.0, 20.0, 5.0)
-    assert (args.workers, args.namespace, args.sync_period, args.feature_gates) == (9, ["team-a"], 300.0, {})
+    assert (args.workers, args.namespace, args.sync_period_s, args.feature_gates) == (9, ["team-a"], 300.0, {})
+    assert (cli.run_config(args).workers, cli.run_config(args).sync_period_s) == (9, 300.0)
 
 
 def test_unknown_feature_gates_are_refused_as_cluster_apis_managers_refuse_them(capsys):
@@ -75,8 +76,9 @@ def test_the_watch_filter_reaches_the_configuration():
     from capi_libvirt.operator import config
 
     assert parse("--watch-filter=team-a").watch_filter == "team-a"
-    assert config.from_environment(watch_filter="team-a").watch_filter == "team-a"
-    assert config.from_environment(watch_filter="").watch_filter is None  # empty: every object
+    assert config.from_arguments({"watch_filter": "team-a"}).watch_filter == "team-a"
+    assert cli.run_config(parse("--watch-filter=team-a")).watch_filter == "team-a"
+    assert cli.run_config(parse("--watch-filter=")).watch_filter is None  # empty: every object
 
 
 def test_the_api_clients_rate_is_limited_as_client_gos_token_bucket():
@@ -91,7 +93,7 @@ def test_the_api_clients_rate_is_limited_as_client_gos_token_bucket():
     assert [limit.delay() for _ in range(3)] == [0.0, 0.0, 0.0] and limit.delay() > 0
     args = parse("--kube-api-qps=20", "--kube-api-burst=30")
     assert (args.kube_api_qps, args.kube_api_burst) == (20.0, 30)
-    assert parse().kube_api_qps is None  # not limited unless asked
+    assert cli.run_config(parse()).kube_api_qps is None  # not limited unless asked
     with pytest.raises(ValueError):
         api.RateLimit(qps=0, burst=1)
     with pytest.raises(SystemExit):
@@ -111,3 +113,29 @@ async def test_a_limited_client_waits_its_turn(monkeypatch):
     for _ in range(3):
         await limit.wait()
     assert slept == [pytest.approx(0.02), pytest.approx(0.02)]  # after the burst of one, 1/50 s each
+
+
+def test_a_setting_comes_from_its_flag_else_its_environment_variable_else_its_default(monkeypatch):
+    """Each setting of the operator is one field of operator.config.OperatorConfig: its default, its flags, its help
+    and its environment variable spelled there once, the command line made from them."""
+    from capi_libvirt.operator import config
+
+    monkeypatch.setenv(config.ORPHAN_GRACE_ENV, "never")
+    monkeypatch.setenv(config.MANAGEMENT_CLUSTER_ENV, "from-env")
+    assert cli.run_config(parse()).orphan_grace_s is None  # the environment, no flag given
+    assert cli.run_config(parse("--orphan-grace-period=60")).orphan_grace_s == 60.0  # the flag wins
+    assert cli.run_config(parse()).management_cluster_id == "from-env"
+    monkeypatch.setenv(config.MANAGEMENT_CLUSTER_ENV, "<x/>")
+    with pytest.raises(ValueError, match="management cluster id"):
+        cli.run_config(parse())  # a bad value in the environment is refused by the same rule as the flag's
+    monkeypatch.delenv(config.MANAGEMENT_CLUSTER_ENV)
+    monkeypatch.delenv(config.ORPHAN_GRACE_ENV)
+    defaults = config.OperatorConfig(hosts={})
+    built = config.from_arguments({})
+    for name, setting, default in config.settings():
+        assert getattr(defaults, name) == default
+        if setting.env is None:
+            assert getattr(built, name) == default, name
+        option = next(action for action in cli.parser()._subparsers._group_actions[0].choices["run"]._actions
+                      if action.dest == name)
+        assert tuple(option.option_strings) == setting.names and "{default}" not in (option.help or "")

@@ -237,7 +237,8 @@ async def test_machines_placed_on_an_added_host_are_queued_now_with_their_backof
     deps = machine_reconcile.Dependencies(kube=types.SimpleNamespace(cache=cache), inventory=None,
                                           post_event=lambda *args: None)
     runtime = handlers.Runtime(deps)
-    assert deps.wake_host == runtime.wake_host
+    deps = runtime.deps  # the reconciles' dependencies, whose wake-ups are the runtime's
+    assert deps.wake_host == runtime.wake_host and deps.wake_unplaced == runtime.wake_unplaced
     deps.failures.update({("ns", "m0"): 5, ("ns", "elsewhere"): 3})
     queued = []
     runtime.machines = types.SimpleNamespace(add=queued.append)

@@ -166,10 +166,10 @@ def test_grace_period_option() -> None:
     with pytest.raises(ValueError):
         config.parse_grace_period("-1")
     args = cli.parser().parse_args(["run", "--orphan-grace-period", "never", "--management-cluster-id", "mc-1"])
-    assert (args.orphan_grace_period, args.management_cluster_id) == ("never", "mc-1")
+    assert (args.orphan_grace_s, args.management_cluster_id) == (None, "mc-1")
     for bad in (["--orphan-grace-period", "soon"], ["--management-cluster-id", "<x/>"]):
         with pytest.raises(SystemExit):
             cli.parser().parse_args(["run", *bad])
-    built = config.from_environment(management_cluster_id="mc-1", orphan_grace="never")
+    built = cli.run_config(args)
     assert (built.management_cluster_id, built.orphan_grace_s) == ("mc-1", None)
-    assert config.from_environment().orphan_grace_s == 3600.0  # an hour by default
+    assert config.from_arguments({}).orphan_grace_s == 3600.0  # an hour by default

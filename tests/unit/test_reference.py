@@ -109,6 +109,8 @@ def test_every_environment_variable_the_code_reads_is_catalogued():
                 read.add(key.value)
             elif isinstance(key, ast.Name):
                 read.add(constants.get(key.id, getattr(config, key.id, key.id)))
+            elif isinstance(key, ast.Attribute) and key.attr == "env":  # a setting's Flag: every variable they name
+                read |= {flag.env for _name, flag, _default in config.settings() if flag.env}
             elif isinstance(key, ast.Attribute):
                 read.add(getattr(config, key.attr, key.attr))
     assert read, "found no environment reads: the scan is broken"

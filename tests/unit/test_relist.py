@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import types
 
 import kopf
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from capi_libvirt.kube import api
 from capi_libvirt.kube.cache import ObjectCache
 from capi_libvirt.operator import handlers
+from capi_libvirt.operator.config import OperatorConfig
 
 pytestmark = pytest.mark.unit
 
@@ -51,8 +51,13 @@ def no_delay(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handlers, "RELIST_DELAY_S", 0.0)
 
 
+def dependencies(kube: FakeKube) -> handlers.machine_reconcile.Dependencies:
+    return handlers.machine_reconcile.Dependencies(kube=kube, inventory=None, post_event=lambda *args: None,
+                                                   observe=Observer())
+
+
 def runtime_with(kube: FakeKube) -> handlers.Runtime:
-    return handlers.Runtime(types.SimpleNamespace(kube=kube, observe=Observer()))  # type: ignore[arg-type]
+    return handlers.Runtime(dependencies(kube))
 
 
 async def test_a_listing_by_kopf_drops_a_machine_deleted_unseen_and_forgets_its_key() -> None:
@@ -117,8 +122,7 @@ async def test_a_machine_of_another_watch_filter_is_not_reconciled_but_stays_cou
     ours["metadata"]["labels"] = {"cluster.x-k8s.io/watch-filter": "this-instance"}
     kube = FakeKube(listed=[theirs, ours])
     await kube.relist(handlers.api.LIBVIRT_MACHINES, [])
-    runtime = handlers.Runtime(types.SimpleNamespace(kube=kube, observe=Observer()),  # type: ignore[arg-type]
-                               watch_filter="this-instance")
+    runtime = handlers.Runtime(dependencies(kube), config=OperatorConfig(hosts={}, watch_filter="this-instance"))
     assert await runtime.reconcile_machine(("ns", "theirs")) is None  # skipped before any reconcile
     assert len(list(kube.cache.items(handlers.api.LIBVIRT_MACHINES))) == 2  # placement still counts it
     from capi_libvirt.operator import config

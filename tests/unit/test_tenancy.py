@@ -186,4 +186,4 @@ def test_the_provider_namespace_comes_from_the_pod(monkeypatch, tmp_path):
     assert config.provider_namespace() == "capi-system-2"
     monkeypatch.setenv(config.NAMESPACE_ENV, "from-env")
     assert config.provider_namespace() == "from-env"
-    assert config.from_environment().provider_namespace == "from-env"
+    assert config.from_arguments({}).provider_namespace == "from-env"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from capi_libvirt.api import meta
 from capi_libvirt.core.outage import DEFAULT_REPLACE_AFTER_S
@@ -59,27 +60,125 @@ ENVIRONMENT = (
 )
 
 
+GO_DURATION = re.compile(r"(\d+(?:\.\d*)?)(h|ms|m|s)")
+
+
+def duration(value: str) -> float:
+    """Seconds, from a Go duration as Cluster API's managers take it (15s, 1m30s, 500ms) or a plain number."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    try:
+        seconds = float(value)
+    except ValueError:
+        parts = GO_DURATION.findall(value)
+        if not parts or "".join(number + unit for number, unit in parts) != value:
+            raise ValueError(f"{value!r}: expected a duration such as 15s, 1m30s or 500ms") from None
+        seconds = sum(float(number) * units[unit] for number, unit in parts)
+    if not seconds > 0:
+        raise ValueError(f"{value!r}: expected a duration above 0")
+    return seconds
+
+
+def positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{value!r}: expected a whole number of at least 1")
+    return int(value)
+
+
+def _above_zero(what: str) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = 0.0
+        if not number > 0:
+            raise ValueError(f"{value!r}: expected a number of {what} above 0")
+        return number
+    parse.__name__ = what.replace(" ", "_")
+    return parse
+
+
+positive_seconds, positive_rate = _above_zero("seconds"), _above_zero("requests a second")
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """How a setting of `capi-libvirt run` is given: its flags (the first its name, the rest older or Cluster API
+    names for it), how a value is read (a ValueError says what is wrong with it), its metavar and help ("{default}"
+    is the setting's default as `shown`), and the environment variable read when no flag gives it."""
+
+    names: tuple[str, ...]
+    parse: Callable[[str], Any]
+    metavar: str
+    help: str
+    env: str | None = None
+    shown: Callable[[Any], str] = str
+
+
+def _setting(default: Any, flag: Flag) -> Any:
+    """A field of OperatorConfig with its default and its flag: each setting is spelled here once."""
+    return dataclasses.field(default=default, metadata={"flag": flag})
+
+
 @dataclasses.dataclass(frozen=True)
 class OperatorConfig:
-    hosts: dict[str, str]  # host name (as in providerIDs) -> libvirt URI
-    workers: int = DEFAULT_WORKERS
-    creates_per_host: int = DEFAULT_CREATES_PER_HOST
-    probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S  # how often every host is probed
-    replace_after_s: float = DEFAULT_REPLACE_AFTER_S  # an unreachable host's machines with no domain move after this
-    # This management cluster's identity in domains' owner metadata (None: the kube-system Namespace's UID). Give it
-    # when the management cluster may be rebuilt around the same hosts and must recognise its domains.
-    management_cluster_id: str | None = None
-    orphan_grace_s: float | None = ORPHAN_GRACE_S  # None: orphans are reported, never removed
+    """Everything `capi-libvirt run` is configured with. The flags, the environment variables and the book's reference
+    (hack/reference.py) are made from these fields: a setting is a field with its default and its Flag."""
+
+    hosts: dict[str, str]  # host name (as in providerIDs) -> libvirt URI (--host, $CAPI_LIBVIRT_HOSTS)
+    workers: int = _setting(DEFAULT_WORKERS, Flag(
+        ("--libvirtmachine-concurrency", "--max-concurrent-reconciles", "--workers"), positive_int, "N",
+        "LibvirtMachine reconciles at once (default: {default}; --max-concurrent-reconciles: the Cluster API "
+        "Operator's name; --workers: its old name)"))
+    creates_per_host: int = _setting(DEFAULT_CREATES_PER_HOST, Flag(
+        ("--creates-per-host",), positive_int, "N",
+        "machines created on one libvirt host at once; a burst queues behind them (default: {default})"))
+    probe_interval_s: float = _setting(DEFAULT_PROBE_INTERVAL_S, Flag(
+        ("--host-probe-interval",), positive_seconds, "SECONDS",
+        "probe every libvirt host this often (default: {default})", shown=_seconds))
+    replace_after_s: float = _setting(DEFAULT_REPLACE_AFTER_S, Flag(
+        ("--replace-unreachable-after",), positive_seconds, "SECONDS",
+        "a machine that never had a domain on its host moves to another host when that host stays unreachable this "
+        "long (default: {default})", shown=_seconds))
+    # Give it when the management cluster may be rebuilt around the same hosts and must recognise its domains.
+    management_cluster_id: str | None = _setting(None, Flag(
+        ("--management-cluster-id",), lambda value: check_management_cluster_id(value), "ID",
+        "this management cluster's identity in domains' owner metadata (default: $" + MANAGEMENT_CLUSTER_ENV
+        + ", else the kube-system Namespace's UID)", env=MANAGEMENT_CLUSTER_ENV))
+    orphan_grace_s: float | None = _setting(ORPHAN_GRACE_S, Flag(
+        ("--orphan-grace-period",), lambda value: parse_grace_period(value), "SECONDS|never",
+        "remove a domain this management cluster made whose LibvirtMachine is gone once it has been orphaned this "
+        "long; never: report only (default: $" + ORPHAN_GRACE_ENV + ", else {default})", env=ORPHAN_GRACE_ENV,
+        shown=lambda value: "never" if value is None else f"{value:.0f}"))
     orphan_interval_s: float = ORPHAN_INTERVAL_S
-    sync_period_s: float = DEFAULT_SYNC_PERIOD_S
-    # --watch-filter: only LibvirtMachines, LibvirtClusters and templates labelled cluster.x-k8s.io/watch-filter=THIS
-    # are reconciled (None: all). LibvirtHosts are the shared inventory: every instance probes them.
-    watch_filter: str | None = None
-    # --kube-api-qps, --kube-api-burst: the operator's own API client's rate (None: not limited)
-    kube_api_qps: float | None = None
-    kube_api_burst: int = DEFAULT_KUBE_API_BURST
+    sync_period_s: float = _setting(DEFAULT_SYNC_PERIOD_S, Flag(
+        ("--sync-period",), duration, "DURATION",
+        "reconcile every LibvirtMachine at least this often, whatever happened (default: {default}, as Cluster "
+        "API's managers)", shown=lambda value: f"{value / 60:g}m"))
+    # Only LibvirtMachines, LibvirtClusters and templates labelled cluster.x-k8s.io/watch-filter=THIS are reconciled
+    # (None: all). LibvirtHosts are the shared inventory: every instance probes them.
+    watch_filter: str | None = _setting(None, Flag(
+        ("--watch-filter",), lambda value: value or None, "VALUE",
+        "reconcile only LibvirtMachines, LibvirtClusters and LibvirtMachineTemplates labelled "
+        "cluster.x-k8s.io/watch-filter=VALUE, as Cluster API's managers (LibvirtHosts are shared: every instance "
+        "keeps the inventory; placement counts every machine)"))
+    kube_api_qps: float | None = _setting(None, Flag(
+        ("--kube-api-qps",), positive_rate, "QPS",
+        "at most this many requests a second from the operator's own API client (kopf's watches aside), after a "
+        "burst (default: not limited; Cluster API's managers default to 20)"))
+    kube_api_burst: int = _setting(DEFAULT_KUBE_API_BURST, Flag(
+        ("--kube-api-burst",), positive_int, "N", "requests at once before --kube-api-qps applies (default: {default})"))
     # The provider's own namespace: the only one LibvirtHost credentials Secrets may live in (see api.meta).
     provider_namespace: str = meta.PROVIDER_NAMESPACE
+
+
+def settings() -> list[tuple[str, Flag, Any]]:
+    """Every setting with a flag: (OperatorConfig's field, its Flag, its default), in the fields' order."""
+    return [(field.name, field.metadata["flag"], field.default) for field in dataclasses.fields(OperatorConfig)
+            if "flag" in field.metadata]
 
 
 def parse_hosts(entries: list[str]) -> dict[str, str]:
@@ -106,15 +205,13 @@ def parse_grace_period(value: str) -> float | None:
     """Seconds (>= 0) before an orphan is removed, or "never" (None): report only."""
     if value.strip().lower() == "never":
         return None
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
     if not seconds >= 0:
         raise ValueError(f"orphan grace period {value!r}: expected seconds >= 0 or 'never'")
     return seconds
-
-
-def _management_cluster_id(given: str | None) -> str | None:
-    value = given or os.environ.get(MANAGEMENT_CLUSTER_ENV) or None
-    return None if value is None else check_management_cluster_id(value)
 
 
 def provider_namespace() -> str:
@@ -128,22 +225,19 @@ def provider_namespace() -> str:
         return meta.PROVIDER_NAMESPACE
 
 
-def from_environment(extra_hosts: Sequence[str] = (), *, workers: int = DEFAULT_WORKERS,
-                     creates_per_host: int = DEFAULT_CREATES_PER_HOST,
-                     probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
-                     replace_after_s: float = DEFAULT_REPLACE_AFTER_S, management_cluster_id: str | None = None,
-                     orphan_grace: str | None = None, orphan_interval_s: float = ORPHAN_INTERVAL_S,
-                     sync_period_s: float = DEFAULT_SYNC_PERIOD_S, watch_filter: str | None = None,
-                     kube_api_qps: float | None = None, kube_api_burst: int = DEFAULT_KUBE_API_BURST) -> OperatorConfig:
+def from_arguments(given: Mapping[str, Any], extra_hosts: Sequence[str] = ()) -> OperatorConfig:
+    """The configuration from what the command line gave (`given`: field name -> value read by its Flag; a setting
+    absent from it was not given), else each setting's environment variable, else its default; the static hosts
+    from $CAPI_LIBVIRT_HOSTS and `extra_hosts` (--host)."""
+    values = {}
+    for name, flag, _default in settings():
+        if name in given:
+            values[name] = given[name]
+        elif flag.env and os.environ.get(flag.env):
+            values[name] = flag.parse(os.environ[flag.env])
     entries = [e for e in os.environ.get(HOSTS_ENV, "").split(",") if e.strip()] + list(extra_hosts)
-    grace = orphan_grace or os.environ.get(ORPHAN_GRACE_ENV)
-    return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]),
-                          workers=workers, creates_per_host=creates_per_host, probe_interval_s=probe_interval_s,
-                          replace_after_s=replace_after_s, provider_namespace=provider_namespace(),
-                          management_cluster_id=_management_cluster_id(management_cluster_id),
-                          orphan_grace_s=ORPHAN_GRACE_S if grace is None else parse_grace_period(grace),
-                          orphan_interval_s=orphan_interval_s, sync_period_s=sync_period_s,
-                          watch_filter=watch_filter or None, kube_api_qps=kube_api_qps, kube_api_burst=kube_api_burst)
+    return OperatorConfig(hosts=parse_hosts([e.strip() for e in entries]), provider_namespace=provider_namespace(),
+                          **values)
 
 
 def watched(labels: dict[str, str] | None, watch_filter: str | None) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,16 +54,17 @@ class Runtime:
     """What handlers share for the operator's life: the reconcile dependencies, the machine queue, wake-up events."""
 
     def __init__(self, deps: machine_reconcile.Dependencies, namespaces: Sequence[str] = (),
-                 workers: int = operator_config.DEFAULT_WORKERS,
-                 orphan_interval_s: float = orphans_reconcile.INTERVAL_S,
-                 sync_period_s: float = operator_config.DEFAULT_SYNC_PERIOD_S, watch_filter: str | None = None) -> None:
-        self.deps = deps
+                 config: operator_config.OperatorConfig | None = None) -> None:
+        """`deps` as configured; the reconciles get a copy whose wake-ups are this runtime's (queue a host's machines,
+        or the unplaced ones). `config`: its concurrency, periods and watch filter (None: the defaults)."""
+        cfg = config if config is not None else operator_config.OperatorConfig(hosts={})
+        self.deps = dataclasses.replace(deps, wake_host=self.wake_host, wake_unplaced=self.wake_unplaced)
         self.namespaces = list(namespaces)
-        self.orphan_interval_s = orphan_interval_s
-        self.sync_period_s = sync_period_s
-        self.watch_filter = watch_filter
+        self.orphan_interval_s = cfg.orphan_interval_s
+        self.sync_period_s = cfg.sync_period_s
+        self.watch_filter = cfg.watch_filter
         self.machines: workqueue.WorkQueue[tuple[str, str]] = workqueue.WorkQueue(
-            self.reconcile_machine, workers, metrics.QueueMetrics(metrics.QUEUE))
+            self.reconcile_machine, cfg.workers, metrics.QueueMetrics(metrics.QUEUE))
         self.machine_worker: asyncio.Task | None = None
         # Keyed by (kind, namespace, name), kind being "machine" or "cluster".
         self.wakers: dict[tuple[str, str, str], asyncio.Event] = collections.defaultdict(asyncio.Event)
@@ -70,8 +72,6 @@ class Runtime:
         self.clusters: dict[tuple[str, str, str], str | None] = {}  # object -> its cluster, to wake a cluster's objects
         self.prober: asyncio.Task | None = None
         self.metrics: metrics.Source | None = None
-        deps.wake_host = self.wake_host
-        deps.wake_unplaced = self.wake_unplaced
         self.relists: dict[str, asyncio.Task] = {}  # a cached kind -> its pending relist (relisted)
         self.closing = False  # the operator stops: no new background work
 
@@ -228,7 +228,7 @@ class EventPoster:
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     _configure_kopf(settings)
-    cfg: operator_config.OperatorConfig = memo.get("config") or operator_config.from_environment()
+    cfg: operator_config.OperatorConfig = memo.get("config") or operator_config.from_arguments({})
     credentials.sweep_leftovers()  # key files a crash in the middle of connecting may have left behind
     hosts = host_api.HostRegistry(cfg.hosts, observe=metrics.libvirt_call)
     limit = None if cfg.kube_api_qps is None else api.RateLimit(cfg.kube_api_qps, cfg.kube_api_burst)
@@ -244,8 +244,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
                                           management_cluster=management_cluster,
                                           orphan_grace_s=cfg.orphan_grace_s,
                                           provider_namespace=cfg.provider_namespace)
-    memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg.workers, cfg.orphan_interval_s,
-                                          cfg.sync_period_s, cfg.watch_filter),
+    memo.runtime = _start_runtime(Runtime(deps, memo.get("namespaces") or [], cfg),
                                   memo.setdefault("state", election.State(None)), observer)
     log.info("static libvirt hosts: %s; LibvirtHost objects add more", ", ".join(hosts.names()) or "none")
 

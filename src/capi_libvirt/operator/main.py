@@ -36,7 +36,7 @@ async def run_operator(namespaces: Sequence[str] = (), *, operator_config: confi
     "0": not served).
     """
     memo = memo if memo is not None else kopf.Memo()
-    memo.config = operator_config or config.from_environment()
+    memo.config = operator_config or config.from_arguments({})
     log.info("capi-libvirt %s starting: %s", __version__, _settings(memo.config, lease))
     memo.namespaces = list(namespaces)
     state = memo.state = election.State(lease)

@@ -210,7 +210,7 @@ async def test_machines_wanting_one_image_on_one_host_wait_for_one_import():
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
     woken: list[str] = []
     for _machine in range(3):
-        with pytest.raises(reconcile_images.NotReady) as waiting:
+        with pytest.raises(reconcile_images.Wait) as waiting:
             await imports.ensure(host, "default", image, [PREFIX], woken.append)
         assert waiting.value.reason == "ImageImporting" and not waiting.value.failure
     await asyncio.sleep(0)
@@ -231,7 +231,7 @@ async def test_machines_asking_at_the_same_moment_start_one_import():
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
     answers = await asyncio.gather(*(imports.ensure(host, "default", image, [PREFIX]) for _machine in range(3)),
                                    return_exceptions=True)
-    assert all(isinstance(a, reconcile_images.NotReady) and a.reason == "ImageImporting" for a in answers), answers
+    assert all(isinstance(a, reconcile_images.Wait) and a.reason == "ImageImporting" for a in answers), answers
     await asyncio.sleep(0)
     assert host.operations["import_image"] == 1 and imports.started == 1
     release.release()
@@ -248,7 +248,7 @@ async def test_a_pass_that_looked_while_the_import_finished_looks_again():
     late_look = host.hold("find_image", after=True)
     late = asyncio.create_task(imports.ensure(host, "default", image, [PREFIX]))
     await asyncio.wait_for(late_look.reached.wait(), 5)  # the late pass has read an empty pool
-    with pytest.raises(reconcile_images.NotReady):
+    with pytest.raises(reconcile_images.Wait):
         await imports.ensure(host, "default", image, [PREFIX])  # another pass starts the import
     release.release()
     await asyncio.sleep(0.01)  # the import finishes
@@ -263,13 +263,13 @@ async def test_an_image_gone_from_the_pool_after_its_import_is_imported_again():
     imports = reconcile_images.ImageImports()
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
     release.release()
-    with pytest.raises(reconcile_images.NotReady):
+    with pytest.raises(reconcile_images.Wait):
         await imports.ensure(host, "default", image, [PREFIX])
     await asyncio.sleep(0.01)
     assert (await imports.ensure(host, "default", image, [PREFIX])).name == images.image_volume_name(SHA)
     for name in (images.image_volume_name(SHA), images.verified_marker_name(SHA)):
         del host.pools["default"].volumes[name]  # an admin deleted it
-    with pytest.raises(reconcile_images.NotReady) as importing:
+    with pytest.raises(reconcile_images.Wait) as importing:
         await imports.ensure(host, "default", image, [PREFIX])
     assert importing.value.reason == "ImageImporting"
     await asyncio.sleep(0.01)
@@ -283,18 +283,18 @@ async def test_a_failed_import_answers_every_waiting_machine_then_one_retries():
     host.fail("import_image", host_images.ChecksumMismatch(SHA, "f" * 64, 10))
     release.release()
     woken: list[str] = []
-    with pytest.raises(reconcile_images.NotReady):
+    with pytest.raises(reconcile_images.Wait):
         await imports.ensure(host, "default", image, [PREFIX], woken.append)
     await asyncio.sleep(0.01)
     assert woken == []  # a failure wakes nobody: the machines' own backoff paces the retries
     for _machine in range(2):
-        with pytest.raises(reconcile_images.NotReady) as failed:
+        with pytest.raises(reconcile_images.Wait) as failed:
             await imports.ensure(host, "default", image, [PREFIX])
         assert failed.value.reason == "ImageChecksumMismatch" and failed.value.failure
         assert SHA in failed.value.message and "f" * 64 in failed.value.message
     assert host.operations["import_image"] == 1
     now[0] += reconcile_images.RETRY_AFTER_S
-    with pytest.raises(reconcile_images.NotReady) as retrying:
+    with pytest.raises(reconcile_images.Wait) as retrying:
         await imports.ensure(host, "default", image, [PREFIX])
     assert retrying.value.reason == "ImageImporting"
     await asyncio.sleep(0.01)
@@ -327,11 +327,11 @@ async def test_every_import_is_observed_with_its_bytes_time_and_outcome(monkeypa
     imports = reconcile_images.ImageImports(clock=lambda: now[0],
                                             observe=lambda received, seconds, ok: seen.append((received, ok)))
     image = v1alpha1.ImageSource(url=URL, sha256=SHA)
-    with pytest.raises(reconcile_images.NotReady):
+    with pytest.raises(reconcile_images.Wait):
         await imports.ensure(host, "default", image, [PREFIX])
     assert await asyncio.to_thread(opened.wait, 5)
     streaming.received = 1024
-    with pytest.raises(reconcile_images.NotReady) as waiting:
+    with pytest.raises(reconcile_images.Wait) as waiting:
         await imports.ensure(host, "default", image, [PREFIX])
     assert waiting.value.message.endswith(", 0 of 0 MiB received")  # 1 KiB of 4 KiB, in MiB
     streaming.error = RuntimeError("cut short")

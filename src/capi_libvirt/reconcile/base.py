@@ -19,8 +19,9 @@ from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import images as images_
 from capi_libvirt.reconcile import inventory as inventory_
+from capi_libvirt.reconcile.waiting import RECHECK_WAITING, Wait
 
-RECHECK_WAITING = 30.0
+__all__ = ["RECHECK_WAITING", "Wait"]  # (what every reconcile shares; defined on the floor below)
 
 
 BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
@@ -87,15 +88,6 @@ class Dependencies:
     @property
     def hosts(self) -> host_api.HostRegistry:
         return self.inventory.registry
-
-
-class Wait(Exception):
-    """A phase cannot go on: `reason`/`message` go into the Provisioned condition; retry after `retry_after` s."""
-
-    def __init__(self, reason: str, message: str, retry_after: float | None = RECHECK_WAITING, *,
-                 failure: bool = False) -> None:
-        super().__init__(message)
-        self.reason, self.message, self.retry_after, self.failure = reason, message, retry_after, failure
 
 
 class Paused(Exception):

@@ -2,7 +2,7 @@
 
 A machine pass whose spec.image names a URL asks `ImageImports.ensure`: the verified image when the pool has it (found
 by its sha256, never fetched twice), else it starts the import as a task of its own (HTTP download streamed into the
-pool in the host's transfer thread, hypervisor.images) and says "not ready": the machine waits with ImageImporting and
+pool in the host's transfer thread, hypervisor.images) and raises Wait: the machine waits with ImageImporting and
 looks again shortly, without holding a creation slot or a worker; an import that succeeds wakes the host's machines
 at once. Every machine wanting the same image on the same host waits for that one task. A failed import wakes
 nobody: it is reported to each waiting machine at its next pass (its own backoff follows) and kept for RETRY_AFTER_S,
@@ -28,6 +28,7 @@ from capi_libvirt.core import images, tenancy
 from capi_libvirt.hypervisor import errors
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.hypervisor import images as host_images
+from capi_libvirt.reconcile.waiting import Wait
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,6 @@ RETRY_AFTER_S = 10.0  # a failed import answers the machines waiting for it this
 
 async def _unknown_room() -> int | None:
     return None
-
-
-class NotReady(Exception):
-    """The image is not usable (yet): `reason` and `message` become the machine's condition. `failure`: backoff."""
-
-    def __init__(self, reason: str, message: str, retry_after: float, failure: bool) -> None:
-        super().__init__(message)
-        self.reason, self.message, self.retry_after, self.failure = reason, message, retry_after, failure
 
 
 MIB = 1 << 20
@@ -96,7 +89,7 @@ class ImageImports:
     async def ensure(self, host: host_api.Host, pool: str, image: v1alpha1.ImageSource,
                      prefixes: Sequence[str], on_imported: Callable[[str], None] = lambda host: None,
                      room: Callable[[], Awaitable[int | None]] = _unknown_room) -> host_images.ImageVolume:
-        """The verified image in `pool` on `host`, or NotReady (importing, or why the import failed). `on_imported`
+        """The verified image in `pool` on `host`, or Wait (importing, or why the import failed). `on_imported`
         is called with the host's name once an import succeeds (the operator queues the host's machines). `room`
         says what placement may still promise in the pool (None: unknown), asked when an import starts: an image
         larger than that is refused like one larger than the pool's free space."""
@@ -104,7 +97,7 @@ class ImageImports:
         key = (host.host, pool, image.sha256)
         current = self._running.get(key)
         if current is not None and not current.task.done():
-            raise NotReady(reasons.IMAGE_IMPORTING, _importing(current.url, image.sha256, pool, host.host,
+            raise Wait(reasons.IMAGE_IMPORTING, _importing(current.url, image.sha256, pool, host.host,
                                                                current.progress), RECHECK_IMPORTING_S, failure=False)
         error = None if current is None or current.task.cancelled() else current.task.exception()
         if current is not None and error is not None:
@@ -130,7 +123,7 @@ class ImageImports:
         task.add_done_callback(functools.partial(self._finished, entry, functools.partial(on_imported, host.host)))
         self._running[key] = entry
         self.started += 1
-        raise NotReady(reasons.IMAGE_IMPORTING, _importing(image.url, image.sha256, pool, host.host),
+        raise Wait(reasons.IMAGE_IMPORTING, _importing(image.url, image.sha256, pool, host.host),
                        RECHECK_IMPORTING_S, failure=False)
 
     def _finished(self, entry: _Import, wake: Callable[[], None], task: asyncio.Task[host_images.ImageVolume]) -> None:
@@ -176,21 +169,21 @@ def _importing(url: str, sha256: str, pool: str, host: str, progress: Progress |
 
 
 def _failed(error: BaseException, url: str, pool: str, host: str) -> BaseException:
-    """What a failed import means for a machine waiting for it: a NotReady with its reason, or the hypervisor error
+    """What a failed import means for a machine waiting for it: a Wait with its reason, or the hypervisor error
     itself (an unreachable host, a missing pool), which the machine reconcile reports as for any other call."""
     shown = download.shown(url)
     if isinstance(error, download.RedirectRefused):
-        return NotReady(tenancy.TENANT_NOT_ALLOWED, str(error), RETRY_AFTER_S, failure=True)
+        return Wait(tenancy.TENANT_NOT_ALLOWED, str(error), RETRY_AFTER_S, failure=True)
     if isinstance(error, download.DownloadFailed):
-        return NotReady(reasons.IMAGE_DOWNLOAD_FAILED, str(error), RETRY_AFTER_S, failure=True)
+        return Wait(reasons.IMAGE_DOWNLOAD_FAILED, str(error), RETRY_AFTER_S, failure=True)
     if isinstance(error, host_images.ChecksumMismatch):
-        return NotReady(reasons.IMAGE_CHECKSUM_MISMATCH, f"image {shown}: {error.message}", RETRY_AFTER_S, failure=True)
+        return Wait(reasons.IMAGE_CHECKSUM_MISMATCH, f"image {shown}: {error.message}", RETRY_AFTER_S, failure=True)
     if isinstance(error, host_images.InsufficientStorage):
-        return NotReady(reasons.INSUFFICIENT_STORAGE, f"image {shown} into pool {pool} on host {host}: {error.message}",
+        return Wait(reasons.INSUFFICIENT_STORAGE, f"image {shown} into pool {pool} on host {host}: {error.message}",
                         RETRY_AFTER_S, failure=True)
     if isinstance(error, host_images.ImageRefused):
-        return NotReady(reasons.IMAGE_REFUSED, f"image {shown}: {error.message}", RETRY_AFTER_S, failure=True)
+        return Wait(reasons.IMAGE_REFUSED, f"image {shown}: {error.message}", RETRY_AFTER_S, failure=True)
     if isinstance(error, errors.HypervisorError):
         return error
-    return NotReady(reasons.IMAGE_DOWNLOAD_FAILED, f"importing image {shown} failed: unexpected {type(error).__name__}; "
+    return Wait(reasons.IMAGE_DOWNLOAD_FAILED, f"importing image {shown} failed: unexpected {type(error).__name__}; "
                     "see the operator log", RETRY_AFTER_S, failure=True)

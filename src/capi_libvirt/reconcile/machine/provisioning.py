@@ -9,7 +9,6 @@ import functools
 from capi_libvirt.api import reasons
 from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud, provider_id
 from capi_libvirt.hypervisor import errors, traffic_filters
-from capi_libvirt.reconcile import images as images_
 from capi_libvirt.reconcile.base import Dependencies, Wait
 from capi_libvirt.reconcile.machine.identity import domain_record
 from capi_libvirt.reconcile.machine.owners import fetch_bootstrap_data
@@ -28,12 +27,9 @@ async def ensure_image(deps: Dependencies, p: MachinePass) -> None:
         return
     known = deps.inventory.hosts.get(p.host or "")
     prefixes = known.spec.access.image_url_prefixes if known is not None else []
-    try:
-        pool = image.pool or p.spec.storage_pool
-        found = await deps.images.ensure(deps.hosts.get(p.host or ""), pool, image, prefixes, deps.wake_host,
-                                         room=functools.partial(pool_room, deps, p.host or "", pool))
-    except images_.NotReady as not_ready:
-        raise Wait(not_ready.reason, not_ready.message, not_ready.retry_after, failure=not_ready.failure) from None
+    pool = image.pool or p.spec.storage_pool
+    found = await deps.images.ensure(deps.hosts.get(p.host or ""), pool, image, prefixes, deps.wake_host,
+                                     room=functools.partial(pool_room, deps, p.host or "", pool))  # or Wait
     p.image_volume = found.name
 
 

@@ -27,7 +27,7 @@ from typing import Any, cast
 import kopf
 
 from capi_libvirt.api import kinds, meta, v1alpha1
-from capi_libvirt.core import capacity, ipam, orphans, provider_id
+from capi_libvirt.core import capacity, ipam, orphans
 from capi_libvirt.hypervisor import credentials
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
@@ -125,7 +125,7 @@ class Runtime:
         down, came back, or was decommissioned; its machines decide again without waiting out their backoff."""
         for body in self.deps.kube.cache.items(api.LIBVIRT_MACHINES):
             namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-            if placed_on(body) == host or host in machine_reconcile.former_hosts(body):
+            if machine_reconcile.recorded_host(body) == host or host in machine_reconcile.former_hosts(body):
                 self.deps.failures.pop((namespace, name), None)
                 self.machines.add((namespace, name))
 
@@ -134,7 +134,7 @@ class Runtime:
         cleared: a host just gained room that placement can see (a foreign VM stopped), so a machine waiting for a
         host decides again without waiting out its recheck."""
         for body in self.deps.kube.cache.items(api.LIBVIRT_MACHINES):
-            if placed_on(body) is None and not body["metadata"].get("deletionTimestamp"):
+            if machine_reconcile.recorded_host(body) is None and not body["metadata"].get("deletionTimestamp"):
                 namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
                 self.deps.failures.pop((namespace, name), None)
                 self.machines.add((namespace, name))
@@ -150,7 +150,7 @@ class Runtime:
             return body is None or bool(body["metadata"].get("deletionTimestamp"))
 
         body = self.deps.kube.cache.get(api.LIBVIRT_MACHINES, namespace, name) or {"metadata": {}}
-        with logs.fields(machine=f"{namespace}/{name}", reconcileID=uuid.uuid4().hex[:12], host=placed_on(body),
+        with logs.fields(machine=f"{namespace}/{name}", reconcileID=uuid.uuid4().hex[:12], host=machine_reconcile.recorded_host(body),
                          cluster=(body["metadata"].get("labels") or {}).get(meta.CLUSTER_NAME_LABEL)), \
                 metrics.reconcile_pass(kinds.LIBVIRT_MACHINE.kind, count_success=False):  # the reconcile reports it
             after = await machine_reconcile.reconcile(self.deps, namespace, name, cancelled=deleting)
@@ -196,14 +196,6 @@ class Runtime:
                 log.warning("reading the machines failed (%s); retrying in %.0fs", type(error).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
-
-
-def placed_on(body: dict[str, Any]) -> str | None:
-    """The host a LibvirtMachine's providerID names (else its status.host); None when neither says."""
-    try:
-        return provider_id.parse_provider_id((body.get("spec") or {})["providerID"]).host
-    except (KeyError, ValueError):
-        return (body.get("status") or {}).get("host")
 
 
 class EventPoster:

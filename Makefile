@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
 .PHONY: help system-deps venv trixie-root upstream upstream-control-plane upstream-kubernetes upstream-rest upstream-operator guest-image guest-image-minimal \
-	guest-image-node prerequisites manifests lint lint-checks lock lock-check image test test-whole-cluster test-fast bench run demo clean \
+	guest-image-node prerequisites manifests lint lint-checks lock lock-check image test test-whole-cluster test-fast bench bench-scale run demo clean \
 	release-manifests templates reference docs test-other-pythons
 
 # Each set-up step runs through hack/timed.sh: one line when it starts and when it ends, its output in out/logs/, its
@@ -33,6 +33,7 @@ help:
 	@echo "make release-manifests  write the clusterctl release to out/ (Python only)"
 	@echo "make image      build the operator image from the Dockerfile (buildah; no Docker engine needed)"
 	@echo "make bench      provisioning speed, idle cost and API traffic at N = 1, 10, 50, against the bare libvirt floor"
+	@echo "make bench-scale  the operator's cost per machine at N = 100 to 2,000 over 1 to 100 in-memory hosts"
 
 system-deps:
 	@$(TIMED) system-deps hack/install-system-deps.sh
@@ -183,6 +184,11 @@ test-fast: venv
 # Not part of `make test` (about 25 minutes); results and plot in bench/results/. BENCH_ARGS: see `python -m bench -h`.
 bench: prerequisites
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The real operator and API server, N machines over H in-memory hosts (N = 100, 500, 2,000; H = 1, 10, 100); not part
+# of `make test`, which runs a small round of it. BENCH_SCALE_ARGS: see `python -m bench.scale -h`.
+bench-scale: venv upstream-control-plane
+	$(BIN)/python -m bench.scale $(BENCH_SCALE_ARGS)
 
 # Only what they use: the venv, etcd, kube-apiserver and kubeadm, Cluster API's CRDs, the minimal guest image.
 DEV_PREREQUISITES := venv upstream-control-plane guest-image-minimal

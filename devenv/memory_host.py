@@ -26,7 +26,7 @@ import hashlib
 import ipaddress
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from capi_libvirt.core import domain_xml, images, placement, traffic_filter
 from capi_libvirt.core.address_conflicts import Segment, SegmentFacts
@@ -127,8 +127,10 @@ class MemoryHost:
                  domain_types: Sequence[str] = ("qemu", "kvm"),
                  machine_types: Sequence[str] = ("pc", "q35", "pc-i440fx-7.2", "pc-q35-7.2"),
                  cpu_models: dict[str, bool] | None = None, libvirt_version: str = "9.0.0",
-                 hypervisor_version: str = "7.2.0", clean_traffic: bool = True) -> None:
+                 hypervisor_version: str = "7.2.0", clean_traffic: bool = True, latency_s: float = 0.0) -> None:
+        """`latency_s`: each operation takes that long (a libvirt call's round trip, for the scale bench)."""
         self.host, self.uri = host, uri
+        self.latency_s = latency_s
         self.credentials: credentials.Credentials | None = None
         self.observe: connection.CallObserver | None = None
         self.opened, self.calls = 1, 0
@@ -210,7 +212,7 @@ class MemoryHost:
             held = self._holds.pop(name, None)
             if held is not None and not held.after:
                 await held.wait()
-            await asyncio.sleep(0)  # a real call is a thread's round trip: other passes run meanwhile
+            await asyncio.sleep(self.latency_s)  # a real call is a thread's round trip: other passes run meanwhile
             if self.unreachable is not None:
                 raise errors.HostUnreachable(f"{name}: {self.unreachable}", self.host)
             failures = self._failures.get(name)
@@ -629,18 +631,21 @@ class MemoryHosts:
     """The in-memory hosts of a test, by name: a HostRegistry's factory (hypervisor.host.HostRegistry(factory=...))
     that hands out the same host for a name, as a re-configured LibvirtHost still reaches the same machine."""
 
-    def __init__(self, *hosts: MemoryHost) -> None:
+    def __init__(self, *hosts: MemoryHost, make: Callable[[str], MemoryHost] = MemoryHost) -> None:
+        """`hosts` known from the start; `make(name)`: a host asked for by a name not known yet."""
         self.hosts = {host.host: host for host in hosts}
+        self.make = make
 
     def __call__(self, name: str, uri: str, secret: credentials.Credentials | None,
                  observe: connection.CallObserver | None) -> MemoryHost:
-        host = self.hosts.setdefault(name, MemoryHost(name))
+        if name not in self.hosts:
+            self.hosts[name] = self.make(name)
+        host = self.hosts[name]
         host.uri, host.credentials, host.observe = uri, secret, observe
         return host
 
     def __getitem__(self, name: str) -> MemoryHost:
         return self.hosts[name]
-
 
 
 def as_host(host: MemoryHost) -> Host:

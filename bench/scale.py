@@ -1,0 +1,345 @@
+"""The scale bench (`make bench-scale`, `python -m bench.scale`): the real operator process and a real kube-apiserver,
+N LibvirtMachines over H in-memory hosts (bench/memory_operator.py: devenv.memory_host, each libvirt call a fixed
+latency), for sizes TCG guests cannot reach here.
+
+For each (H, N), on a fresh API server: the N machines are created as Cluster API makes them (bootstrap Secret,
+Machine, LibvirtMachine), spread over the H hosts by placement; all provisioned (an address in status, from the
+in-memory network's lease); the operator idles over them; all deleted and gone. Measured: time to all provisioned and
+to all deleted, each machine's latency from creation to provisioned (p50, p99), the operator's CPU and RSS, its API
+requests by kind (the bench's own taken out), its host operations, the deepest its work queue got, and its idle CPU
+and requests with all N provisioned. Per-machine figures are what "cost stays flat as the fleet grows" is judged on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+from kubernetes_asyncio import client, config, watch
+
+from bench import measure, testbed
+from bench.memory_operator import BASE_VOLUME, NETWORK
+from capi_libvirt.api import meta
+from devenv import control_plane, paths
+
+log = logging.getLogger("bench")
+NAMESPACE, CLUSTER = "scale", "scale"
+CONCURRENT_WRITES = 32  # the bench's own creates and deletes in flight at once
+SPEC = {"image": {"volume": BASE_VOLUME}, "storagePool": "default", "domainType": "qemu", "machineType": "pc",
+        "cpus": 1, "memoryMiB": 128, "diskGiB": 1, "interfaces": [{"network": NETWORK}]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    machines: tuple[int, ...] = (100, 500, 2000)
+    hosts: tuple[int, ...] = (1, 10, 100)
+    latency_s: float = 0.005  # a libvirt call's round trip over qemu+tls on a LAN, about what `make bench` sees
+    idle_s: float = 60.0
+    out: pathlib.Path = pathlib.Path("bench/results")
+    name: str = "scale"
+
+
+class Bed:
+    """A fresh API server and the operator over `hosts` in-memory hosts."""
+
+    def __init__(self, workdir: pathlib.Path, hosts: int, latency_s: float) -> None:
+        self.workdir, self.hosts, self.latency_s = workdir, hosts, latency_s
+        self.plane: control_plane.LocalControlPlane | None = None
+        self.operator: subprocess.Popen | None = None
+        self.metrics_port = control_plane.free_port()
+
+    @contextlib.contextmanager
+    def up(self) -> Iterator[Bed]:
+        with contextlib.ExitStack() as stack:
+            (self.workdir / "control-plane").mkdir(parents=True, exist_ok=True)
+            self.plane = stack.enter_context(control_plane.LocalControlPlane(
+                workdir=self.workdir / "control-plane",
+                crd_dirs=[testbed.REPO / "config" / "crd", paths.cluster_api_crd_dir()]))
+            self.plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+            clusters = f"/apis/{meta.CAPI_GROUP}/{meta.CAPI_VERSION}/namespaces/{NAMESPACE}/clusters"
+            self.plane.request("POST", clusters, {
+                "apiVersion": f"{meta.CAPI_GROUP}/{meta.CAPI_VERSION}", "kind": "Cluster", "metadata": {"name": CLUSTER},
+                "spec": {"infrastructureRef": {"apiGroup": meta.GROUP, "kind": "LibvirtCluster", "name": CLUSTER}}})
+            self.plane.request("PATCH", f"{clusters}/{CLUSTER}/status",
+                               {"status": {"initialization": {"infrastructureProvisioned": True}}},
+                               content_type="application/merge-patch+json")
+            stack.callback(self.stop_operator)
+            self.start_operator()
+            yield self
+
+    def host_names(self) -> list[str]:
+        return [f"mem{index}" for index in range(self.hosts)]
+
+    def start_operator(self) -> None:
+        assert self.plane is not None
+        output = (self.workdir / "operator.log").open("ab")
+        hosts = [f"--host={name}=memory:///{name}" for name in self.host_names()]
+        self.operator = subprocess.Popen(
+            [sys.executable, "-m", "bench.memory_operator", "--latency", str(self.latency_s), "--", "--standalone",
+             "--log-format", "plain", "--health-address", "0", "--metrics-address", f"127.0.0.1:{self.metrics_port}",
+             *hosts], env=dict(os.environ, KUBECONFIG=str(self.plane.kubeconfig_path)), stdout=output,
+            stderr=subprocess.STDOUT, cwd=testbed.REPO)
+        deadline = time.monotonic() + 120
+        while True:
+            text = self.operator_metrics()
+            if all(f'capi_libvirt_host_reachable{{host="{name}"}} 1.0' in text for name in self.host_names()):
+                return
+            if self.operator.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the operator did not start or reach its hosts; see {self.workdir / 'operator.log'}")
+            time.sleep(0.5)
+
+    def stop_operator(self) -> None:
+        if self.operator is not None and self.operator.poll() is None:
+            self.operator.send_signal(signal.SIGTERM)
+            try:
+                self.operator.wait(60)
+            except subprocess.TimeoutExpired:
+                self.operator.kill()
+                self.operator.wait()
+        self.operator = None
+
+    def operator_metrics(self) -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+                return response.read().decode()
+        except OSError:
+            return ""
+
+    def apiserver_metrics(self) -> str:
+        assert self.plane is not None
+        return self.plane.request("GET", "/metrics", accept="text/plain")
+
+
+def queue_depth(metrics_text: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+               if line.startswith("workqueue_depth{"))
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+class Round:
+    """One (H, N): create, all provisioned, idle, delete, all gone; what it cost the operator."""
+
+    def __init__(self, bed: Bed) -> None:
+        self.bed = bed
+        self.own: dict[measure.Key, int] = {}
+        self.created: dict[str, float] = {}
+        self.provisioned: dict[str, float] = {}
+        self.host_of: dict[str, str] = {}  # the host each machine was placed on
+        self.gone: set[str] = set()
+        self.changed = asyncio.Event()
+
+    def _count(self, verb: str, resource: str) -> None:
+        self.own[(verb, resource)] = self.own.get((verb, resource), 0) + 1
+
+    async def run(self, n: int, idle_s: float) -> dict:
+        assert self.bed.plane is not None and self.bed.operator is not None
+        configuration = client.Configuration()
+        await config.load_kube_config(config_file=str(self.bed.plane.kubeconfig_path),
+                                      client_configuration=configuration)
+        pid = self.bed.operator.pid
+        async with client.ApiClient(configuration) as api:
+            objects = client.CustomObjectsApi(api)
+            listed = await objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, NAMESPACE,
+                                                                 "libvirtmachines")
+            self._count("LIST", "libvirtmachines")
+            watching = asyncio.create_task(self._watch(objects, listed["metadata"]["resourceVersion"]))
+            depths: list[float] = []
+            sampling = asyncio.create_task(self._sample_depth(depths))
+            try:
+                api_before = measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics))
+                ops_before = measure.operator_operations(await asyncio.to_thread(self.bed.operator_metrics))
+                cpu_before = measure.process_sample(pid)
+                started = time.monotonic()
+                await self._all(n, lambda name: self._create(api, name))
+                await self._until(lambda: len(self.provisioned) >= n, 120 + 2.0 * n, "provisioned")
+                provisioned_s = time.monotonic() - started
+                after_provisioning = measure.process_sample(pid)
+                idle_api_before = measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics))
+                await asyncio.sleep(idle_s)
+                idle_sample = measure.process_sample(pid)
+                idle_api = measure.difference(
+                    measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics)), idle_api_before, {})
+                deleting = time.monotonic()
+                await self._all(n, lambda name: self._delete(objects, name))
+                await self._until(lambda: len(self.gone) >= n, 120 + 2.0 * n, "gone")
+                deleted_s = time.monotonic() - deleting
+                cpu_after = measure.process_sample(pid)
+                ops_after = measure.operator_operations(await asyncio.to_thread(self.bed.operator_metrics))
+                api_after = measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics))
+            finally:
+                watching.cancel()
+                sampling.cancel()
+            await self._remove_the_rest(api, n)
+        lifecycle = measure.split(measure.difference(api_after, api_before, self.own))
+        idle_totals = measure.split(idle_api)
+        for key, value in idle_totals.items():  # the idle stretch is not a machine's lifecycle
+            lifecycle[key] -= value
+        latencies = [self.provisioned[name] - self.created[name] for name in self.provisioned]
+        lifecycle_cpu = (cpu_after.cpu_s - cpu_before.cpu_s) - (idle_sample.cpu_s - after_provisioning.cpu_s)
+        return {
+            "machines": n, "hosts": self.bed.hosts, "latency_s": self.bed.latency_s,
+            "provisioned_s": provisioned_s, "deleted_s": deleted_s,
+            "latency_p50_s": percentile(latencies, 0.5), "latency_p99_s": percentile(latencies, 0.99),
+            "latency_mean_s": statistics.fmean(latencies),
+            "cpu_s_per_machine": lifecycle_cpu / n, "rss_mb": after_provisioning.rss_mb,
+            "api_per_machine": {key: value / n for key, value in lifecycle.items()},
+            "host_operations_per_machine": (ops_after - ops_before) / n,
+            "max_queue_depth": max(depths, default=0.0),
+            "machines_per_host": dict(sorted(collections.Counter(self.host_of.values()).items())),
+            "idle": {"seconds": idle_s, "cpu_percent_of_core": 100 * (idle_sample.cpu_s - after_provisioning.cpu_s)
+                     / idle_s, "api": idle_totals},
+        }
+
+    async def _all(self, n: int, do) -> None:
+        slots = asyncio.Semaphore(CONCURRENT_WRITES)
+
+        async def one(index: int) -> None:
+            async with slots:
+                await do(f"m{index}")
+        await asyncio.gather(*(one(index) for index in range(n)))
+
+    async def _until(self, predicate, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            self.changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"not all {what} within {timeout:.0f}s: {len(self.provisioned)} provisioned, "
+                                   f"{len(self.gone)} gone; see {self.bed.workdir / 'operator.log'}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), remaining)
+
+    async def _sample_depth(self, depths: list[float]) -> None:
+        while True:
+            depths.append(queue_depth(await asyncio.to_thread(self.bed.operator_metrics)))
+            await asyncio.sleep(1.0)
+
+    async def _create(self, api: client.ApiClient, name: str) -> None:
+        core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        labels = {meta.CLUSTER_NAME_LABEL: CLUSTER}
+        await core.create_namespaced_secret(NAMESPACE, client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name, labels=labels), type="cluster.x-k8s.io/secret",
+            data={"value": base64.b64encode(b"#cloud-config\n{}\n").decode(),
+                  "format": base64.b64encode(b"cloud-config").decode()}))
+        machine = await objects.create_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, NAMESPACE,
+                                                                "machines", {
+            "apiVersion": f"{meta.CAPI_GROUP}/{meta.CAPI_VERSION}", "kind": "Machine",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"clusterName": CLUSTER, "bootstrap": {"dataSecretName": name},
+                     "infrastructureRef": {"apiGroup": meta.GROUP, "kind": "LibvirtMachine", "name": name}}})
+        self.created[name] = time.monotonic()
+        await objects.create_namespaced_custom_object(meta.GROUP, meta.VERSION, NAMESPACE, "libvirtmachines", {
+            "apiVersion": meta.API_VERSION, "kind": "LibvirtMachine",
+            "metadata": {"name": name, "labels": labels, "ownerReferences": [{
+                "apiVersion": f"{meta.CAPI_GROUP}/{meta.CAPI_VERSION}", "kind": "Machine", "name": name,
+                "uid": machine["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]},
+            "spec": SPEC})
+        for resource in ("secrets", "machines", "libvirtmachines"):
+            self._count("POST", resource)
+
+    async def _delete(self, objects: client.CustomObjectsApi, name: str) -> None:
+        await objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, NAMESPACE, "libvirtmachines", name)
+        self._count("DELETE", "libvirtmachines")
+
+    async def _watch(self, objects: client.CustomObjectsApi, resource_version: str) -> None:
+        while True:
+            self._count("WATCH", "libvirtmachines")
+            stream = watch.Watch().stream(objects.list_namespaced_custom_object, meta.GROUP, meta.VERSION, NAMESPACE,
+                                          "libvirtmachines", resource_version=resource_version, timeout_seconds=3600)
+            async for event in stream:
+                body = event["object"]
+                resource_version = body["metadata"]["resourceVersion"]
+                name = body["metadata"]["name"]
+                if event["type"] == "DELETED":
+                    self.gone.add(name)
+                elif (body.get("status") or {}).get("initialization", {}).get("provisioned"):
+                    self.provisioned.setdefault(name, time.monotonic())
+                    self.host_of[name] = body["status"].get("host", "")
+                self.changed.set()
+
+    async def _remove_the_rest(self, api: client.ApiClient, n: int) -> None:
+        """The Machines and Secrets (no Cluster API controller here to collect them), after the measurement."""
+        core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+
+        async def remove(name: str) -> None:
+            await objects.delete_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, NAMESPACE, "machines",
+                                                          name)
+            await core.delete_namespaced_secret(name, NAMESPACE)
+        await self._all(n, remove)
+
+
+def run(settings: Settings) -> dict:
+    workdir = testbed.new_workdir()
+    log.info("bench-scale: working in %s", workdir)
+    runs = []
+    for hosts in settings.hosts:
+        for machines in settings.machines:
+            with Bed(workdir / f"h{hosts}-n{machines}", hosts, settings.latency_s).up() as bed:
+                result = asyncio.run(Round(bed).run(machines, settings.idle_s))
+            log.info("bench-scale: H=%d N=%d: provisioned in %.1fs (p50 %.2fs, p99 %.2fs), deleted in %.1fs; "
+                     "%.3f CPU s and %.1f API writes a machine; RSS %.0f MB; idle %.2f%% of a core", hosts, machines,
+                     result["provisioned_s"], result["latency_p50_s"], result["latency_p99_s"], result["deleted_s"],
+                     result["cpu_s_per_machine"], result["api_per_machine"]["writes"], result["rss_mb"],
+                     result["idle"]["cpu_percent_of_core"])
+            runs.append(result)
+    results = {"settings": {key: (str(value) if isinstance(value, pathlib.Path) else value)
+                            for key, value in dataclasses.asdict(settings).items()}, "runs": runs}
+    settings.out.mkdir(parents=True, exist_ok=True)
+    (settings.out / f"{settings.name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (settings.out / f"{settings.name}.md").write_text(table(runs))
+    return results
+
+
+def table(runs: list[dict]) -> str:
+    lines = ["| hosts | machines | all provisioned s | p50 s | p99 s | all deleted s | CPU s / machine | API writes / "
+             "machine | API reads / machine | events / machine | host ops / machine | RSS MB | max queue | idle % core |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        api = r["api_per_machine"]
+        lines.append(f"| {r['hosts']} | {r['machines']} | {r['provisioned_s']:.1f} | {r['latency_p50_s']:.2f} | "
+                     f"{r['latency_p99_s']:.2f} | {r['deleted_s']:.1f} | {r['cpu_s_per_machine']:.3f} | "
+                     f"{api['writes']:.2f} | {api['reads']:.2f} | {api['events']:.2f} | "
+                     f"{r['host_operations_per_machine']:.1f} | {r['rss_mb']:.0f} | {r['max_queue_depth']:.0f} | "
+                     f"{r['idle']['cpu_percent_of_core']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    def counts(value: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in value.split(","))
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__)
+    parser.add_argument("--machines", type=counts, default=Settings.machines, help="N, comma-separated")
+    parser.add_argument("--hosts", type=counts, default=Settings.hosts, help="H, comma-separated")
+    parser.add_argument("--latency", type=float, default=Settings.latency_s, help="seconds a host operation takes")
+    parser.add_argument("--idle-seconds", type=float, default=Settings.idle_s)
+    parser.add_argument("--out", type=pathlib.Path, default=Settings.out)
+    parser.add_argument("--name", default=Settings.name)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    run(Settings(machines=args.machines, hosts=args.hosts, latency_s=args.latency, idle_s=args.idle_seconds,
+                 out=args.out, name=args.name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

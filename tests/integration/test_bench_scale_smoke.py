@@ -1,0 +1,30 @@
+"""`make bench-scale` keeps working: one small round (N = 12 machines over H = 3 in-memory hosts) of the real operator
+process against a fresh kube-apiserver, writing its results. Numbers are not judged here (speed is measured by the
+bench, never asserted in tests); that each one was measured and is sane, and that placement spread the machines, is."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from bench import scale
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def test_a_small_scale_round_provisions_and_deletes_every_machine_and_measures_its_cost(tmp_path: pathlib.Path):
+    results = scale.run(scale.Settings(machines=(12,), hosts=(3,), latency_s=0.002, idle_s=2.0, out=tmp_path,
+                                       name="smoke"))
+    (run,) = results["runs"]
+    assert (run["machines"], run["hosts"]) == (12, 3)
+    assert 0 < run["latency_p50_s"] <= run["latency_p99_s"] <= run["provisioned_s"], run
+    assert run["deleted_s"] > 0 and run["rss_mb"] > 20 and run["cpu_s_per_machine"] > 0, run
+    # Each machine's lifecycle cost the operator API writes (placement, status) and host operations (the probe aside).
+    assert run["api_per_machine"]["writes"] >= 2 and run["host_operations_per_machine"] >= 5, run
+    assert sorted(run["machines_per_host"]) == ["mem0", "mem1", "mem2"], run  # placement spread them
+    assert sum(run["machines_per_host"].values()) == 12
+    assert run["idle"]["seconds"] == 2.0 and run["idle"]["cpu_percent_of_core"] >= 0, run
+    assert json.loads((tmp_path / "smoke.json").read_text())["runs"] == results["runs"]
+    assert "| 3 | 12 |" in (tmp_path / "smoke.md").read_text()

@@ -16,7 +16,8 @@ import sys
 
 from capi_libvirt import cli
 from capi_libvirt.hypervisor import host as host_api
-from devenv.memory_host import GIB, MemoryHost, MemoryHosts
+from devenv.memory_host import MemoryHost, MemoryHosts
+from devenv.memory_state import GIB
 
 BASE_VOLUME = "bench-base.qcow2"
 NETWORK = "default"

@@ -12,7 +12,8 @@ from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile.machine import FINALIZER, IDENTITY_ANNOTATION
-from devenv.memory_host import Domain, MemoryHost, MemoryHosts
+from devenv.memory_host import MemoryHost, MemoryHosts
+from devenv.memory_state import Domain
 
 SOURCE_UID = "11111111-1111-4111-8111-111111111111"
 COPY_UID = "22222222-2222-4222-8222-222222222222"

@@ -12,7 +12,8 @@ from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import conditions, machine_addresses
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile import machine as machine_reconcile
-from devenv.memory_host import Domain, MemoryHost
+from devenv.memory_host import MemoryHost
+from devenv.memory_state import Domain
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,8 @@ from capi_libvirt.hypervisor import errors
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.reconcile import inventory as inventory_
 from capi_libvirt.reconcile import machine as machine_reconcile
-from devenv.memory_host import GIB, MemoryHost, MemoryHosts
+from devenv.memory_host import MemoryHost, MemoryHosts
+from devenv.memory_state import GIB
 from memory_api import CLUSTERS, LIBVIRT_MACHINES, MACHINES, SECRETS, MemoryAPI
 
 pytestmark = pytest.mark.unit

@@ -15,7 +15,8 @@ from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.hypervisor import errors, machines
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.reconcile import machine as machine_reconcile
-from devenv.memory_host import Domain, MemoryHost, MemoryHosts
+from devenv.memory_host import MemoryHost, MemoryHosts
+from devenv.memory_state import Domain
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,8 @@ from capi_libvirt.core.orphans import HostDomain
 from capi_libvirt.operator import config
 from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile import orphans as collector
-from devenv.memory_host import Domain, MemoryHost
+from devenv.memory_host import MemoryHost
+from devenv.memory_state import Domain
 
 pytestmark = pytest.mark.unit
 

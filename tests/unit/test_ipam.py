@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from capi_libvirt.api import crd, kinds, meta, v1alpha1
-from capi_libvirt.core import ipam
+from capi_libvirt.core import capi_objects, ipam
 from devenv import ipam_stand_in
 
 pytestmark = pytest.mark.unit
@@ -157,7 +157,7 @@ def ipam_pass(interfaces):
     kube = FakeIPAM()
     deps = machine_reconcile.Dependencies(kube=kube, inventory=None, post_event=lambda b, t, r, m: events.append(r))
     p = machine_reconcile.MachinePass(body=body, spec=v1alpha1.LibvirtMachineSpec.model_validate(body["spec"]),
-                                      status={}, cluster={"metadata": {"name": "c1"}})
+                                      status={}, cluster=capi_objects.ClusterView(name="c1"))
     return machine_reconcile, deps, p, kube, events
 
 

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from capi_libvirt.api import reasons, v1alpha1
-from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud, orphans, outage
+from capi_libvirt.core import capi_objects, cloud_init, domain_xml, naming, nocloud, orphans, outage
 from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.hypervisor import errors, machines
 from capi_libvirt.hypervisor import host as host_api
@@ -91,7 +91,7 @@ def phase_pass(*, node_ref: bool = True, keep: bool = False, inserted: bool = Tr
             "spec": {"image": {"volume": "base.qcow2"}, "keepNoCloudISO": keep}}
     machine = {"metadata": {"name": "m0"}, "status": {"nodeRef": {"name": "m0"}} if node_ref else {}}
     p = machine_reconcile.MachinePass(body=body, spec=v1alpha1.LibvirtMachineSpec.model_validate(body["spec"]),
-                                      status={"noCloudISORemoved": True} if recorded else {}, machine=machine,
+                                      status={"noCloudISORemoved": True} if recorded else {}, machine=capi_objects.MachineView.of(machine),
                                       host="kvm1", domain=info)
     return deps, p, host, events
 

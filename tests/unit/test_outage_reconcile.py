@@ -9,7 +9,7 @@ import types
 import pytest
 
 from capi_libvirt.api import reasons, v1alpha1
-from capi_libvirt.core import naming, outage, placement, provider_id
+from capi_libvirt.core import capi_objects, naming, outage, placement, provider_id
 from capi_libvirt.reconcile import machine as machine_reconcile
 from capi_libvirt.reconcile.machine import DOMAIN_RECORD_ANNOTATION, FORMER_HOSTS_ANNOTATION
 from one_placed_machine import PROVIDER_ID, SOURCE_UID, deps_for, domain_of, placed
@@ -35,7 +35,7 @@ def outage_deps(record: str | None, state: outage.HostState):
     deps.replace_after_s = 30.0
     machine = {"metadata": {"name": "m0"}, "spec": {"clusterName": "c1"}}
     p = machine_reconcile.MachinePass(body=body, spec=v1alpha1.LibvirtMachineSpec.model_validate(body["spec"]),
-                                      status={}, machine=machine)
+                                      status={}, machine=capi_objects.MachineView.of(machine))
     return deps, p, events
 
 

@@ -13,7 +13,7 @@ import pydantic
 import pytest
 
 from capi_libvirt.api import crd, kinds, reasons, v1alpha1
-from capi_libvirt.core import domain_xml, naming, orphans, tenancy
+from capi_libvirt.core import capi_objects, domain_xml, naming, orphans, tenancy
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv.memory_host import MemoryHost
@@ -201,7 +201,7 @@ def machine_pass(host: MemoryHost, bootstrap: api.BootstrapData | None, **fields
         inventory=types.SimpleNamespace(refusal=lambda *args: None),
         post_event=lambda body, kind, reason, message: events.append((kind, reason, message)))
     p = machine_reconcile.MachinePass(body=body, spec=spec(**fields), status={}, bootstrap=bootstrap, host="kvm1",
-                                      cluster={"metadata": {"name": "c1"}})
+                                      cluster=capi_objects.ClusterView(name="c1"))
     return deps, p, events
 
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from capi_libvirt.api import meta, reasons
-from capi_libvirt.core import outage, placement
+from capi_libvirt.core import capi_objects, outage, placement
 from capi_libvirt.hypervisor import errors
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
@@ -94,9 +94,9 @@ class Paused(Exception):
     """The cluster or the machine is paused: do nothing until a watch says otherwise."""
 
 
-def is_paused(body: dict[str, Any], cluster: dict[str, Any] | None) -> bool:
-    return bool((cluster or {}).get("spec", {}).get("paused")) or \
-        meta.PAUSED_ANNOTATION in (body["metadata"].get("annotations") or {})
+def is_paused(body: dict[str, Any], cluster: capi_objects.ClusterView | None) -> bool:
+    """Cluster API's pause: the Cluster's spec.paused, or the object's paused annotation."""
+    return (cluster is not None and cluster.paused) or meta.PAUSED_ANNOTATION in (body["metadata"].get("annotations") or {})
 
 
 def secrets_forbidden_message(namespace: str, provider_namespace: str) -> str:

@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from capi_libvirt.api import meta, reasons
-from capi_libvirt.core import conditions
+from capi_libvirt.core import capi_objects, conditions
 from capi_libvirt.reconcile.base import RECHECK_WAITING, Dependencies, is_paused
 from capi_libvirt.reconcile.machine.state import DELETE_FOR_MOVE_ANNOTATION
 
@@ -58,7 +58,7 @@ async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | No
     cluster = await deps.kube.get_cluster(namespace, cluster_name) if cluster_name else None
     if cluster is None:
         state, retry = ("False", reasons.WAITING_FOR_OWNER, "waiting for Cluster API to set the owner Cluster"), RECHECK_WAITING
-    elif is_paused(body, cluster):
+    elif is_paused(body, capi_objects.ClusterView.of(cluster)):
         status["conditions"] = conditions.set_condition(status.get("conditions"), conditions.PAUSED, "True",
                                                         reasons.PAUSED_REASON, "reconciliation is paused", now=now,
                                                         observed_generation=generation)

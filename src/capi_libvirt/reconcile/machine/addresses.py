@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import xml.etree.ElementTree as ET
-from typing import Any
 
 from capi_libvirt.api import reasons
 from capi_libvirt.core import conditions, machine_addresses, naming, provider_id, traffic_filter
@@ -64,14 +63,6 @@ async def pin_leased_addresses(deps: Dependencies, p: MachinePass) -> None:
                      " (leased by the host's network) and its allowed addresses")
 
 
-def control_plane_initialized(cluster: dict[str, Any]) -> bool:
-    """Cluster API's word that the workload cluster's API server answers (v1beta2 status, or v1beta1's condition)."""
-    status = cluster.get("status") or {}
-    if (status.get("initialization") or {}).get("controlPlaneInitialized"):
-        return True
-    return any(c.get("type") == "ControlPlaneInitialized" and c.get("status") == "True"
-               for c in status.get("conditions") or [])
-
 
 async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
     """Give the workload cluster's Node our providerID when its kubelet did not, as the Docker provider does.
@@ -79,12 +70,12 @@ async def patch_workload_node(deps: Dependencies, p: MachinePass) -> None:
     Best effort: until the control plane answers there is no Node to patch, and that is not a provisioning failure.
     Once Cluster API has matched the Node (Machine.status.nodeRef) there is nothing left to do.
     """
-    if (p.machine or {}).get("status", {}).get("nodeRef") or p.cluster is None or \
-            not control_plane_initialized(p.cluster):
+    if (p.machine is not None and p.machine.node_joined) or p.cluster is None or \
+            not p.cluster.control_plane_initialized:
         return  # matched already, or no control plane to have a Node (and no kubeconfig Secret to read yet)
     nodes = api.WorkloadNodes(deps.kube)
     try:
-        kubeconfig = await nodes.kubeconfig(p.namespace, p.cluster["metadata"]["name"])
+        kubeconfig = await nodes.kubeconfig(p.namespace, p.cluster.name)
         if kubeconfig is None:
             return
         wanted = provider_id.format_provider_id(p.host or "", p.domain_uuid)

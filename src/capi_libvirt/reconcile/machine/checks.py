@@ -85,7 +85,7 @@ async def resolve_addressing(deps: Dependencies, p: MachinePass) -> None:
     addressing = {index: nic.static for index, nic in enumerate(p.spec.interfaces) if nic.static is not None}
     allocated: dict[int, list[dict[str, Any]]] = {}
     waiting: str | None = None
-    cluster = (p.cluster or {}).get("metadata", {}).get("name") or \
+    cluster = (p.cluster.name if p.cluster else "") or \
         p.body["metadata"].get("labels", {}).get(meta.CLUSTER_NAME_LABEL, "")
     for ref in ipam.claims(p.name, p.spec.interfaces):
         claim = await deps.kube.get_ip_address_claim(p.namespace, ref.name)

@@ -5,7 +5,7 @@ and the bootstrap data Secret.
 from __future__ import annotations
 
 from capi_libvirt.api import meta, reasons
-from capi_libvirt.core import conditions
+from capi_libvirt.core import capi_objects, conditions
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import Dependencies, Paused, Wait, is_paused, secrets_forbidden_message
 from capi_libvirt.reconcile.machine.identity import recorded_host
@@ -17,19 +17,21 @@ async def find_owner_machine(deps: Dependencies, p: MachinePass) -> None:
             if ref.get("kind") == "Machine" and ref.get("apiVersion", "").startswith("cluster.x-k8s.io/")]
     if not refs:
         raise Wait(reasons.WAITING_FOR_OWNER, "waiting for Cluster API to set the owner Machine")
-    p.machine = await deps.kube.get_machine(p.namespace, refs[0]["name"])
-    if p.machine is None:
+    machine = await deps.kube.get_machine(p.namespace, refs[0]["name"])
+    if machine is None:
         raise Wait(reasons.WAITING_FOR_OWNER, f"owner Machine {refs[0]['name']} not found")
+    p.machine = capi_objects.MachineView.of(machine)
 
 
 async def find_cluster(deps: Dependencies, p: MachinePass) -> None:
     cluster_name = p.body["metadata"].get("labels", {}).get(meta.CLUSTER_NAME_LABEL) or \
-        (p.machine or {}).get("spec", {}).get("clusterName")
+        (p.machine.cluster_name if p.machine else None)
     if not cluster_name:
         raise Wait(reasons.WAITING_FOR_OWNER, f"waiting for the {meta.CLUSTER_NAME_LABEL} label")
-    p.cluster = await deps.kube.get_cluster(p.namespace, cluster_name)
-    if p.cluster is None:
+    cluster = await deps.kube.get_cluster(p.namespace, cluster_name)
+    if cluster is None:
         raise Wait(reasons.WAITING_FOR_OWNER, f"Cluster {cluster_name} not found")
+    p.cluster = capi_objects.ClusterView.of(cluster)
 
 
 async def honour_pause(deps: Dependencies, p: MachinePass) -> None:
@@ -43,8 +45,7 @@ async def honour_pause(deps: Dependencies, p: MachinePass) -> None:
 
 
 async def wait_for_cluster_infrastructure(deps: Dependencies, p: MachinePass) -> None:
-    status = (p.cluster or {}).get("status", {})
-    if not (status.get("initialization", {}).get("infrastructureProvisioned") or status.get("infrastructureReady")):
+    if p.cluster is None or not p.cluster.infrastructure_provisioned:
         raise Wait(reasons.WAITING_FOR_CLUSTER_INFRASTRUCTURE, "the Cluster's infrastructure is not provisioned yet")
 
 
@@ -56,7 +57,7 @@ async def read_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
 
 
 async def fetch_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
-    secret_name = (p.machine or {}).get("spec", {}).get("bootstrap", {}).get("dataSecretName")
+    secret_name = p.machine.bootstrap_secret if p.machine else None
     if not secret_name:
         raise Wait(reasons.WAITING_FOR_BOOTSTRAP_DATA, "waiting for the Machine's bootstrap.dataSecretName")
     try:

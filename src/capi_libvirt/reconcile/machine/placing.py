@@ -102,7 +102,7 @@ async def _choose(deps: Dependencies, p: MachinePass) -> placement.Placed | plac
             group_per_host[host] = group_per_host.get(host, 0) + 1
     holding = inventory_.machine_holding(p.spec)
     request = placement.Request(cpus=p.spec.cpus, memory_mib=p.spec.memory_mib, pinned_host=p.spec.host,
-                                failure_domain=(p.machine or {}).get("spec", {}).get("failureDomain"),
+                                failure_domain=p.machine.failure_domain if p.machine else None,
                                 control_plane=CONTROL_PLANE_LABEL in (p.body["metadata"].get("labels") or {}),
                                 pool=p.spec.storage_pool, disk_bytes=holding.disk_gib * placement.GIB)
     claims = placement.claims_by_host(placed)

@@ -59,7 +59,7 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     pool_dir = await host.pool_path(volumes.pool)
     provider = provider_id.format_provider_id(p.host or "", p.domain_uuid)
     owner = domain_xml.Owner(namespace=p.namespace, name=p.name, uid=p.uid,
-                             cluster=(p.cluster or {}).get("metadata", {}).get("name"),
+                             cluster=p.cluster.name if p.cluster else None,
                              management_cluster=deps.management_cluster)
     overlay_path = f"{pool_dir}/{volumes.overlay}"
     ignition = p.bootstrap is not None and p.bootstrap.format == "ignition"

@@ -25,7 +25,7 @@ async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
     or a moved copy without status, converges). A failure is no provisioning failure: a Warning event, and the next
     pass tries again.
     """
-    if p.domain is None or not ((p.machine or {}).get("status") or {}).get("nodeRef"):
+    if p.domain is None or p.machine is None or not p.machine.node_joined:
         return
     if any(posixpath.basename(path) == p.volumes().ignition for path in domain_xml.fw_cfg_files(p.domain.xml)) or \
             "ignitionConfigRemoved" in p.status:

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from capi_libvirt.api import meta, v1alpha1
-from capi_libvirt.core import address_conflicts, conditions, naming
+from capi_libvirt.core import address_conflicts, capi_objects, conditions, naming
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import Dependencies
@@ -50,8 +50,8 @@ class MachinePass:
     body: dict[str, Any]
     spec: v1alpha1.LibvirtMachineSpec
     status: dict[str, Any]
-    machine: dict[str, Any] | None = None
-    cluster: dict[str, Any] | None = None
+    machine: capi_objects.MachineView | None = None  # the owner Machine, as read this pass
+    cluster: capi_objects.ClusterView | None = None
     bootstrap: api.BootstrapData | None = None
     host: str | None = None
     domain: machines.DomainInfo | None = None

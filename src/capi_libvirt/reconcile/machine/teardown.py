@@ -11,7 +11,7 @@ from typing import Any
 import pydantic
 
 from capi_libvirt.api import meta, reasons, v1alpha1
-from capi_libvirt.core import conditions, ipam, naming, outage, placement, provider_id
+from capi_libvirt.core import capi_objects, conditions, ipam, naming, outage, placement, provider_id
 from capi_libvirt.hypervisor import errors, machines
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import (
@@ -58,7 +58,7 @@ async def delete(deps: Dependencies, namespace: str, name: str) -> float | None:
         return await _release_finalizer(deps, body)
     cluster_name = body["metadata"].get("labels", {}).get(meta.CLUSTER_NAME_LABEL)
     cluster = await deps.kube.get_cluster(namespace, cluster_name) if cluster_name else None
-    if is_paused(body, cluster):
+    if is_paused(body, capi_objects.ClusterView.of(cluster) if cluster else None):
         return RECHECK_WAITING
     deps.observe.machine_deleting(namespace, name, recorded_host(body))
     try:

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta, reasons
-from capi_libvirt.core import address_conflicts, conditions, domain_xml, naming
+from capi_libvirt.core import conditions, domain_xml, naming
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory
@@ -76,7 +76,7 @@ KNOWN_REASONS = {
     reasons.WAITING_FOR_BOOTSTRAP_DATA, reasons.HOST_UNREACHABLE, "HypervisorError",
     reasons.NETWORK_NOT_FOUND, reasons.ADOPTION_REFUSED, reasons.INVALID_SPEC, "InsufficientCapacity",
     "HostNotFound", reasons.TENANT_NOT_ALLOWED, reasons.SECRETS_FORBIDDEN, reasons.MACHINE_TYPE_NOT_SUPPORTED,
-    address_conflicts.ADDRESS_CONFLICT,
+    reasons.ADDRESS_CONFLICT,
 }
 KERNEL_TEXT = [p for p in PIECES if not any(c < " " or c in "\x7f\x85\ufffe\uffff" for c in p)]
 

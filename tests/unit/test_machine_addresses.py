@@ -58,7 +58,7 @@ def test_the_condition_names_the_source_or_what_was_asked_and_what_is_published_
     assert machine_addresses.discovery_condition(["agent", "arp"], "arp", ["192.0.2.5"], [], [])[:2] == ("True", "ARPTable")
     status, reason, message = machine_addresses.discovery_condition(["agent", "arp"], None, [], ["192.0.2.10"],
                                                             ["198.51.100.20"])
-    assert (status, reason) == ("False", machine_addresses.NOTHING_DISCOVERED)
+    assert (status, reason) == ("False", reasons.NOTHING_DISCOVERED)
     assert message == ("nothing from the guest agent or the host's ARP table; keeping the last discovered "
                        "198.51.100.20; publishing the addresses known up front: 192.0.2.10")
     assert machine_addresses.discovery_condition([], None, [], [], [])[2].startswith("no source can answer")
@@ -167,7 +167,7 @@ async def test_without_known_addresses_a_machine_waits_for_discovery_then_keeps_
     assert internal(p.status) == ["192.0.2.50"]
     assert p.status["initialization"] == {"provisioned": True}
     condition = conditions.get_condition(p.status["conditions"], conditions.ADDRESSES_DISCOVERED)
-    assert condition["reason"] == machine_addresses.NOTHING_DISCOVERED and "keeping the last discovered 192.0.2.50" in \
+    assert condition["reason"] == reasons.NOTHING_DISCOVERED and "keeping the last discovered 192.0.2.50" in \
         condition["message"]
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from capi_libvirt.core import outage, placement
+from capi_libvirt.api import reasons
+from capi_libvirt.core import outage
 from capi_libvirt.core.outage import Hold, HostState, Proceed, Replace, decide
 
 pytestmark = pytest.mark.unit
@@ -21,7 +22,7 @@ def test_a_reachable_or_never_probed_host_changes_nothing():
 
 def test_a_machine_that_never_had_a_domain_waits_for_the_timeout_then_moves():
     held = decide("kvm1", NEVER, HostState(unreachable_for=20.0), AFTER, pinned=False)
-    assert isinstance(held, Hold) and held.reason == placement.HOST_UNREACHABLE
+    assert isinstance(held, Hold) and held.reason == reasons.HOST_UNREACHABLE
     assert held.retry_after == 40.0 and "kvm1" in held.message and "40s" in held.message
     moved = decide("kvm1", NEVER, HostState(unreachable_for=60.0), AFTER, pinned=False)
     assert isinstance(moved, Replace) and "kvm1" in moved.message
@@ -32,14 +33,14 @@ def test_a_machine_whose_domain_may_exist_never_moves_however_long_the_outage(re
     """The one rule: never two domains. A define may have reached the host (recorded), or nobody knows (no record)."""
     assert decide("kvm1", record, HostState(unreachable_for=10_000.0), AFTER, pinned=False) == Proceed()
     held = decide("kvm1", record, HostState(decommissioned=True), AFTER, pinned=False)
-    assert isinstance(held, Hold) and held.reason == placement.HOST_DECOMMISSIONED
+    assert isinstance(held, Hold) and held.reason == reasons.HOST_DECOMMISSIONED
     assert "delete the machine" in held.message
 
 
 def test_a_pinned_machine_stays_on_its_host():
     assert decide("kvm1", NEVER, HostState(unreachable_for=10_000.0), AFTER, pinned=True) == Proceed()
     held = decide("kvm1", NEVER, HostState(decommissioned=True), AFTER, pinned=True)
-    assert isinstance(held, Hold) and held.reason == placement.HOST_DECOMMISSIONED and "pinned" in held.message
+    assert isinstance(held, Hold) and held.reason == reasons.HOST_DECOMMISSIONED and "pinned" in held.message
 
 
 def test_a_decommissioned_host_lets_a_machine_without_domain_move_at_once():

@@ -1,6 +1,7 @@
 """The machine reconcile around host outages, with a fake of the API and the in-memory host
-(tests/one_placed_machine.py): a machine that never had a domain moves in one guarded write; one whose domain may exist stays; deleting a machine of a decommissioned host
-never touches it and releases the finalizer with a Warning."""
+(tests/one_placed_machine.py): a machine that never had a domain moves in one guarded write; one whose domain may
+exist stays; deleting a machine of a decommissioned host never touches it and releases the finalizer with a
+Warning."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ async def test_before_the_timeout_it_waits_with_the_time_left():
     deps, p, events = outage_deps(outage.NEVER_DEFINED, outage.HostState(unreachable_for=10.0))
     with pytest.raises(machine_reconcile.Wait) as waited:
         await machine_reconcile.choose_host(deps, p)
-    assert waited.value.reason == placement.HOST_UNREACHABLE and waited.value.retry_after == 20.0
+    assert waited.value.reason == reasons.HOST_UNREACHABLE and waited.value.retry_after == 20.0
     assert deps.kube.patches == []
 
 
@@ -80,7 +81,7 @@ async def test_deleting_a_machine_of_a_decommissioned_host_releases_it_without_t
     deps.inventory.state = lambda name: outage.HostState(decommissioned=True)
     assert await machine_reconcile.reconcile(deps, "ns", "m0") is None
     assert host.asked == []
-    assert events == [placement.HOST_DECOMMISSIONED]
+    assert events == [reasons.HOST_DECOMMISSIONED]
     assert deps.kube.patches[-1]["metadata"]["finalizers"] is None
 
 
@@ -98,6 +99,6 @@ async def test_a_machine_is_only_replaced_onto_a_host_whose_access_rules_allow_i
     deps.inventory.loads = loads
     with pytest.raises(machine_reconcile.Wait) as waited:
         await machine_reconcile.choose_host(deps, p)
-    assert waited.value.reason == placement.HOST_UNREACHABLE
+    assert waited.value.reason == reasons.HOST_UNREACHABLE
     assert "no other host: no healthy host" in waited.value.message and "kvm2" not in waited.value.message
     assert asked == [(p.namespace, p.spec)] and deps.kube.patches == [] and events == []

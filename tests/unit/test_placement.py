@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from capi_libvirt.core import placement
+from capi_libvirt.api import reasons
 from capi_libvirt.core.placement import HostLoad, NoHost, Placed, Request, choose_host
 
 pytestmark = pytest.mark.unit
@@ -25,10 +25,10 @@ def test_pinned_host_is_taken_when_healthy_with_room():
 
 
 @pytest.mark.parametrize(("hosts", "reason"), [
-    ([host("a")], placement.HOST_NOT_FOUND),
-    ([host("b", healthy=False)], placement.HOST_UNREACHABLE),
-    ([host("b", allocated_memory_mib=16000)], placement.INSUFFICIENT_CAPACITY),
-    ([host("b", decommissioned=True)], placement.HOST_DECOMMISSIONED),
+    ([host("a")], reasons.HOST_NOT_FOUND),
+    ([host("b", healthy=False)], reasons.HOST_UNREACHABLE),
+    ([host("b", allocated_memory_mib=16000)], reasons.INSUFFICIENT_CAPACITY),
+    ([host("b", decommissioned=True)], reasons.HOST_DECOMMISSIONED),
 ])
 def test_pinned_host_that_cannot_take_the_machine_says_why(hosts, reason):
     result = choose_host(dataclasses.replace(SMALL, pinned_host="b"), hosts)
@@ -54,7 +54,7 @@ def test_overcommit_decides_what_fits():
 
 def test_no_room_anywhere_gives_the_numbers():
     result = choose_host(Request(cpus=64, memory_mib=2048), [host("a"), host("b")])
-    assert isinstance(result, NoHost) and result.reason == placement.INSUFFICIENT_CAPACITY
+    assert isinstance(result, NoHost) and result.reason == reasons.INSUFFICIENT_CAPACITY
     assert "64 vCPU" in result.message and "a: 32 vCPU" in result.message and "b: 32 vCPU" in result.message
 
 
@@ -62,7 +62,7 @@ def test_requested_failure_domain_is_honoured():
     hosts = [host("a", failure_domain="fd1", memory_mib=65536), host("b", failure_domain="fd2")]
     assert choose_host(dataclasses.replace(SMALL, failure_domain="fd2"), hosts) == Placed("b", "fd2")
     result = choose_host(dataclasses.replace(SMALL, failure_domain="fd9"), hosts)
-    assert isinstance(result, NoHost) and result.reason == placement.NO_HOST_IN_FAILURE_DOMAIN
+    assert isinstance(result, NoHost) and result.reason == reasons.NO_HOST_IN_FAILURE_DOMAIN
 
 
 def test_a_group_spreads_over_failure_domains_then_hosts():
@@ -96,7 +96,7 @@ def test_a_decommissioned_host_is_never_chosen_even_when_it_looks_healthy_and_em
     hosts = [host("a", decommissioned=True), host("b", allocated_memory_mib=8192)]
     assert choose_host(SMALL, hosts) == Placed("b", None)
     result = choose_host(SMALL, [host("a", decommissioned=True)])
-    assert isinstance(result, NoHost) and result.reason == placement.HOST_UNREACHABLE
+    assert isinstance(result, NoHost) and result.reason == reasons.HOST_UNREACHABLE
 
 
 # -- decommissioned hosts and tenant refusals together (the outage and tenancy work merged) ---------------------------
@@ -105,9 +105,9 @@ def test_a_pinned_host_that_refuses_is_tenant_not_allowed_before_it_is_decommiss
     """A tenant learns nothing more of a host it may not use: the refusal comes first."""
     pinned = Request(cpus=1, memory_mib=1024, pinned_host="b")
     result = choose_host(pinned, [host("b", decommissioned=True, refusal="host b does not allow namespace t")])
-    assert isinstance(result, NoHost) and result.reason == placement.TENANT_NOT_ALLOWED
+    assert isinstance(result, NoHost) and result.reason == reasons.TENANT_NOT_ALLOWED
     result = choose_host(pinned, [host("b", decommissioned=True)])
-    assert isinstance(result, NoHost) and result.reason == placement.HOST_DECOMMISSIONED
+    assert isinstance(result, NoHost) and result.reason == reasons.HOST_DECOMMISSIONED
 
 
 def test_candidates_exclude_decommissioned_and_refusing_hosts():
@@ -117,10 +117,10 @@ def test_candidates_exclude_decommissioned_and_refusing_hosts():
 
 def test_a_decommissioned_host_that_would_allow_the_machine_does_not_hide_the_refusals():
     result = choose_host(SMALL, [host("a", decommissioned=True), host("b", refusal="no b")])
-    assert isinstance(result, NoHost) and result.reason == placement.TENANT_NOT_ALLOWED
+    assert isinstance(result, NoHost) and result.reason == reasons.TENANT_NOT_ALLOWED
     assert result.message == "no host allows this machine: no b"
 
 
 def test_a_decommissioned_host_is_not_named_among_the_refusals():
     result = choose_host(SMALL, [host("a", decommissioned=True, refusal="no a"), host("b", refusal="no b")])
-    assert isinstance(result, NoHost) and result.reason == placement.TENANT_NOT_ALLOWED and "no a" not in result.message
+    assert isinstance(result, NoHost) and result.reason == reasons.TENANT_NOT_ALLOWED and "no a" not in result.message

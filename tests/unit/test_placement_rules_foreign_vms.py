@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import placement, tenancy
 from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.core.placement import DomainUsage, HostLoad, NoHost, Placed, Request, choose_host
@@ -45,7 +45,7 @@ def test_no_host_names_per_host_the_room_left_after_the_foreign_vms():
     hosts = [host("a", foreign_vms=3, foreign_cpus=3, foreign_memory_mib=14336),
              host("b", allocated_memory_mib=15360)]
     result = choose_host(Request(cpus=1, memory_mib=3072), hosts)
-    assert isinstance(result, NoHost) and result.reason == placement.INSUFFICIENT_CAPACITY
+    assert isinstance(result, NoHost) and result.reason == reasons.INSUFFICIENT_CAPACITY
     assert "a: 29 vCPU and 2048 MiB free after 3 foreign VMs (14336 MiB, 3 vCPUs)" in result.message
     assert "b: 32 vCPU and 1024 MiB free (overcommit cpu 4, memory 1)" in result.message
     print(f"\n[placement] {result.message}")
@@ -56,7 +56,7 @@ def test_a_machine_larger_than_the_hosts_free_memory_is_never_placed_whatever_th
     assert roomy_but_busy.memory_room_mib == 65536
     assert choose_host(Request(cpus=1, memory_mib=2048), [roomy_but_busy]) == Placed("a", None)  # fits what is free
     result = choose_host(Request(cpus=1, memory_mib=4096), [roomy_but_busy])
-    assert isinstance(result, NoHost) and result.reason == placement.INSUFFICIENT_CAPACITY
+    assert isinstance(result, NoHost) and result.reason == reasons.INSUFFICIENT_CAPACITY
     assert "a: 32 vCPU and 65536 MiB free" in result.message
     assert "but the host has only 3000 MiB of memory free" in result.message
     pinned = choose_host(Request(cpus=1, memory_mib=4096, pinned_host="a"), [roomy_but_busy])

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import placement, tenancy
 from capi_libvirt.core.placement import GIB, HostLoad, NoHost, Placed, PoolRoom, Request, choose_host
 from capi_libvirt.reconcile import inventory
@@ -27,7 +27,7 @@ def request(disk_gib: int, **fields) -> Request:
 def test_a_64_tib_disk_does_not_fit_a_251_gib_pool():
     small = host("a", pools={"default": PoolRoom(251 * GIB, other_bytes=20 * GIB)})
     result = choose_host(request(65536), [small])
-    assert isinstance(result, NoHost) and result.reason == placement.INSUFFICIENT_CAPACITY
+    assert isinstance(result, NoHost) and result.reason == reasons.INSUFFICIENT_CAPACITY
     assert "65536.0 GiB of disk in pool default" in result.message
     assert "pool default: 231.0 GiB left of 251.0 GiB x 1" in result.message, result.message
 
@@ -47,19 +47,19 @@ def test_the_pools_overcommit_lets_thin_disks_promise_more():
 def test_a_host_without_the_pool_active_is_no_candidate():
     hosts = [host("a", pools={"other": PoolRoom(1000 * GIB)}), host("b", pools={"default": PoolRoom(100 * GIB)})]
     assert choose_host(request(10), hosts) == Placed("b", None)
-    assert choose_host(request(10), hosts[:1]) == NoHost(placement.POOL_NOT_FOUND,
+    assert choose_host(request(10), hosts[:1]) == NoHost(reasons.POOL_NOT_FOUND,
                                                          "no host has an active storage pool default: a")
     pinned = choose_host(request(10, pinned_host="a"), hosts)
-    assert pinned == NoHost(placement.POOL_NOT_FOUND, "pinned host a has no active storage pool default")
+    assert pinned == NoHost(reasons.POOL_NOT_FOUND, "pinned host a has no active storage pool default")
     small = [host("a", pools={"other": PoolRoom(1000 * GIB)}), host("b", pools={"default": PoolRoom(1 * GIB)})]
     result = choose_host(request(10), small)  # one host has the pool, without room: capacity, naming both
-    assert isinstance(result, NoHost) and result.reason == placement.INSUFFICIENT_CAPACITY
+    assert isinstance(result, NoHost) and result.reason == reasons.INSUFFICIENT_CAPACITY
     assert "a: " in result.message and "it has no active storage pool default" in result.message
 
 
 def test_storage_steers_a_pinned_machine_to_a_clear_refusal():
     result = choose_host(request(10, pinned_host="a"), [host("a", pools={"default": PoolRoom(5 * GIB)})])
-    assert isinstance(result, NoHost) and result.reason == placement.INSUFFICIENT_CAPACITY
+    assert isinstance(result, NoHost) and result.reason == reasons.INSUFFICIENT_CAPACITY
     assert "pool default: 5.0 GiB left" in result.message
 
 
@@ -109,9 +109,9 @@ def test_a_host_over_quota_is_skipped_and_quota_exceeded_when_none_is_left():
     hosts = [host("a", over_quota=over), host("b", memory_mib=4096)]
     assert choose_host(request(1, pool=None), hosts) == Placed("b", None)
     result = choose_host(request(1, pool=None), hosts[:1])
-    assert result == NoHost(placement.QUOTA_EXCEEDED, over)
+    assert result == NoHost(reasons.QUOTA_EXCEEDED, over)
     pinned = choose_host(dataclasses.replace(request(1, pool=None), pinned_host="a"), hosts)
-    assert pinned == NoHost(placement.QUOTA_EXCEEDED, over)
+    assert pinned == NoHost(reasons.QUOTA_EXCEEDED, over)
 
 
 def test_a_machine_holding_counts_its_data_disks():

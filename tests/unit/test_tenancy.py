@@ -9,8 +9,8 @@ import pathlib
 import pytest
 import yaml
 
-from capi_libvirt.api import meta, release, templates, v1alpha1
-from capi_libvirt.core import naming, placement, tenancy
+from capi_libvirt.api import meta, reasons, release, templates, v1alpha1
+from capi_libvirt.core import naming, tenancy
 from capi_libvirt.core.placement import HostLoad, NoHost, Placed, Request, choose_host
 
 pytestmark = pytest.mark.unit
@@ -124,7 +124,7 @@ def test_placement_only_considers_hosts_that_allow_the_machine():
 
 def test_no_host_allowing_the_machine_is_tenant_not_allowed():
     result = choose_host(SMALL, [load("a", refusal="no a"), load("b", refusal="no b")])
-    assert isinstance(result, NoHost) and result.reason == placement.TENANT_NOT_ALLOWED == tenancy.TENANT_NOT_ALLOWED
+    assert isinstance(result, NoHost) and result.reason == reasons.TENANT_NOT_ALLOWED == reasons.TENANT_NOT_ALLOWED
     assert "no a" in result.message and "no b" in result.message
 
 
@@ -132,13 +132,13 @@ def test_a_pinned_host_that_refuses_is_tenant_not_allowed_even_when_unreachable(
     request = Request(cpus=2, memory_mib=2048, pinned_host="b")
     result = choose_host(request, [load("a"), load("b", refusal="host b does not allow namespace team-a",
                                                     healthy=False)])
-    assert isinstance(result, NoHost) and result.reason == placement.TENANT_NOT_ALLOWED
+    assert isinstance(result, NoHost) and result.reason == reasons.TENANT_NOT_ALLOWED
     assert "host b does not allow namespace team-a" in result.message
 
 
 def test_capacity_messages_name_only_the_hosts_that_allow_the_machine():
     result = choose_host(Request(cpus=64, memory_mib=2048), [load("a"), load("secret-b", refusal="no")])
-    assert isinstance(result, NoHost) and result.reason == placement.INSUFFICIENT_CAPACITY
+    assert isinstance(result, NoHost) and result.reason == reasons.INSUFFICIENT_CAPACITY
     assert "secret-b" not in result.message
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 
-from capi_libvirt.api import meta, reasons
+from capi_libvirt.api import meta
 
 # Names that end up inside libvirt object names and XML: conservative characters only.
 LIBVIRT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
@@ -655,9 +655,6 @@ class LibvirtHostStatus(meta.Model):
 # A LibvirtMachineTemplate's spec may change (Cluster API's topology controller dry-runs its desired template onto the
 # current one to decide whether to make a new one, so an immutability rule the API server enforces breaks ClusterClass
 # rollouts), but a change in place rolls nothing: the template's EditedInPlace condition says so.
-TEMPLATE_EDITED_IN_PLACE = reasons.EDITED_IN_PLACE_TYPE
-
-
 def template_edited_message(generation: int) -> str:
     return (f"spec.template was edited in place (generation {generation}): machines made from it keep the shape they "
             "were made with, and Cluster API rolls machines only when their MachineDeployment or KubeadmControlPlane "

@@ -21,10 +21,6 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from capi_libvirt.api import reasons
-
-ADDRESS_CONFLICT = reasons.ADDRESS_CONFLICT
-
 Segment = tuple[str, str]  # ("network", name) or ("bridge", name)
 
 

@@ -33,10 +33,10 @@ def template_status_update(spec: v1alpha1.LibvirtMachineTemplateSpec, status: di
     current = status or {}
     wanted: dict[str, Any] = {"capacity": template_capacity(machine), "nodeInfo": template_node_info(machine)}
     if generation > 1:
-        edited = conditions.get_condition(current.get("conditions"), v1alpha1.TEMPLATE_EDITED_IN_PLACE)
+        edited = conditions.get_condition(current.get("conditions"), reasons.EDITED_IN_PLACE_TYPE)
         if edited is None or edited.get("observedGeneration") != generation:
             wanted["conditions"] = conditions.set_condition(
-                current.get("conditions"), v1alpha1.TEMPLATE_EDITED_IN_PLACE, "True",
+                current.get("conditions"), reasons.EDITED_IN_PLACE_TYPE, "True",
                 reasons.EDITED_IN_PLACE, v1alpha1.template_edited_message(generation), now=now,
                 observed_generation=generation)
     changed = {key: value for key, value in wanted.items() if current.get(key) != value}

@@ -15,14 +15,12 @@ import ipaddress
 from collections.abc import Iterator
 from typing import Any
 
-from capi_libvirt.api import meta, reasons, v1alpha1
+from capi_libvirt.api import meta, v1alpha1
 
 GROUP = "ipam.cluster.x-k8s.io"
 VERSION = "v1beta2"
 API_VERSION = f"{GROUP}/{VERSION}"
 CLAIMS, ADDRESSES = "ipaddressclaims", "ipaddresses"
-WAITING_FOR_IP_ADDRESS = reasons.WAITING_FOR_IP_ADDRESS
-INVALID_IP_ADDRESS = reasons.INVALID_IP_ADDRESS
 NAME_MAX = 253  # a DNS subdomain (what an object name, and the claim's status.addressRef.name, may be)
 _HASH = 8
 

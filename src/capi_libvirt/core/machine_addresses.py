@@ -23,9 +23,6 @@ SOURCES = (LEASE, AGENT, ARP)
 SOURCE_TEXT = {LEASE: "libvirt's DHCP leases", AGENT: "the guest agent", ARP: "the host's ARP table"}
 # The condition's reasons: where the addresses came from, or that nothing answered.
 SOURCE_REASON = {LEASE: reasons.DHCP_LEASE, AGENT: reasons.GUEST_AGENT, ARP: reasons.ARP_TABLE}
-NOTHING_DISCOVERED = reasons.NOTHING_DISCOVERED
-
-
 def known_addresses(addressing: Mapping[int, v1alpha1.StaticAddressing]) -> list[str]:
     """The addresses of each interface's addressing (interface index -> its addresses), in interface order, without
     their prefix length (192.0.2.10/24 -> 192.0.2.10), each once."""
@@ -61,7 +58,7 @@ def discovery_condition(asked: Sequence[str], source: str | None, discovered: Se
         message += f"; keeping the last discovered {', '.join(kept)}"
     if known:
         message += f"; publishing the addresses known up front: {', '.join(known)}"
-    return "False", NOTHING_DISCOVERED, message
+    return "False", reasons.NOTHING_DISCOVERED, message
 
 
 def _unique(addresses: Iterable[str]) -> list[str]:

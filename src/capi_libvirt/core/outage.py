@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from capi_libvirt.core import placement
+from capi_libvirt.api import reasons
 
 NEVER_DEFINED = ""  # the record's value from placement until the first define
 DEFAULT_REPLACE_AFTER_S = 300.0
@@ -69,9 +69,9 @@ def decide(host: str, record: str | None, state: HostState, replace_after_s: flo
         if movable:
             return Replace(f"host {host} is decommissioned and no domain of this machine was ever defined there")
         if pinned and not may_have_domain(record):
-            return Hold(placement.HOST_DECOMMISSIONED, f"pinned host {host} is decommissioned",
+            return Hold(reasons.HOST_DECOMMISSIONED, f"pinned host {host} is decommissioned",
                         RECHECK_DECOMMISSIONED_S)
-        return Hold(placement.HOST_DECOMMISSIONED,
+        return Hold(reasons.HOST_DECOMMISSIONED,
                     f"host {host} is decommissioned and this machine's domain may be on it, so it is not placed "
                     "elsewhere: delete the machine (Cluster API replaces it; a MachineHealthCheck does so by itself)",
                     RECHECK_DECOMMISSIONED_S)
@@ -81,7 +81,7 @@ def decide(host: str, record: str | None, state: HostState, replace_after_s: flo
         return Replace(f"host {host} unreachable for {state.unreachable_for:.0f}s and no domain of this machine was "
                        "ever defined there")
     remaining = replace_after_s - state.unreachable_for
-    return Hold(placement.HOST_UNREACHABLE,
+    return Hold(reasons.HOST_UNREACHABLE,
                 f"host {host} unreachable for {state.unreachable_for:.0f}s; no domain of this machine was defined "
                 f"there, so it is placed on another host if this lasts {remaining:.0f}s more", max(remaining, 1.0))
 

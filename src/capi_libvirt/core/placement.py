@@ -130,16 +130,6 @@ class NoHost:
     message: str
 
 
-HOST_NOT_FOUND = reasons.HOST_NOT_FOUND
-HOST_UNREACHABLE = reasons.HOST_UNREACHABLE
-HOST_DECOMMISSIONED = reasons.HOST_DECOMMISSIONED
-INSUFFICIENT_CAPACITY = reasons.INSUFFICIENT_CAPACITY
-NO_HOST_IN_FAILURE_DOMAIN = reasons.NO_HOST_IN_FAILURE_DOMAIN
-TENANT_NOT_ALLOWED = reasons.TENANT_NOT_ALLOWED
-QUOTA_EXCEEDED = reasons.QUOTA_EXCEEDED
-POOL_NOT_FOUND = reasons.POOL_NOT_FOUND
-
-
 def fits_free_memory(host: HostLoad, request: Request) -> bool:
     """The machine's whole memory fits in what the host has free right now (unknown: no check).
 
@@ -214,45 +204,45 @@ def choose_host(request: Request, hosts: Sequence[HostLoad],
     if request.pinned_host is not None:
         host = by_name.get(request.pinned_host)
         if host is None:
-            return NoHost(HOST_NOT_FOUND, f"pinned host {request.pinned_host} is not in the inventory")
+            return NoHost(reasons.HOST_NOT_FOUND, f"pinned host {request.pinned_host} is not in the inventory")
         if host.refusal is not None:  # first: a tenant learns nothing more of a host it may not use
-            return NoHost(TENANT_NOT_ALLOWED, f"pinned host refuses this machine: {host.refusal}")
+            return NoHost(reasons.TENANT_NOT_ALLOWED, f"pinned host refuses this machine: {host.refusal}")
         if host.decommissioned:
-            return NoHost(HOST_DECOMMISSIONED, f"pinned host {host.name} is decommissioned")
+            return NoHost(reasons.HOST_DECOMMISSIONED, f"pinned host {host.name} is decommissioned")
         if not host.healthy:
-            return NoHost(HOST_UNREACHABLE, f"pinned host {host.name} is not reachable")
+            return NoHost(reasons.HOST_UNREACHABLE, f"pinned host {host.name} is not reachable")
         if request.control_plane and not host.control_plane:
-            return NoHost(HOST_NOT_FOUND, f"pinned host {host.name} does not take control-plane machines")
+            return NoHost(reasons.HOST_NOT_FOUND, f"pinned host {host.name} does not take control-plane machines")
         if host.over_quota is not None:
-            return NoHost(QUOTA_EXCEEDED, host.over_quota)
+            return NoHost(reasons.QUOTA_EXCEEDED, host.over_quota)
         if lacks_pool(host, request):
-            return NoHost(POOL_NOT_FOUND, f"pinned host {host.name} has no active storage pool {request.pool}")
+            return NoHost(reasons.POOL_NOT_FOUND, f"pinned host {host.name} has no active storage pool {request.pool}")
         if not fits(host, request):
-            return NoHost(INSUFFICIENT_CAPACITY, f"pinned host cannot take {wanted}: {_shortfall(host, request)}")
+            return NoHost(reasons.INSUFFICIENT_CAPACITY, f"pinned host cannot take {wanted}: {_shortfall(host, request)}")
         return Placed(host.name, host.failure_domain)
 
     in_service = [h for h in hosts if not h.decommissioned]  # a decommissioned host is out of placement entirely
     allowed = [h for h in in_service if h.refusal is None]
     if in_service and not allowed:
-        return NoHost(TENANT_NOT_ALLOWED, "no host allows this machine: " + "; ".join(
+        return NoHost(reasons.TENANT_NOT_ALLOWED, "no host allows this machine: " + "; ".join(
             str(h.refusal) for h in sorted(in_service, key=lambda h: h.name)))
     candidates = [h for h in allowed if h.healthy and (h.control_plane or not request.control_plane)]
     if request.failure_domain is not None:
         candidates = [h for h in candidates if h.failure_domain == request.failure_domain]
         if not candidates:
-            return NoHost(NO_HOST_IN_FAILURE_DOMAIN, f"no healthy host in failure domain {request.failure_domain}")
+            return NoHost(reasons.NO_HOST_IN_FAILURE_DOMAIN, f"no healthy host in failure domain {request.failure_domain}")
     if not candidates:
-        return NoHost(HOST_UNREACHABLE, "no healthy host in the inventory")
+        return NoHost(reasons.HOST_UNREACHABLE, "no healthy host in the inventory")
     within_quota = [h for h in candidates if h.over_quota is None]
     if not within_quota:
-        return NoHost(QUOTA_EXCEEDED, "; ".join(str(h.over_quota) for h in sorted(candidates, key=lambda h: h.name)))
+        return NoHost(reasons.QUOTA_EXCEEDED, "; ".join(str(h.over_quota) for h in sorted(candidates, key=lambda h: h.name)))
     candidates = within_quota
     if all(lacks_pool(h, request) for h in candidates):
-        return NoHost(POOL_NOT_FOUND, f"no host has an active storage pool {request.pool}: " + ", ".join(
+        return NoHost(reasons.POOL_NOT_FOUND, f"no host has an active storage pool {request.pool}: " + ", ".join(
             sorted(h.name for h in candidates)))
     roomy = [h for h in candidates if fits(h, request)]
     if not roomy:
-        return NoHost(INSUFFICIENT_CAPACITY,
+        return NoHost(reasons.INSUFFICIENT_CAPACITY,
                       f"no host can take {wanted}: " + "; ".join(_shortfall(h, request) for h in candidates))
 
     group_per_domain: dict[str | None, int] = {}

@@ -17,10 +17,8 @@ import ipaddress
 import posixpath
 from collections.abc import Sequence
 
-from capi_libvirt.api import reasons, v1alpha1
+from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import images, naming
-
-TENANT_NOT_ALLOWED = reasons.TENANT_NOT_ALLOWED
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,6 @@ from capi_libvirt.reconcile.machine.state import DELETE_FOR_MOVE_ANNOTATION
 log = logging.getLogger(__name__)
 
 MANAGED_BY_LABEL = "cluster.x-k8s.io/managed-by"
-WAITING_FOR_ENDPOINT = reasons.WAITING_FOR_ENDPOINT
 RECHECK_FAILURE_DOMAINS = 60.0  # failure domains follow the inventory
 
 
@@ -65,7 +64,7 @@ async def reconcile(deps: Dependencies, namespace: str, name: str) -> float | No
         await _write(deps, body, status)
         return None
     elif (endpoint := _endpoint(body, cluster)) is None:
-        state, retry = ("False", WAITING_FOR_ENDPOINT,
+        state, retry = ("False", reasons.WAITING_FOR_ENDPOINT,
                         "set spec.controlPlaneEndpoint here or on the Cluster"), RECHECK_WAITING
     else:
         if (body.get("spec") or {}).get("controlPlaneEndpoint") != endpoint:

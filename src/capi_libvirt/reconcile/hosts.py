@@ -24,10 +24,6 @@ from capi_libvirt.reconcile.machine.identity import recorded_host
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = inventory_.PROBE_INTERVAL_S
 REACHABLE, UNREACHABLE, INVALID, IN_USE = reasons.REACHABLE, reasons.HOST_UNREACHABLE, reasons.INVALID_SPEC, reasons.HOST_IN_USE
-DECOMMISSIONED = reasons.DECOMMISSIONED
-CREDENTIALS_NAMESPACE = reasons.CREDENTIALS_NAMESPACE
-
-
 async def _close(replaced: host_api.Host | None) -> None:
     if replaced is not None:
         await asyncio.get_running_loop().run_in_executor(None, replaced.close)
@@ -53,7 +49,7 @@ async def upsert_host(deps: Dependencies, name: str, spec_data: dict[str, Any]) 
     if spec.credentials_secret_ref is not None:
         ref = spec.credentials_secret_ref
         if ref.namespace != deps.provider_namespace:  # a tenant namespace's Secret could be read, or swapped, there
-            await _refuse(deps, name, CREDENTIALS_NAMESPACE, f"credentialsSecretRef {ref.namespace}/{ref.name}: host "
+            await _refuse(deps, name, reasons.CREDENTIALS_NAMESPACE, f"credentialsSecretRef {ref.namespace}/{ref.name}: host "
                           f"credentials must be in the provider's namespace {deps.provider_namespace}")
         try:
             data = await deps.kube.get_secret_data(ref.namespace, ref.name)
@@ -104,7 +100,7 @@ async def probe_and_publish(deps: Dependencies, name: str) -> None:
     if host is None or name in deps.inventory.static:
         return  # gone meanwhile, or a static (--host) host with no object to publish on
     if host.spec.decommissioned:
-        await _publish(deps, name, inventory_.host_status(host, deps.now()), "False", DECOMMISSIONED,
+        await _publish(deps, name, inventory_.host_status(host, deps.now()), "False", reasons.DECOMMISSIONED,
                        "spec.decommissioned: gone for good; not probed, nothing placed here")
     elif host.reachable:
         await _publish(deps, name, inventory_.host_status(host, deps.now()), "True", REACHABLE, "")

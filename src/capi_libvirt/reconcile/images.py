@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from capi_libvirt import download
 from capi_libvirt.api import reasons, v1alpha1
-from capi_libvirt.core import images, tenancy
+from capi_libvirt.core import images
 from capi_libvirt.hypervisor import errors
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.hypervisor import images as host_images
@@ -173,7 +173,7 @@ def _failed(error: BaseException, url: str, pool: str, host: str) -> BaseExcepti
     itself (an unreachable host, a missing pool), which the machine reconcile reports as for any other call."""
     shown = download.shown(url)
     if isinstance(error, download.RedirectRefused):
-        return Wait(tenancy.TENANT_NOT_ALLOWED, str(error), RETRY_AFTER_S, failure=True)
+        return Wait(reasons.TENANT_NOT_ALLOWED, str(error), RETRY_AFTER_S, failure=True)
     if isinstance(error, download.DownloadFailed):
         return Wait(reasons.IMAGE_DOWNLOAD_FAILED, str(error), RETRY_AFTER_S, failure=True)
     if isinstance(error, host_images.ChecksumMismatch):

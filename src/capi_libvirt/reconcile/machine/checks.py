@@ -108,16 +108,16 @@ async def resolve_addressing(deps: Dependencies, p: MachinePass) -> None:
             waiting = waiting or ipam.waiting_message(ref, claim)
             continue
         if ((address.get("spec") or {}).get("claimRef") or {}).get("name") != ref.name:
-            raise Wait(ipam.INVALID_IP_ADDRESS, f"IPAddress {name} named by IPAddressClaim {ref.name} was not made "
+            raise Wait(reasons.INVALID_IP_ADDRESS, f"IPAddress {name} named by IPAddressClaim {ref.name} was not made "
                        "for that claim (spec.claimRef)", failure=True)
         allocated.setdefault(ref.interface, []).append(address)
     if waiting is not None:
-        raise Wait(ipam.WAITING_FOR_IP_ADDRESS, waiting, RECHECK_IPAM)
+        raise Wait(reasons.WAITING_FOR_IP_ADDRESS, waiting, RECHECK_IPAM)
     for index, addresses in allocated.items():
         try:
             addressing[index] = ipam.addressing(addresses)
         except ValueError as error:
-            raise Wait(ipam.INVALID_IP_ADDRESS, f"the IPAddresses of interface {index} are not usable: {error}"[:512],
+            raise Wait(reasons.INVALID_IP_ADDRESS, f"the IPAddresses of interface {index} are not usable: {error}"[:512],
                        failure=True) from None
     p.addressing = addressing
 
@@ -144,5 +144,5 @@ async def check_addresses(deps: Dependencies, p: MachinePass) -> None:
                if recorded_host(other) == p.host and other["metadata"]["uid"] != p.body["metadata"]["uid"]]
     conflict = address_conflicts.first_conflict(nics, p.segments, holders)
     if conflict is not None:
-        raise Wait(address_conflicts.ADDRESS_CONFLICT, conflict.message,
+        raise Wait(reasons.ADDRESS_CONFLICT, conflict.message,
                    RECHECK_WAITING if conflict.may_pass else None, failure=True)

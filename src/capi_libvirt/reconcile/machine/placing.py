@@ -138,7 +138,7 @@ async def _replace(deps: Dependencies, p: MachinePass, old: str, why: str) -> No
         result = await _choose(deps, p)  # the old host is unreachable or decommissioned: never a candidate
         if isinstance(result, placement.NoHost) or result.host == old:
             message = result.message if isinstance(result, placement.NoHost) else f"only {old} fits"
-            raise Wait(placement.HOST_UNREACHABLE, f"{why}; no other host: {message}", RECHECK_WAITING)
+            raise Wait(reasons.HOST_UNREACHABLE, f"{why}; no other host: {message}", RECHECK_WAITING)
         formers = [host for host in former_hosts(p.body) if host not in (old, result.host)] + [old]
         p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {
             "metadata": {"annotations": {FORMER_HOSTS_ANNOTATION: ",".join(formers),
@@ -161,7 +161,7 @@ async def clean_former_hosts(deps: Dependencies, p: MachinePass) -> None:
         if host == p.host:  # placed back where it was: its volumes there are its own again
             done.append(host)
         elif known is None or known.spec.decommissioned:
-            await event(deps, p.body, "Warning", placement.HOST_DECOMMISSIONED,
+            await event(deps, p.body, "Warning", reasons.HOST_DECOMMISSIONED,
                          outage.what_may_remain(host, None, volume_names(p.volumes())))
             done.append(host)
         elif known.reachable:

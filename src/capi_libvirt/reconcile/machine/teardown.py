@@ -11,7 +11,7 @@ from typing import Any
 import pydantic
 
 from capi_libvirt.api import meta, reasons, v1alpha1
-from capi_libvirt.core import capi_objects, conditions, ipam, naming, outage, placement, provider_id
+from capi_libvirt.core import capi_objects, conditions, ipam, naming, outage, provider_id
 from capi_libvirt.hypervisor import errors, machines
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import (
@@ -129,7 +129,7 @@ async def _delete_from_host(deps: Dependencies, body: dict[str, Any]) -> None:
         for former in [host for host in former_hosts(body) if host != host_name]:
             volumes = machine_volumes(namespace, name, uid, pool, data_disks)
             if former not in deps.inventory.hosts:  # its LibvirtHost is gone: nobody to ask
-                await event(deps, body, "Warning", placement.HOST_DECOMMISSIONED,
+                await event(deps, body, "Warning", reasons.HOST_DECOMMISSIONED,
                              outage.what_may_remain(former, None, volume_names(volumes)))
             elif not await _released_from_decommissioned(deps, body, former, None, volumes):
                 await deps.hosts.get(former).delete_machine(naming.domain_uuid(uid), uid, volumes, namespace, name)
@@ -175,6 +175,6 @@ async def _released_from_decommissioned(deps: Dependencies, body: dict[str, Any]
         return False
     log.warning("%s/%s: host %s is decommissioned; releasing without touching it", body["metadata"]["namespace"],
                 body["metadata"]["name"], host)
-    await event(deps, body, "Warning", placement.HOST_DECOMMISSIONED,
+    await event(deps, body, "Warning", reasons.HOST_DECOMMISSIONED,
                  outage.what_may_remain(host, domain, volume_names(volumes)))
     return True

@@ -21,12 +21,10 @@ import json
 import logging
 import os
 import pathlib
-import signal
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 
 from kubernetes_asyncio import client, config, watch
@@ -103,21 +101,11 @@ class Bed:
             time.sleep(0.5)
 
     def stop_operator(self) -> None:
-        if self.operator is not None and self.operator.poll() is None:
-            self.operator.send_signal(signal.SIGTERM)
-            try:
-                self.operator.wait(60)
-            except subprocess.TimeoutExpired:
-                self.operator.kill()
-                self.operator.wait()
+        testbed.stop_operator(self.operator)
         self.operator = None
 
     def operator_metrics(self) -> str:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
-                return response.read().decode()
-        except OSError:
-            return ""
+        return testbed.operator_metrics(self.metrics_port)
 
     def apiserver_metrics(self) -> str:
         assert self.plane is not None

@@ -136,25 +136,35 @@ class Bed:
             time.sleep(0.5)
 
     def stop_operator(self) -> None:
-        if self.operator is not None and self.operator.poll() is None:
-            self.operator.send_signal(signal.SIGTERM)
-            try:
-                self.operator.wait(60)
-            except subprocess.TimeoutExpired:
-                self.operator.kill()
-                self.operator.wait()
+        stop_operator(self.operator)
         self.operator = None
 
     def operator_metrics(self) -> str:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
-                return response.read().decode()
-        except OSError:
-            return ""
+        return operator_metrics(self.metrics_port)
 
     def apiserver_metrics(self) -> str:
         assert self.plane is not None
         return self.plane.request("GET", "/metrics", accept="text/plain")
+
+
+def stop_operator(operator: subprocess.Popen | None) -> None:
+    """SIGTERM, as a Deployment stops its pod; SIGKILL after 60 s."""
+    if operator is not None and operator.poll() is None:
+        operator.send_signal(signal.SIGTERM)
+        try:
+            operator.wait(60)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait()
+
+
+def operator_metrics(port: int) -> str:
+    """The operator's /metrics text ("" while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return response.read().decode()
+    except OSError:
+        return ""
 
 
 def new_workdir() -> pathlib.Path:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from capi_libvirt.core import domain_xml, images, placement, traffic_filter
 from capi_libvirt.core.address_conflicts import Segment, SegmentFacts
 from capi_libvirt.core.orphans import HostDomain
-from capi_libvirt.hypervisor import connection, credentials, errors, machines, traffic_filters
+from capi_libvirt.hypervisor import connection, credentials, errors, machines, probe, traffic_filters
 from capi_libvirt.hypervisor import images as host_images
 from capi_libvirt.hypervisor.host import Host, ImageOpener
 from devenv.memory_state import GIB, OVERLAY_ALLOCATION, Domain, HostState, Volume
@@ -131,7 +131,7 @@ class MemoryHost(HostState):
     # -- the host as a whole -------------------------------------------------------------------------------------------
 
     async def probe(self, pool: str, management_cluster: str | None, pool_patterns: Sequence[str],
-                    refresh_pools: bool) -> machines.HostProbe:
+                    refresh_pools: bool) -> probe.HostProbe:
         async with self._operation("probe", pool, management_cluster, pool_patterns, refresh_pools):
             usage = placement.host_usage([self._usage(domain) for domain in self.domains.values()],
                                          management_cluster)
@@ -140,7 +140,7 @@ class MemoryHost(HostState):
                           if p.active and any(fnmatch.fnmatchcase(p.name, pattern) for pattern in pool_patterns))
             used = sum(self._usage(d).memory_mib for d in self.domains.values() if d.state != "shutoff")
             free = max(self.memory_mib - used, 0)
-            return machines.HostProbe(
+            return probe.HostProbe(
                 libvirt_version=self.libvirt_version, hypervisor_version=self.hypervisor_version, cpus=self.cpus,
                 memory_mib=self.memory_mib, free_memory_mib=free, machines=usage.machines,
                 allocated_cpus=usage.allocated_cpus, allocated_memory_mib=usage.allocated_memory_mib,

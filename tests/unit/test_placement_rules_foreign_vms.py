@@ -11,7 +11,7 @@ from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import placement, tenancy
 from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.core.placement import DomainUsage, HostLoad, NoHost, Placed, Request, choose_host
-from capi_libvirt.hypervisor import machines
+from capi_libvirt.hypervisor import probe as host_probe
 from capi_libvirt.reconcile import hosts as hosts_reconcile
 from capi_libvirt.reconcile import inventory
 
@@ -99,12 +99,12 @@ def test_host_usage_counts_running_foreign_vms_and_reports_shut_off_ones():
                                         foreign_cpus=6, foreign_memory_mib=16384, foreign_shut_off=1)
 
 
-def probe(**changes) -> machines.HostProbe:
+def probe(**changes) -> host_probe.HostProbe:
     fields = dict(libvirt_version="10.0.0", hypervisor_version="8.2.0", cpus=8, memory_mib=16384, free_memory_mib=900,
                   machines=1, allocated_cpus=1, allocated_memory_mib=512, pool_capacity_bytes=None,
                   pool_available_bytes=None, available_memory_mib=9000, foreign_vms=3, foreign_cpus=3,
                   foreign_memory_mib=14336, foreign_shut_off=1)
-    return machines.HostProbe(**{**fields, **changes})
+    return host_probe.HostProbe(**{**fields, **changes})
 
 
 SPEC = v1alpha1.LibvirtHostSpec.model_construct(uri="qemu:///system", access=tenancy.UNRESTRICTED,

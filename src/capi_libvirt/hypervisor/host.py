@@ -19,7 +19,7 @@ from typing import Protocol
 from capi_libvirt.core import domain_xml
 from capi_libvirt.core.address_conflicts import Segment, SegmentFacts
 from capi_libvirt.core.orphans import HostDomain
-from capi_libvirt.hypervisor import connection, errors, host_domains, images, machines, networks, traffic_filters
+from capi_libvirt.hypervisor import connection, errors, host_domains, images, machines, networks, probe, traffic_filters
 from capi_libvirt.hypervisor import credentials as creds
 
 ImageOpener = Callable[[], contextlib.AbstractContextManager[images.Source]]
@@ -40,7 +40,7 @@ class Host(Protocol):
 
     # The host as a whole
     async def probe(self, pool: str, management_cluster: str | None, pool_patterns: Sequence[str],
-                    refresh_pools: bool) -> machines.HostProbe: ...
+                    refresh_pools: bool) -> probe.HostProbe: ...
 
     async def machine_types(self, domain_type: str) -> frozenset[str]: ...
 
@@ -104,8 +104,8 @@ class LibvirtHost(connection.HostConnection):
     """A host reached over libvirt: each operation one call of a hypervisor module in the connection's pool."""
 
     async def probe(self, pool: str, management_cluster: str | None, pool_patterns: Sequence[str],
-                    refresh_pools: bool) -> machines.HostProbe:
-        return await self.call(machines.probe_host, pool, management_cluster, pool_patterns, refresh_pools,
+                    refresh_pools: bool) -> probe.HostProbe:
+        return await self.call(probe.probe_host, pool, management_cluster, pool_patterns, refresh_pools,
                                doing="probe host")
 
     async def machine_types(self, domain_type: str) -> frozenset[str]:

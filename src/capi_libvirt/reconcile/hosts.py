@@ -14,7 +14,7 @@ import pydantic
 
 from capi_libvirt.api import reasons, v1alpha1
 from capi_libvirt.core import conditions
-from capi_libvirt.hypervisor import credentials, machines
+from capi_libvirt.hypervisor import credentials, probe
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory as inventory_
@@ -109,7 +109,7 @@ async def probe_and_publish(deps: Dependencies, name: str) -> None:
                        host.problem or "unreachable")
 
 
-def _foreign_load(probe: machines.HostProbe) -> tuple[int, int]:
+def _foreign_load(probe: probe.HostProbe) -> tuple[int, int]:
     return probe.foreign_cpus, probe.foreign_memory_mib
 
 

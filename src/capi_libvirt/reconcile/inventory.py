@@ -17,7 +17,7 @@ from typing import Any
 
 from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import outage, placement, tenancy
-from capi_libvirt.hypervisor import credentials, errors, machines
+from capi_libvirt.hypervisor import credentials, errors, probe
 from capi_libvirt.hypervisor import host as host_api
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ POOL_REFRESH_S = 300.0  # how often a probe refreshes the pools it reads (a refr
 class InventoryHost:
     name: str
     spec: v1alpha1.LibvirtHostSpec
-    probe: machines.HostProbe | None = None
+    probe: probe.HostProbe | None = None
     reachable: bool = False
     problem: str | None = None  # why the last probe failed (safe text: no URI, no credentials)
     unreachable_since: float | None = None  # the inventory's clock at the first failed probe of this outage

@@ -5,27 +5,31 @@ phases on a Clock.
 
 This machine's changes, and why: `domainType: qemu` (no KVM) and machine type `pc`; the machines' sizes (2 vCPUs and
 2 GiB for the control plane, kubeadm init's minimum; 1 vCPU and 1 GiB for a worker); kubeadm's waits
-(KUBEADM_TIMEOUTS); the controller manager's and the scheduler's leader election (LEADER_ELECTION); and the
-endpoint's holder, keepalived (Debian's, in
-the node image) in place of the flavors' kube-vip static pod, whose image cannot be pulled or built here
-(devenv/keepalived_holder.py). For a rollout of the control plane (two control-plane VMs at once, an etcd of two
-members), also etcd's raft timings and fsync (ETCD_FOR_TCG) and a control-plane join that failed in kubeadm's
-etcd-join phase run again from there (KUBEADM_WRAPPER): `for_a_control_plane_rollout`.
+(KUBEADM_TIMEOUTS); the controller manager's and the scheduler's leader election (LEADER_ELECTION); etcd's raft
+timings and fsync (ETCD_FOR_TCG); the API server's liveness probe (API_SERVER_PATCH); and the endpoint's holder,
+keepalived (Debian's, in the node image) in place of the flavors' kube-vip static pod, whose image cannot be pulled or
+built here (devenv/keepalived_holder.py). For a rollout of the control plane (two control-plane VMs at once, an etcd
+of two members), also no worker and a control-plane join that failed in kubeadm's etcd-join phase run again from
+there (KUBEADM_WRAPPER): `for_a_control_plane_rollout`. A test that fails clears its cluster off the host
+(`cleared_on_failure`), so the next one has the cores.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import pathlib
+from collections.abc import AsyncIterator
 
+import libvirt
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta, templates
 from clusterctl_cli import generate_cluster
 from day2_rollouts import endpoint_answers, machine_states, workload_snapshot
 from devenv import keepalived_holder, paths
-from devenv.libvirt_host import LibvirtHost
+from devenv.libvirt_host import LibvirtHost, destroy_quietly
 from guests import provider_objects
 from kubeadm_workers import is_ready, libvirt_machines, list_objects, machines
 
@@ -82,8 +86,22 @@ exit "$(cat /run/kubeadm-join.status)"
 # etcd's raft timings for two members on two TCG VMs sharing 2 host cores, from a 100 ms heartbeat and a 1 s election
 # timeout, and no fsync: in a rollout tried at 2026-12-05 with etcd's defaults, the two-member etcd answered neither
 # KCP ("Failed to get etcd members: context deadline exceeded") nor the new API server's readiness for 12 minutes,
-# both VMs at a full host core each (the old VM's fdatasync took 1.5-2.9 s on 2026-12-04).
+# both VMs at a full host core each (the old VM's fdatasync took 1.5-2.9 s on 2026-12-04). Every control plane of the
+# bed has them: in CI at ea025ec a single-member etcd's fdatasync took up to 2 s while the workers rolled, and 3,011 of
+# its applies took over 100 ms.
 ETCD_FOR_TCG = {"heartbeat-interval": "1000", "election-timeout": "10000", "unsafe-no-fsync": "true"}
+# The API server's liveness probe, from kubeadm's 8 failures (80 s) to 60 (10 minutes), through kubeadm's patches. Why:
+# in CI at ea025ec, while the workers rolled (the control-plane VM and two workers on 2 host cores), /livez stopped
+# answering in time, the kubelet killed the API server, and the restarted one never came up again: each start, with
+# every kubelet and controller relisting at once, was slower than the probe, so it was killed every 3 minutes for the
+# next 55 (12 restarts; etcd kept running). A starved API server that is left alone answers again; one that is
+# killed does not.
+PATCHES_DIRECTORY = "/etc/kubernetes/patches"
+API_SERVER_LIVENESS_FAILURES = 60
+API_SERVER_PATCH = {"path": f"{PATCHES_DIRECTORY}/kube-apiserver0+strategic.yaml", "owner": "root:root",
+                    "permissions": "0644",
+                    "content": "spec:\n  containers:\n  - name: kube-apiserver\n    livenessProbe:\n"
+                               f"      failureThreshold: {API_SERVER_LIVENESS_FAILURES}\n"}
 CONTROL_PLANE_DEADLINE_S = 1500.0  # boot, kubeadm init with etcd and the API server under TCG on a busy machine
 WORKERS_DEADLINE_S = 1200.0
 DELETE_DEADLINE_S = 600.0
@@ -116,16 +134,19 @@ def _adapt_control_plane(spec: dict, endpoint: str) -> None:
     keepalived_holder.replace_kube_vip(spec, endpoint, PORT)
     for configuration in ("initConfiguration", "joinConfiguration"):
         spec[configuration]["timeouts"] = KUBEADM_TIMEOUTS
+        spec[configuration]["patches"] = {"directory": PATCHES_DIRECTORY}
+    spec["files"].append(API_SERVER_PATCH)
     cluster_configuration = spec.setdefault("clusterConfiguration", {})
     for component in ("controllerManager", "scheduler"):
         cluster_configuration.setdefault(component, {}).setdefault("extraArgs", []).extend(
             {"name": name, "value": value} for name, value in LEADER_ELECTION.items())
+    local = cluster_configuration.setdefault("etcd", {}).setdefault("local", {})
+    local.setdefault("extraArgs", []).extend({"name": k, "value": v} for k, v in ETCD_FOR_TCG.items())
 
 
 def for_a_control_plane_rollout(documents: list[dict]) -> None:
     """The default flavor's objects made ready for a rollout of the control plane on this machine: no worker (the two
-    control-plane VMs have the host's 2 cores to themselves), etcd's timings (ETCD_FOR_TCG), and the kubeadm wrapper
-    (KUBEADM_WRAPPER)."""
+    control-plane VMs have the host's 2 cores to themselves) and the kubeadm wrapper (KUBEADM_WRAPPER)."""
     for document in documents:
         if document["kind"] == "MachineDeployment":
             document["spec"]["replicas"] = 0
@@ -133,8 +154,6 @@ def for_a_control_plane_rollout(documents: list[dict]) -> None:
             spec = document["spec"]["kubeadmConfigSpec"]
             spec["files"].append({"path": KUBEADM_WRAPPER_PATH, "owner": "root:root", "permissions": "0755",
                                   "content": KUBEADM_WRAPPER})
-            local = spec["clusterConfiguration"].setdefault("etcd", {}).setdefault("local", {})
-            local.setdefault("extraArgs", []).extend({"name": k, "value": v} for k, v in ETCD_FOR_TCG.items())
 
 
 def generated_objects(tmp: pathlib.Path, repository: pathlib.Path, flavor: str, cluster: str, namespace: str,
@@ -271,3 +290,52 @@ async def delete_the_cluster(api: client.ApiClient, namespace: str, cluster: str
         return not left and provider_objects(host, base_volume) == []
 
     await wait_until("the Cluster and everything of it gone, host clean", gone, DELETE_DEADLINE_S, interval=2.0)
+
+
+# Cluster API's annotations that let a Machine's deletion skip the drain and the wait for volumes to detach: after a
+# failure the workload API server may not answer, and a drain would wait for it forever.
+NO_DRAIN = {"machine.cluster.x-k8s.io/exclude-node-draining": "",
+            "machine.cluster.x-k8s.io/exclude-wait-for-node-volume-detach": ""}
+
+
+def _power_off_every_guest(host: LibvirtHost) -> list[str]:
+    with host.connect() as conn:
+        running = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
+        for domain in running:
+            destroy_quietly(domain)
+        return [domain.name() for domain in running]
+
+
+@contextlib.asynccontextmanager
+async def cleared_on_failure(api: client.ApiClient, namespace: str, cluster: str, host: LibvirtHost,
+                             base_volume: str) -> AsyncIterator[None]:
+    """What the block does; if it fails, its cluster cleared off the host before the failure goes on: the Machines
+    told to skip the drain, the Cluster deleted, and every guest on the host powered off until Cluster API and the
+    operator have taken it all apart (at most DELETE_DEADLINE_S). Why: in CI at ea025ec the default flavor's test
+    failed with its three VMs running, and the next test's control plane, on the same 2 cores, took 17 minutes to
+    initialize instead of 3 and ran out of time. Use it inside the operator's run (it tears the machines down)."""
+    try:
+        yield
+    except BaseException:
+        powered_off: set[str] = set()
+        try:
+            objects = client.CustomObjectsApi(api)
+            for machine in await machines(api, namespace):
+                await objects.patch_namespaced_custom_object(
+                    meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machines", machine["metadata"]["name"],
+                    {"metadata": {"annotations": NO_DRAIN}}, _content_type="application/merge-patch+json")
+            await objects.delete_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "clusters",
+                                                          cluster)
+
+            async def gone():  # the operator starts a machine's stopped guest again until its deletion begins
+                powered_off.update(await asyncio.to_thread(_power_off_every_guest, host))
+                left = [item for group, version, plural in CLUSTER_KINDS
+                        for item in await list_objects(api, namespace, group, version, plural)]
+                return not left and provider_objects(host, base_volume) == []
+
+            await wait_until("the failed test's cluster cleared off the host", gone, DELETE_DEADLINE_S, interval=2.0)
+            print(f"\n[test bed] the failed test's cluster cleared; guests powered off: {sorted(powered_off)}")
+        except Exception as error:  # the test's own failure is the one to report
+            print(f"\n[test bed] the failed test's cluster NOT cleared (guests powered off: {sorted(powered_off)}): "
+                  f"{error!r}")
+        raise

@@ -19,7 +19,8 @@ provider's repository, one after the other on one libvirt host:
   topology controller makes the control plane, the MachineDeployment and their templates; the same proofs of a
   running cluster; changing the Cluster's `workerMemoryMiB` variable rolls the workers to a new template.
 
-Deleting each Cluster leaves nothing on the host. Reads of the workload API server retry while it does not answer
+Deleting each Cluster leaves nothing on the host; a test that fails clears its cluster off the host before the
+next one starts (whole_cluster_bed.cleared_on_failure). Reads of the workload API server retry while it does not answer
 (its API server restarts when the machine is starved under TCG), each failure kept as the wait's last-seen state.
 
 Real parts: the management API server; Cluster API's core (topology on), kubeadm bootstrap and kubeadm control-plane
@@ -60,12 +61,14 @@ from node_proofs import (
 )
 from pod_network_checks import prove_the_pod_network
 from whole_cluster_bed import (
+    API_SERVER_LIVENESS_FAILURES,
     PORT,
     ROLLED_WORKER_MEMORY_MIB,
     WORKER_MEMORY_MIB,
     WORKERS_DEADLINE_S,
     apply,
     assert_nodes_are_the_machines,
+    cleared_on_failure,
     cluster_available,
     control_plane_up,
     delete_the_cluster,
@@ -105,6 +108,9 @@ async def _running_cluster(api_client, namespace: str, cluster: str, kubeconfig_
         static = sorted(p.metadata.labels["component"] for p in pods.items
                         if (p.metadata.labels or {}).get("tier") == "control-plane")
         assert static == ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"], static
+        [api_server] = [p for p in pods.items if p.metadata.labels.get("component") == "kube-apiserver"]
+        probe = api_server.spec.containers[0].liveness_probe
+        assert probe.failure_threshold == API_SERVER_LIVENESS_FAILURES, probe  # the bed's kubeadm patch applied
         [resource_set] = await list_objects(api_client, namespace, templates.ADDONS_GROUP, meta.CAPI_VERSION,
                                             "clusterresourcesets")
         applied = [c for c in resource_set["status"]["conditions"] if c["type"] == "ResourcesApplied"]
@@ -164,7 +170,8 @@ async def test_default_flavor_makes_a_whole_cluster_whose_workers_roll_and_delet
     assert sorted(d["kind"] for d in documents) == sorted(DEFAULT_KINDS)
     kubeconfig_path = tmp_path / "workload.kubeconfig"
     with EndpointRelay(cluster_host, endpoint, PORT) as relay:
-        async with operator_running(control_plane, {cluster_host.name: cluster_host.uri}) as memo:
+        async with (operator_running(control_plane, {cluster_host.name: cluster_host.uri}) as memo,
+                    cleared_on_failure(api_client, namespace, CLUSTER, cluster_host, cluster_base_volume)):
             clock = Clock()
             await apply(api_client, control_plane, documents)
             await _running_cluster(api_client, namespace, CLUSTER, kubeconfig_path, clock)
@@ -207,7 +214,8 @@ async def test_clusterclass_flavor_makes_a_whole_cluster_whose_worker_variable_r
     kubeconfig_path = tmp_path / "workload.kubeconfig"
     objects = client.CustomObjectsApi(api_client)
     with EndpointRelay(cluster_host, endpoint, PORT) as relay:
-        async with operator_running(control_plane, {cluster_host.name: cluster_host.uri}):
+        async with (operator_running(control_plane, {cluster_host.name: cluster_host.uri}),
+                    cleared_on_failure(api_client, namespace, CLASS_CLUSTER, cluster_host, cluster_base_volume)):
             clock = Clock()
             await apply(api_client, control_plane, documents)
             await _running_cluster(api_client, namespace, CLASS_CLUSTER, kubeconfig_path, clock)

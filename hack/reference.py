@@ -74,7 +74,7 @@ def _fields(schema: dict[str, Any], path: str, required: bool) -> Iterator[tuple
 
 
 def api_page() -> str:
-    lines = ["# API fields", "", GENERATED.format(source="the API models (src/capi_libvirt/api/v1alpha1.py, kinds.py)"),
+    lines = ["# API fields", "", GENERATED.format(source="the API models (src/capi_libvirt/api/v1alpha1.py, v1alpha1_host.py, kinds.py)"),
              "", f"Group `{meta.GROUP}`, version `{meta.VERSION}`. Every field of every kind, with its documentation "
              "and the limits the API server enforces.", ""]
     for kind in kinds.ALL:

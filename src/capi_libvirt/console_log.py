@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, TypeVar
 import pydantic
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import v1alpha1, v1alpha1_host
 from capi_libvirt.core import conditions, naming
 from capi_libvirt.hypervisor import connection, credentials, machines
 from capi_libvirt.hypervisor import host as host_api
@@ -133,7 +133,7 @@ async def host_access(kube: api.KubeAPI, host: str,
     if body is None:
         raise ConsoleLogError(f"LibvirtHost {host} not found (for a host without an object, pass --host {host}=URI)")
     try:
-        spec = v1alpha1.LibvirtHostSpec.model_validate(body.get("spec") or {})
+        spec = v1alpha1_host.LibvirtHostSpec.model_validate(body.get("spec") or {})
     except pydantic.ValidationError as error:
         fields = ", ".join(".".join(map(str, e["loc"])) for e in error.errors())
         raise ConsoleLogError(f"LibvirtHost {host} has an invalid spec: {fields}") from None

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from capi_libvirt.api import meta, v1alpha1
+from capi_libvirt.api import meta, v1alpha1, v1alpha1_host
 from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud
 from devenv.control_plane import ControlPlaneError, LocalControlPlane
 
@@ -194,7 +194,7 @@ def test_generated_hosts_are_admitted_exactly_when_the_model_accepts_them(contro
         COUNTS["admission: LibvirtHosts"] += 1
         body = {"apiVersion": meta.API_VERSION, "kind": "LibvirtHost", "metadata": metadata, "spec": spec}
         accepted, answer = dry_run(control_plane, collection, body)
-        check_verdict(accepted, metadata_ok(metadata) and model_accepts(v1alpha1.LibvirtHostSpec, spec), body, answer)
+        check_verdict(accepted, metadata_ok(metadata) and model_accepts(v1alpha1_host.LibvirtHostSpec, spec), body, answer)
 
     before = COUNTS["admission: LibvirtHosts"]
     one()

@@ -14,7 +14,7 @@ import pydantic
 import pytest
 
 from capi_libvirt import download
-from capi_libvirt.api import crd, v1alpha1
+from capi_libvirt.api import crd, v1alpha1, v1alpha1_host
 from capi_libvirt.core import images, naming, orphans, tenancy
 from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.core.orphans import HostDomain
@@ -97,17 +97,17 @@ def test_a_url_outside_or_escaping_the_prefix_is_not(url):
 
 def test_no_url_is_allowed_by_default_and_the_refusal_says_where_to_allow_it():
     machine = spec(url=URL, sha256=SHA)
-    refused = tenancy.refusal("kvm1", v1alpha1.HostAccess(), "default", "team-a", machine)
+    refused = tenancy.refusal("kvm1", v1alpha1_host.HostAccess(), "default", "team-a", machine)
     assert refused is not None and refused.field == "imageURLPrefixes"
     assert URL in refused.message and "spec.access.imageURLPrefixes" in refused.message and "none" in refused.message
-    allowed = v1alpha1.HostAccess.model_validate({"imageURLPrefixes": [PREFIX]})
+    allowed = v1alpha1_host.HostAccess.model_validate({"imageURLPrefixes": [PREFIX]})
     assert tenancy.refusal("kvm1", allowed, "default", "team-a", machine) is None
     assert tenancy.refusal("kvm1", tenancy.UNRESTRICTED, "default", "team-a", machine) is None  # --host hosts
 
 
 def test_an_imported_image_is_never_named_as_a_volume():
     """It may be an import in progress: a machine names it by URL and sha256, which waits for the marker."""
-    anything = v1alpha1.HostAccess.model_validate({"images": ["*"]})
+    anything = v1alpha1_host.HostAccess.model_validate({"images": ["*"]})
     refused = tenancy.refusal("kvm1", anything, "default", "t", spec(volume=images.image_volume_name(SHA)))
     assert refused is not None and "image.url" in refused.message
 
@@ -115,7 +115,7 @@ def test_an_imported_image_is_never_named_as_a_volume():
 @pytest.mark.parametrize("prefix", ["https://images.example.com", "images.example.com/", "https://a@b/", "file:///x/"])
 def test_a_prefix_must_fix_the_host(prefix):
     with pytest.raises(pydantic.ValidationError):
-        v1alpha1.HostAccess.model_validate({"imageURLPrefixes": [prefix]})
+        v1alpha1_host.HostAccess.model_validate({"imageURLPrefixes": [prefix]})
 
 
 def qcow2_header(version: int = 3, backing_offset: int = 0, incompatible: int = 0, size: int = 2**30) -> bytes:

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from capi_libvirt.api import reasons, v1alpha1
+from capi_libvirt.api import reasons, v1alpha1_host
 from capi_libvirt.core import placement, tenancy
 from capi_libvirt.core.domain_xml import Owner
 from capi_libvirt.core.placement import DomainUsage, HostLoad, NoHost, Placed, Request, choose_host
@@ -107,8 +107,8 @@ def probe(**changes) -> host_probe.HostProbe:
     return host_probe.HostProbe(**{**fields, **changes})
 
 
-SPEC = v1alpha1.LibvirtHostSpec.model_construct(uri="qemu:///system", access=tenancy.UNRESTRICTED,
-                                                storage_pool="default", overcommit=v1alpha1.Overcommit(),
+SPEC = v1alpha1_host.LibvirtHostSpec.model_construct(uri="qemu:///system", access=tenancy.UNRESTRICTED,
+                                                storage_pool="default", overcommit=v1alpha1_host.Overcommit(),
                                                 failure_domain=None, control_plane=True, unschedulable=False,
                                                 decommissioned=False)
 
@@ -120,7 +120,7 @@ def test_the_host_status_reports_what_placement_used():
                                          "foreignMemoryMiB", "foreignVMsShutOff")} == \
         {"freeMemoryMiB": 900, "availableMemoryMiB": 9000, "foreignVMs": 3, "foreignCPUs": 3,
          "foreignMemoryMiB": 14336, "foreignVMsShutOff": 1}
-    v1alpha1.LibvirtHostStatus.model_validate(status)  # every field is one the CRD knows
+    v1alpha1_host.LibvirtHostStatus.model_validate(status)  # every field is one the CRD knows
     gone = inventory.host_status(dataclasses.replace(known, reachable=False), "2026-12-01T00:00:00Z")
     assert gone["foreignVMs"] is None and gone["availableMemoryMiB"] is None  # cleared, not left stale
 

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from capi_libvirt.api import reasons, v1alpha1
+from capi_libvirt.api import reasons, v1alpha1, v1alpha1_host
 from capi_libvirt.core import placement, tenancy
 from capi_libvirt.core.placement import GIB, HostLoad, NoHost, Placed, PoolRoom, Request, choose_host
 from capi_libvirt.reconcile import inventory
@@ -77,8 +77,8 @@ def test_claims_tally_root_and_data_disks_per_pool_and_namespace():
     assert claims["b"].by_namespace == {"team-1": tenancy.Holding(1, 4, 4096, 30)}
 
 
-def access(*quotas: dict) -> v1alpha1.HostAccess:
-    return v1alpha1.HostAccess.model_validate({"quotas": list(quotas)})
+def access(*quotas: dict) -> v1alpha1_host.HostAccess:
+    return v1alpha1_host.HostAccess.model_validate({"quotas": list(quotas)})
 
 
 @pytest.mark.parametrize(("quota", "held", "field", "named"), [
@@ -143,10 +143,10 @@ def test_the_inventory_hands_placement_each_pools_room_and_the_namespaces_quota(
             return []
     pools = (placement.PoolUsage("default", 100 * GIB, 30 * GIB, 70 * GIB, machine_disks_bytes=40 * GIB,
                                  machine_allocation_bytes=10 * GIB),)
-    access = v1alpha1.HostAccess.model_validate({"namespaces": ["*"], "storagePools": ["*"], "images": ["*"],
+    access = v1alpha1_host.HostAccess.model_validate({"namespaces": ["*"], "storagePools": ["*"], "images": ["*"],
                                                  "quotas": [{"namespaces": ["t-*"], "machines": 1}]})
     spec = SPEC.model_copy(update={"access": access,
-                                   "overcommit": v1alpha1.Overcommit.model_validate({"storagePools": {"default": 2}})})
+                                   "overcommit": v1alpha1_host.Overcommit.model_validate({"storagePools": {"default": 2}})})
     stock = inventory.Inventory(Registry())  # type: ignore[arg-type]
     stock.hosts["a"] = inventory.InventoryHost("a", spec, probe(pools=pools), reachable=True)
     claims = placement.claims_by_host([("a", "t-1", {"cpus": 1, "memoryMiB": 512, "diskGiB": 50,
@@ -161,7 +161,7 @@ def test_the_inventory_hands_placement_each_pools_room_and_the_namespaces_quota(
     assert stock.pool_room("a", "default", claims["a"]) == 130 * GIB and stock.pool_room("a", "x", None) is None
     [shown] = inventory.host_status(stock.hosts["a"], "2026-12-01T00:00:00Z")["pools"]
     assert shown["roomBytes"] == (200 - 40 - 20) * GIB and shown["otherBytes"] == 20 * GIB, shown
-    v1alpha1.PoolUsage.model_validate(shown)
+    v1alpha1_host.PoolUsage.model_validate(shown)
 
 
 def test_a_networks_own_addresses_are_read_from_its_xml():

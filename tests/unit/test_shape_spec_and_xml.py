@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pydantic
 import pytest
 
-from capi_libvirt.api import crd, kinds, reasons, v1alpha1
+from capi_libvirt.api import crd, kinds, reasons, v1alpha1, v1alpha1_host
 from capi_libvirt.core import capi_objects, domain_xml, naming, orphans, tenancy
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import machine as machine_reconcile
@@ -261,7 +261,7 @@ async def test_an_unknown_cpu_model_says_so_and_a_usable_one_passes() -> None:
 def test_the_shape_names_nothing_of_the_host_a_tenant_could_reach_past_its_pool() -> None:
     """Data disks live in the machine's storagePool (the pool tenancy checks), UEFI names no firmware or NVRAM file,
     the Ignition file is the provider's own volume: a machine whose pool is not allowed is refused as before."""
-    access = v1alpha1.HostAccess(images=["base.qcow2"])
+    access = v1alpha1_host.HostAccess(images=["base.qcow2"])
     shaped = spec(firmware="uefi", dataDisks=[{"sizeGiB": 1}], cpuModel="qemu64", storagePool="other")
     refused = tenancy.refusal("kvm1", access, "default", "ns", shaped)
     assert refused is not None and refused.field == "storagePools"

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 import yaml
 
-from capi_libvirt.api import meta, reasons, release, templates, v1alpha1
+from capi_libvirt.api import meta, reasons, release, templates, v1alpha1, v1alpha1_host
 from capi_libvirt.core import naming, tenancy
 from capi_libvirt.core.placement import HostLoad, NoHost, Placed, Request, choose_host
 
@@ -17,15 +17,15 @@ pytestmark = pytest.mark.unit
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def access(**fields) -> v1alpha1.HostAccess:
-    return v1alpha1.HostAccess.model_validate(fields)
+def access(**fields) -> v1alpha1_host.HostAccess:
+    return v1alpha1_host.HostAccess.model_validate(fields)
 
 
 def spec(**fields) -> v1alpha1.LibvirtMachineSpec:
     return v1alpha1.LibvirtMachineSpec.model_validate({"image": {"volume": "ubuntu.qcow2"}, **fields})
 
 
-def refusal(host_access: v1alpha1.HostAccess, machine: v1alpha1.LibvirtMachineSpec, namespace: str = "team-a",
+def refusal(host_access: v1alpha1_host.HostAccess, machine: v1alpha1.LibvirtMachineSpec, namespace: str = "team-a",
             host_pool: str = "default") -> tenancy.Refusal | None:
     return tenancy.refusal("kvm1", host_access, host_pool, namespace, machine)
 

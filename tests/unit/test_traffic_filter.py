@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import v1alpha1, v1alpha1_host
 from capi_libvirt.core import tenancy, traffic_filter
 from capi_libvirt.core.traffic_filter import TrafficFilter, filterref_element
 
@@ -82,7 +82,7 @@ def test_the_projects_filters_return_the_allowed_addresses_in_clean_traffics_cha
 
 
 def test_a_tenant_may_send_from_an_extra_address_only_where_the_admin_granted_its_namespace():
-    access = v1alpha1.HostAccess.model_validate({"images": ["base.qcow2"], "allowedAddresses": [
+    access = v1alpha1_host.HostAccess.model_validate({"images": ["base.qcow2"], "allowedAddresses": [
         {"namespaces": ["team-a"], "cidrs": ["192.168.122.250/32"]}]})
 
     def spec(address: str) -> v1alpha1.LibvirtMachineSpec:
@@ -92,5 +92,5 @@ def test_a_tenant_may_send_from_an_extra_address_only_where_the_admin_granted_it
     refused = tenancy.refusal("h", access, "default", "team-b", spec("192.168.122.250"))
     assert refused is not None and refused.field == "allowedAddresses" and "namespace team-b" in refused.message
     assert tenancy.refusal("h", access, "default", "team-a", spec("192.168.122.251")) is not None
-    assert tenancy.refusal("h", v1alpha1.HostAccess(images=["base.qcow2"]), "default", "team-a",
+    assert tenancy.refusal("h", v1alpha1_host.HostAccess(images=["base.qcow2"]), "default", "team-a",
                            spec("192.168.122.250")) is not None  # nothing granted by default

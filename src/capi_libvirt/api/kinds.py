@@ -8,7 +8,7 @@ from typing import Any
 
 import pydantic
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import v1alpha1, v1alpha1_host
 
 CLUSTER_NAME_LABEL = r".metadata.labels['cluster\.x-k8s\.io/cluster-name']"
 
@@ -112,8 +112,8 @@ LIBVIRT_HOST = Kind(
     kind="LibvirtHost",
     plural="libvirthosts",
     short_names=("lvh",),
-    spec=v1alpha1.LibvirtHostSpec,
-    status=v1alpha1.LibvirtHostStatus,
+    spec=v1alpha1_host.LibvirtHostSpec,
+    status=v1alpha1_host.LibvirtHostStatus,
     description="A KVM/libvirt hypervisor of the inventory: how to reach it, its failure domain and overcommit, and "
                 "what the health probe sees. Cluster-scoped: machines of any cluster and namespace share hosts.",
     columns=(
@@ -126,7 +126,7 @@ LIBVIRT_HOST = Kind(
         AGE,
     ),
     scope="Cluster",
-    spec_validations=v1alpha1.host_spec_immutability,
+    spec_validations=v1alpha1_host.host_spec_immutability,
 )
 
 ALL = (LIBVIRT_CLUSTER, LIBVIRT_CLUSTER_TEMPLATE, LIBVIRT_MACHINE, LIBVIRT_MACHINE_TEMPLATE, LIBVIRT_HOST)

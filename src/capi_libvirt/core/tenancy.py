@@ -17,7 +17,7 @@ import ipaddress
 import posixpath
 from collections.abc import Sequence
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import v1alpha1, v1alpha1_host
 from capi_libvirt.core import images, naming
 
 
@@ -38,7 +38,7 @@ def matches(name: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def allowed_pools(access: v1alpha1.HostAccess, host_pool: str) -> list[str]:
+def allowed_pools(access: v1alpha1_host.HostAccess, host_pool: str) -> list[str]:
     """The pools machines may use: the listed ones, or only the host's own storage pool when none are listed."""
     return list(access.storage_pools) if access.storage_pools is not None else [host_pool]
 
@@ -58,7 +58,7 @@ def path_under(path: str, folders: Sequence[str]) -> bool:
     return any(path.startswith(folder) and len(path) > len(folder) for folder in folders)
 
 
-def namespace_refusal(host: str, access: v1alpha1.HostAccess, namespace: str) -> Refusal | None:
+def namespace_refusal(host: str, access: v1alpha1_host.HostAccess, namespace: str) -> Refusal | None:
     if access.namespaces is not None and not matches(namespace, access.namespaces):
         # The other tenants' namespaces are not named: a tenant learns only that this host is not theirs.
         return Refusal(host, "namespaces", f"host {host} does not allow machines of namespace {namespace} "
@@ -66,7 +66,7 @@ def namespace_refusal(host: str, access: v1alpha1.HostAccess, namespace: str) ->
     return None
 
 
-def refusal(host: str, access: v1alpha1.HostAccess, host_pool: str, namespace: str,
+def refusal(host: str, access: v1alpha1_host.HostAccess, host_pool: str, namespace: str,
             spec: v1alpha1.LibvirtMachineSpec) -> Refusal | None:
     """The first thing `spec` (of a machine in `namespace`) asks of `host` that its access rules do not allow."""
     denied = namespace_refusal(host, access, namespace)
@@ -104,7 +104,7 @@ def refusal(host: str, access: v1alpha1.HostAccess, host_pool: str, namespace: s
     return None
 
 
-def address_granted(access: v1alpha1.HostAccess, namespace: str, address: str) -> bool:
+def address_granted(access: v1alpha1_host.HostAccess, namespace: str, address: str) -> bool:
     """`address` is in a range the host grants `namespace` to send from besides its own addresses."""
     ip = ipaddress.ip_address(address)
     return any(matches(namespace, grant.namespaces) and
@@ -112,7 +112,7 @@ def address_granted(access: v1alpha1.HostAccess, namespace: str, address: str) -
                for grant in access.allowed_addresses)
 
 
-def image_refusal(host: str, access: v1alpha1.HostAccess, image: v1alpha1.ImageSource) -> Refusal | None:
+def image_refusal(host: str, access: v1alpha1_host.HostAccess, image: v1alpha1.ImageSource) -> Refusal | None:
     """A volume must be on the host's image list (and never a machine's own volume, nor an imported image, which is
     named by its URL and sha256 instead); a URL must start with one of the host's image URL prefixes."""
     if image.url is not None:
@@ -151,7 +151,7 @@ QUOTA_UNITS = (("machines", "machines"), ("cpus", "vCPUs"), ("memory_mib", "MiB 
                ("disk_gib", "GiB of disk"))
 
 
-def quota_excess(host: str, access: v1alpha1.HostAccess, namespace: str, held: Holding,
+def quota_excess(host: str, access: v1alpha1_host.HostAccess, namespace: str, held: Holding,
                  wanted: Holding) -> str | None:
     """Why one more machine (`wanted`) would put `namespace`, which holds `held` on `host`, over its quota there (the
     first of the host's quotas that lists the namespace); None when it fits or no quota applies."""
@@ -163,7 +163,7 @@ def quota_excess(host: str, access: v1alpha1.HostAccess, namespace: str, held: H
             limit = getattr(quota, field)
             if limit is not None and getattr(after, field) > limit:
                 return (f"namespace {namespace} may hold {limit} {unit} on host {host} (LibvirtHost "
-                        f"spec.access.quotas[{index}].{v1alpha1.NamespaceQuota.model_fields[field].alias or field}); "
+                        f"spec.access.quotas[{index}].{v1alpha1_host.NamespaceQuota.model_fields[field].alias or field}); "
                         f"it holds {getattr(held, field)} and this machine needs {getattr(wanted, field)} more")
         return None
     return None
@@ -174,7 +174,7 @@ def _listed(items: Sequence[str]) -> str:
 
 
 # For hosts given on the operator's command line (--host, development only): the operator's own admin named them.
-UNRESTRICTED = v1alpha1.HostAccess.model_construct(
+UNRESTRICTED = v1alpha1_host.HostAccess.model_construct(
     namespaces=None, storage_pools=["*"], networks=["*"], bridges=["*"], images=["*"], host_paths=["/"],
     image_url_prefixes=["http://", "https://"], quotas=[],
-    allowed_addresses=[v1alpha1.AddressGrant(namespaces=["*"], cidrs=["0.0.0.0/0", "::/0"])])
+    allowed_addresses=[v1alpha1_host.AddressGrant(namespaces=["*"], cidrs=["0.0.0.0/0", "::/0"])])

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import pydantic
 
-from capi_libvirt.api import reasons, v1alpha1
+from capi_libvirt.api import reasons, v1alpha1_host
 from capi_libvirt.core import conditions
 from capi_libvirt.hypervisor import credentials, probe
 from capi_libvirt.hypervisor import host as host_api
@@ -39,7 +39,7 @@ async def _refuse(deps: Dependencies, name: str, reason: str, message: str) -> N
 async def upsert_host(deps: Dependencies, name: str, spec_data: dict[str, Any]) -> None:
     """Add or update the host; raises Wait (retried) while its spec or credentials Secret are not usable."""
     try:
-        spec = v1alpha1.LibvirtHostSpec.model_validate(spec_data)
+        spec = v1alpha1_host.LibvirtHostSpec.model_validate(spec_data)
         credentials.check_uri(spec.uri)
     except (pydantic.ValidationError, credentials.CredentialsError) as error:
         problem = str(error) if isinstance(error, credentials.CredentialsError) else \

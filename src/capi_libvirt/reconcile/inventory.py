@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from capi_libvirt.api import v1alpha1
+from capi_libvirt.api import v1alpha1, v1alpha1_host
 from capi_libvirt.core import outage, placement, tenancy
 from capi_libvirt.hypervisor import credentials, errors, probe
 from capi_libvirt.hypervisor import host as host_api
@@ -29,7 +29,7 @@ POOL_REFRESH_S = 300.0  # how often a probe refreshes the pools it reads (a refr
 @dataclasses.dataclass
 class InventoryHost:
     name: str
-    spec: v1alpha1.LibvirtHostSpec
+    spec: v1alpha1_host.LibvirtHostSpec
     probe: probe.HostProbe | None = None
     reachable: bool = False
     problem: str | None = None  # why the last probe failed (safe text: no URI, no credentials)
@@ -63,10 +63,10 @@ class Inventory:
         for name in registry.names():  # static hosts (--host): default spec, probed like the others
             # Not validated as an object's spec: a local URI may carry ?socket=, which LibvirtHost objects may not.
             # Unrestricted access: whoever runs the operator with --host (development) is the host's admin.
-            self.hosts[name] = InventoryHost(name, v1alpha1.LibvirtHostSpec.model_construct(
+            self.hosts[name] = InventoryHost(name, v1alpha1_host.LibvirtHostSpec.model_construct(
                 uri=registry.get(name).uri, access=tenancy.UNRESTRICTED))
 
-    def upsert(self, name: str, spec: v1alpha1.LibvirtHostSpec,
+    def upsert(self, name: str, spec: v1alpha1_host.LibvirtHostSpec,
                secret: credentials.Credentials | None) -> host_api.Host | None:
         """Add or update a host; returns a replaced connection for the caller to close off the event loop."""
         current = self.hosts.get(name)

@@ -23,7 +23,7 @@ from kubernetes_asyncio import client, config, watch
 
 from bench import measure, testbed
 from capi_libvirt.api import meta, v1alpha1
-from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud, volume_xml
+from capi_libvirt.core import cloud_init, domain_owner, domain_xml, naming, nocloud, volume_xml
 from devenv import base_image
 
 ROUND_TIMEOUT_S = 900.0
@@ -277,7 +277,7 @@ class Floor:
         config_ = domain_xml.from_spec(spec, name=naming.domain_name(ns, name, uid), uuid=naming.domain_uuid(uid),
                                        disk_path=f"{pool_dir}/{overlay}", iso_path=f"{pool_dir}/{iso_name}",
                                        serial_log_path=f"{pool_dir}/{naming.serial_log_file_name(ns, name, uid)}",
-                                       owner=domain_xml.Owner(namespace=ns, name=name, uid=uid))
+                                       owner=domain_owner.Owner(namespace=ns, name=name, uid=uid))
         iso = nocloud.build_nocloud_iso(USER_DATA.encode(), cloud_init.meta_data(naming.domain_uuid(uid), name, "x"),
                                         cloud_init.network_config(spec.interfaces, [config_.interfaces[0].mac]))
         volume = pool.createXML(volume_xml.raw_volume_xml(iso_name, len(iso)), 0)

@@ -27,7 +27,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 
-from capi_libvirt.core import domain_xml, images, placement, traffic_filter
+from capi_libvirt.core import domain_owner, domain_xml_edits, images, placement, traffic_filter
 from capi_libvirt.core.address_conflicts import Segment, SegmentFacts
 from capi_libvirt.core.orphans import HostDomain
 from capi_libvirt.hypervisor import connection, credentials, errors, machines, probe, traffic_filters
@@ -254,7 +254,7 @@ class MemoryHost(HostState):
                 domain.state, domain.pause_reason = "running", None
                 return True
             if domain.state == "shutoff":
-                missing = sorted(p for p in domain_xml.disk_paths(domain.xml) if not self._volume_at(p))
+                missing = sorted(p for p in domain_xml_edits.disk_paths(domain.xml) if not self._volume_at(p))
                 if missing:
                     raise errors.HypervisorError(f"start domain: Cannot access storage file '{missing[0]}'")
                 for mac, network in self._network_nics(uuid):
@@ -297,24 +297,24 @@ class MemoryHost(HostState):
             domain.xml = ET.tostring(root, encoding="unicode")
             return pinned
 
-    async def set_owner(self, uuid: str, owner: domain_xml.Owner, expected: domain_xml.Owner | None) -> None:
+    async def set_owner(self, uuid: str, owner: domain_owner.Owner, expected: domain_owner.Owner | None) -> None:
         async with self._operation("set_owner", uuid, owner, expected):
             domain = self._domain(uuid)
-            if expected is not None and domain_xml.parse_owner(domain.xml) != expected:
+            if expected is not None and domain_owner.parse_owner(domain.xml) != expected:
                 raise errors.HypervisorError(f"owner metadata of domain {domain.name} changed meanwhile")
             root = ET.fromstring(domain.xml)
             metadata = root.find("metadata")
             if metadata is None:
                 metadata = ET.SubElement(root, "metadata")
-            for old in metadata.findall(f"{{{domain_xml.METADATA_NAMESPACE}}}{domain_xml.METADATA_ELEMENT}"):
+            for old in metadata.findall(f"{{{domain_owner.METADATA_NAMESPACE}}}{domain_owner.METADATA_ELEMENT}"):
                 metadata.remove(old)
-            metadata.append(ET.fromstring(domain_xml.owner_metadata_xml(owner)))
+            metadata.append(ET.fromstring(domain_owner.owner_metadata_xml(owner)))
             domain.xml = ET.tostring(root, encoding="unicode")
 
     async def eject_nocloud(self, uuid: str, iso_volume: str) -> list[str]:
         async with self._operation("eject_nocloud", uuid, iso_volume):
             domain = self._domain(uuid)
-            ejected = domain_xml.ejected_cdrom_xml(domain.xml, iso_volume)
+            ejected = domain_xml_edits.ejected_cdrom_xml(domain.xml, iso_volume)
             if ejected is None:
                 return []
             domain.xml = self._with_device(domain.xml, ejected)
@@ -329,7 +329,7 @@ class MemoryHost(HostState):
             if not volumes.ignition:
                 raise ValueError("no Ignition volume name")
             domain, done = self._domain(uuid), []
-            redefined = domain_xml.without_fw_cfg_file_xml(domain.xml, volumes.ignition)
+            redefined = domain_xml_edits.without_fw_cfg_file_xml(domain.xml, volumes.ignition)
             if redefined is not None:
                 domain.xml = redefined
                 done.append("definition")
@@ -343,7 +343,7 @@ class MemoryHost(HostState):
             removed = []
             domain = self.domains.get(uuid)
             if domain is not None:
-                owner = domain_xml.parse_owner(domain.xml)
+                owner = domain_owner.parse_owner(domain.xml)
                 if owner is None or owner.uid != machine_uid or (namespace is not None and owner.namespace != namespace) \
                         or (name is not None and owner.name != name):
                     raise errors.HypervisorError(f"domain {uuid} is not owned by machine {machine_uid}; left alone")
@@ -365,11 +365,11 @@ class MemoryHost(HostState):
             found = []
             for domain in self.domains.values():
                 try:
-                    owner = domain_xml.parse_owner(domain.xml)
+                    owner = domain_owner.parse_owner(domain.xml)
                 except ValueError:
                     owner = None
                 found.append(HostDomain(uuid=domain.uuid, name=domain.name, owner=owner,
-                                        paths=domain_xml.disk_paths(domain.xml)))
+                                        paths=domain_xml_edits.disk_paths(domain.xml)))
             listed = self.pools.get(pool)
             return found, sorted(listed.volumes) if listed is not None and listed.active else []
 
@@ -378,7 +378,7 @@ class MemoryHost(HostState):
             domain = self.domains.get(orphan.uuid)
             if domain is None:
                 return []
-            if domain.name != orphan.name or domain_xml.parse_owner(domain.xml) != orphan.owner:
+            if domain.name != orphan.name or domain_owner.parse_owner(domain.xml) != orphan.owner:
                 raise errors.HypervisorError(f"domain {orphan.name} changed since it was found orphaned; left alone")
             del self.domains[orphan.uuid]
             removed = [f"domain {orphan.name}"]

@@ -10,7 +10,7 @@ import ipaddress
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
-from capi_libvirt.core import domain_xml, images, placement
+from capi_libvirt.core import domain_owner, domain_xml_edits, images, placement
 from capi_libvirt.core.address_conflicts import Segment
 from capi_libvirt.hypervisor import errors, machines
 from capi_libvirt.hypervisor import images as host_images
@@ -132,9 +132,9 @@ class HostState:
     def _usage(domain: Domain) -> placement.DomainUsage:
         root = ET.fromstring(domain.xml)
         memory_kib = int(root.findtext("memory") or 0)  # the provider writes KiB
-        return placement.DomainUsage(owner=domain_xml.parse_owner(domain.xml), active=domain.state != "shutoff",
+        return placement.DomainUsage(owner=domain_owner.parse_owner(domain.xml), active=domain.state != "shutoff",
                                      memory_mib=memory_kib // 1024, vcpus=int(root.findtext("vcpu") or 1),
-                                     disk_paths=domain_xml.disk_paths(domain.xml))
+                                     disk_paths=domain_xml_edits.disk_paths(domain.xml))
 
     @staticmethod
     def _pool_usage(pool: Pool, machine_paths: frozenset[str]) -> placement.PoolUsage:

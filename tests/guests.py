@@ -9,7 +9,7 @@ import time
 
 import libvirt
 
-from capi_libvirt.core import domain_xml
+from capi_libvirt.core import domain_owner
 from devenv import base_image
 
 REFRESH_ATTEMPTS = 50
@@ -86,14 +86,14 @@ def host_state(host) -> dict:
     images}: a domain restarted gets another ID, a redefined one another UUID or name."""
     with host.connect() as conn:
         domains = {d.UUIDString(): (d.name(), d.ID(), d.state()[0]) for d in conn.listAllDomains()
-                   if domain_xml.parse_owner(d.XMLDesc(0)) is not None}
+                   if domain_owner.parse_owner(d.XMLDesc(0)) is not None}
         volumes = sorted(v for v in refreshed_pool(conn, host.pool_name).listVolumes()
                          if not base_image.is_base_volume(v))
     return {"domains": domains, "volumes": volumes}
 
 
-def owner_of(host, uuid_: str) -> domain_xml.Owner | None:
+def owner_of(host, uuid_: str) -> domain_owner.Owner | None:
     """The provider's owner metadata of the domain `uuid_` (namespace, name, UID, management cluster)."""
     with host.connect() as conn:
-        return domain_xml.parse_owner(conn.lookupByUUIDString(uuid_).XMLDesc(0))
+        return domain_owner.parse_owner(conn.lookupByUUIDString(uuid_).XMLDesc(0))
 

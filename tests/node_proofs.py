@@ -32,7 +32,7 @@ from kubernetes_asyncio import client
 import guest_agent
 import timing_report
 from capi_libvirt.api import reasons
-from capi_libvirt.core import domain_xml
+from capi_libvirt.core import domain_xml_edits
 from day2_rollouts import DEPLOYMENT_LABEL, workload_read
 from guests import refreshed_pool
 from kubeadm_workers import by_kind, create, is_ready, libvirt_machines, machines
@@ -104,7 +104,7 @@ async def seeds_gone(api: client.ApiClient, namespace: str, host, count: int) ->
         for machine in infra:
             domain = conn.lookupByUUIDString(machine["status"]["domainUUID"])
             for flags in (0, libvirt.VIR_DOMAIN_XML_INACTIVE):
-                sources = domain_xml.cdrom_sources(domain.XMLDesc(flags))
+                sources = domain_xml_edits.cdrom_sources(domain.XMLDesc(flags))
                 assert sources == [], f"{machine['metadata']['name']}: the CD-ROM still holds {sources} ({flags=})"
         isos = [v for v in refreshed_pool(conn, host.pool_name).listVolumes() if v.endswith("-cidata.iso")]
         assert isos == [], f"a host without ISOs after provisioning: {isos}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import types
 
-from capi_libvirt.core import domain_xml, naming, outage, provider_id
+from capi_libvirt.core import domain_owner, naming, outage, provider_id
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile import machine as machine_reconcile
@@ -44,10 +44,10 @@ MAC = "52:54:00:00:00:01"
 
 def domain_of(namespace: str = "ns", name: str = "m0", uid: str = SOURCE_UID) -> machines.DomainInfo:
     """The domain a machine placed on kvm1 left there (running, its NIC leased an address by the host's network)."""
-    owner = domain_xml.Owner(namespace=namespace, name=name, uid=uid, cluster="c1")
+    owner = domain_owner.Owner(namespace=namespace, name=name, uid=uid, cluster="c1")
     xml = (f'<domain><name>{naming.domain_name(namespace, name, uid)}</name><uuid>{naming.domain_uuid(uid)}</uuid>'
-           f'<metadata><capi:machine xmlns:capi="{domain_xml.METADATA_NAMESPACE}">'
-           + "".join(f"<capi:{field}>{getattr(owner, field)}</capi:{field}>" for field in domain_xml.OWNER_FIELDS)
+           f'<metadata><capi:machine xmlns:capi="{domain_owner.METADATA_NAMESPACE}">'
+           + "".join(f"<capi:{field}>{getattr(owner, field)}</capi:{field}>" for field in domain_owner.OWNER_FIELDS)
            + f"</capi:machine></metadata><devices><interface type='network'><mac address='{MAC}'/>"
            "<source network='default'/></interface></devices></domain>")
     return machines.DomainInfo(uuid=naming.domain_uuid(uid), name=naming.domain_name(namespace, name, uid),

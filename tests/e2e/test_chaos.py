@@ -25,7 +25,7 @@ import pytest
 from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta
-from capi_libvirt.core import domain_xml, naming, provider_id
+from capi_libvirt.core import domain_owner, naming, provider_id
 from capi_libvirt.hypervisor import machines
 from capi_libvirt.reconcile.machine import FINALIZER
 from devenv import capi_objects, ipxe_image, paths
@@ -129,10 +129,10 @@ class Tally:
             self.leaks.append(what)
 
 
-def host_inventory(host: LibvirtHost) -> tuple[list[tuple[str, domain_xml.Owner | None]], set[str]]:
+def host_inventory(host: LibvirtHost) -> tuple[list[tuple[str, domain_owner.Owner | None]], set[str]]:
     """Every domain (UUID, owner metadata) and every volume of the pool (refreshed: files libvirt did not make count)."""
     with host.connect() as conn:
-        domains = [(d.UUIDString(), domain_xml.parse_owner(d.XMLDesc(0))) for d in conn.listAllDomains()]
+        domains = [(d.UUIDString(), domain_owner.parse_owner(d.XMLDesc(0))) for d in conn.listAllDomains()]
         pool = conn.storagePoolLookupByName(host.pool_name)
         pool.refresh(0)
         volumes = set(pool.listVolumes())

@@ -18,7 +18,7 @@ import pytest
 from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta
-from capi_libvirt.core import domain_xml, naming
+from capi_libvirt.core import domain_owner, naming
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory
@@ -41,7 +41,7 @@ def our_objects(host, machine_uid: str) -> dict[str, list[str]]:
     marker = naming.uid_hash(machine_uid)
     with host.connect() as conn:
         domains = [d.UUIDString() for d in conn.listAllDomains()
-                   if (owner := domain_xml.parse_owner(d.XMLDesc(0))) and owner.uid == machine_uid]
+                   if (owner := domain_owner.parse_owner(d.XMLDesc(0))) and owner.uid == machine_uid]
         pool = refreshed_pool(conn, host.pool_name)
         volumes = sorted(v for v in pool.listVolumes() if marker in v)
     return {"domains": domains, "volumes": volumes}

@@ -16,7 +16,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
-from capi_libvirt.core import domain_xml, naming
+from capi_libvirt.core import domain_owner, naming
 from capi_libvirt.reconcile.machine import DELETE_FOR_MOVE_ANNOTATION, FINALIZER, IDENTITY_ANNOTATION
 from devenv import base_image, capi_objects
 from devenv.libvirt_host import LibvirtHost
@@ -50,7 +50,7 @@ def on_host(host: LibvirtHost, marker: str) -> dict:
     with host.connect() as conn:
         domains = {}
         for domain in conn.listAllDomains():
-            owner = domain_xml.parse_owner(domain.XMLDesc(0))
+            owner = domain_owner.parse_owner(domain.XMLDesc(0))
             if owner is not None:
                 domains[domain.UUIDString()] = (domain.name(), domain.ID(), owner.uid)
         volumes = sorted(v for v in refreshed_pool(conn, host.pool_name).listVolumes() if marker in v)

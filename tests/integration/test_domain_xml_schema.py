@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from capi_libvirt.api import v1alpha1
-from capi_libvirt.core.domain_xml import Owner, domain_xml, from_spec
+from capi_libvirt.core.domain_owner import Owner
+from capi_libvirt.core.domain_xml import domain_xml, from_spec
 
 from prereq import require
 

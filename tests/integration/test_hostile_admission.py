@@ -26,7 +26,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from capi_libvirt.api import meta, v1alpha1, v1alpha1_host
-from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud
+from capi_libvirt.core import cloud_init, domain_owner, domain_xml, naming, nocloud
 from devenv.control_plane import ControlPlaneError, LocalControlPlane
 
 from hostile_inputs import COUNTS, SECRET_LIMIT, bootstrap_secret_data, host_spec, machine_spec, object_metadata
@@ -113,7 +113,7 @@ def validate_with_libvirt_schema(folder: pathlib.Path) -> int:
 def domain_of(stored: dict[str, Any], namespace: str) -> str:
     spec = v1alpha1.LibvirtMachineSpec.model_validate(stored["spec"])  # as the reconcile reads the stored object
     name, uid = stored["metadata"]["name"], stored["metadata"].get("uid") or str(uuid.uuid4())
-    owner = domain_xml.Owner(namespace, name, uid, (stored["metadata"].get("labels") or {}).get(meta.CLUSTER_NAME_LABEL))
+    owner = domain_owner.Owner(namespace, name, uid, (stored["metadata"].get("labels") or {}).get(meta.CLUSTER_NAME_LABEL))
     return domain_xml.domain_xml(domain_xml.from_spec(
         spec, name=naming.domain_name(namespace, name, uid), uuid=naming.domain_uuid(uid),
         disk_path=f"/pool/{naming.overlay_volume_name(namespace, name, uid)}",

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta, reasons
-from capi_libvirt.core import conditions, domain_xml, naming
+from capi_libvirt.core import conditions, domain_owner, naming
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import inventory
@@ -242,7 +242,7 @@ class Case:
                 return
             xml = domains[0].XMLDesc(0)
         COUNTS["reconcile: domains defined on libvirtd"] += 1
-        assert domain_xml.parse_owner(xml) == domain_xml.Owner(self.namespace, name, uid, CLUSTER)
+        assert domain_owner.parse_owner(xml) == domain_owner.Owner(self.namespace, name, uid, CLUSTER)
         path = self.tmp / f"{naming.domain_uuid(uid)}.xml"
         path.write_text(xml)
         result = subprocess.run(["virt-xml-validate", str(path), "domain"], capture_output=True, text=True,

@@ -25,7 +25,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta, reasons
-from capi_libvirt.core import cloud_init, domain_xml, naming
+from capi_libvirt.core import cloud_init, domain_xml_edits, naming
 from capi_libvirt.hypervisor import errors
 from devenv import capi_objects, ipxe_image
 from devenv.libvirt_host import LibvirtHost
@@ -66,8 +66,8 @@ def iso_state(host: LibvirtHost, namespace: str, name: str, uid: str) -> dict:
 def iso_state_of(host: LibvirtHost, uuid: str, iso: str) -> dict:
     with host.connect() as conn:
         domain = conn.lookupByUUIDString(uuid)
-        live = domain_xml.cdrom_sources(domain.XMLDesc(0))
-        persistent = domain_xml.cdrom_sources(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        live = domain_xml_edits.cdrom_sources(domain.XMLDesc(0))
+        persistent = domain_xml_edits.cdrom_sources(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
         return {"live": any(path.endswith("/" + iso) for path in live),
                 "persistent": any(path.endswith("/" + iso) for path in persistent),
                 "volume": iso in refreshed_pool(conn, host.pool_name).listVolumes(),

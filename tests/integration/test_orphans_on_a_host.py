@@ -23,7 +23,7 @@ from kubernetes_asyncio import client
 from prometheus_client import REGISTRY
 
 from capi_libvirt.api import meta
-from capi_libvirt.core import domain_xml, naming, provider_id
+from capi_libvirt.core import domain_owner, domain_xml, naming, provider_id
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv import capi_objects
@@ -151,7 +151,7 @@ def define_plain(conn: libvirt.virConnect, name: str, disk: str, metadata: str =
                    "</devices></domain>")
 
 
-def define_ours(conn: libvirt.virConnect, pool_dir: str, owner: domain_xml.Owner) -> str:
+def define_ours(conn: libvirt.virConnect, pool_dir: str, owner: domain_owner.Owner) -> str:
     """A domain as an operator of this provider defines it (of another management cluster, or an older release)."""
     overlay = naming.overlay_volume_name(owner.namespace, owner.name, owner.uid)
     config = domain_xml.DomainConfig(name=naming.domain_name(owner.namespace, owner.name, owner.uid),
@@ -193,15 +193,15 @@ async def test_an_orphan_is_reported_then_removed_and_nothing_else_is_touched(
 
     with remote.host.connect() as conn:
         pool_dir = conn.storagePoolLookupByName(pool).XMLDesc().split("<path>")[1].split("</path>")[0]
-        owner = domain_xml.parse_owner(domain(conn, uids["gone"]).XMLDesc(0))
+        owner = domain_owner.parse_owner(domain(conn, uids["gone"]).XMLDesc(0))
         assert owner is not None and owner.management_cluster == management  # the kube-system Namespace's UID
         gone_domain = naming.domain_name(namespace, "gone", uids["gone"])
         # What is not ours, or not provably this management cluster's orphan:
         look_alike = f"capi-{namespace}-gone-0badc0de"  # our naming scheme, someone else's domain
         stray = naming.overlay_volume_name(namespace, "stray", str(uuid.uuid4()))  # exact scheme, no domain
         lookalike_of_orphan = naming.overlay_volume_name(namespace, "gone", uids["gone"]) + ".bak"
-        other_owner = domain_xml.Owner(namespace, "elsewhere", str(uuid.uuid4()), "demo", str(uuid.uuid4()))
-        older_owner = domain_xml.Owner(namespace, "older", str(uuid.uuid4()), "demo", None)
+        other_owner = domain_owner.Owner(namespace, "elsewhere", str(uuid.uuid4()), "demo", str(uuid.uuid4()))
+        older_owner = domain_owner.Owner(namespace, "older", str(uuid.uuid4()), "demo", None)
         storage = conn.storagePoolLookupByName(pool)
         foreign_volumes = ["foreign-disk.qcow2", f"{look_alike}.qcow2", stray, lookalike_of_orphan]
         foreign_volumes += [define_ours(conn, pool_dir, other_owner), define_ours(conn, pool_dir, older_owner)]
@@ -220,7 +220,7 @@ async def test_an_orphan_is_reported_then_removed_and_nothing_else_is_touched(
 
     def released():
         with remote.host.connect() as conn:
-            owner = domain_xml.parse_owner(domain(conn, uids["moved"]).XMLDesc(0))
+            owner = domain_owner.parse_owner(domain(conn, uids["moved"]).XMLDesc(0))
             return owner is not None and owner.management_cluster is None
     await wait_until("the moved-away domain's owner metadata to be released", async_(released), DEADLINE_S)
 
@@ -282,13 +282,13 @@ async def test_an_orphan_is_reported_then_removed_and_nothing_else_is_touched(
 
     def adopted():
         with remote.host.connect() as conn:
-            owner = domain_xml.parse_owner(domain(conn, uids["moved"]).XMLDesc(0))
+            owner = domain_owner.parse_owner(domain(conn, uids["moved"]).XMLDesc(0))
             return owner is not None and owner.management_cluster == management
     await wait_until("the adopting copy to record this management cluster", async_(adopted), DEADLINE_S)
     with remote.host.connect() as conn:
         moved = domain(conn, uids["moved"])
         assert moved.isActive() and moved.ID() == moved_id  # neither redefined nor restarted
-        inactive = domain_xml.parse_owner(moved.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        inactive = domain_owner.parse_owner(moved.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
         assert inactive is not None and inactive.management_cluster == management  # the persistent definition too
 
     async def owner_recorded_event():

@@ -9,18 +9,15 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from capi_libvirt.api import v1alpha1
-from capi_libvirt.core import domain_xml as domain_xml_module
-from capi_libvirt.core import naming
+from capi_libvirt.core import domain_xml_edits, naming
+from capi_libvirt.core.domain_owner import METADATA_NAMESPACE, Owner, parse_owner
 from capi_libvirt.core.domain_xml import (
     DEFAULT_TCG_TB_CACHE_MIB,
-    METADATA_NAMESPACE,
     DomainConfig,
     Interface,
     KernelBoot,
-    Owner,
     domain_xml,
     from_spec,
-    parse_owner,
 )
 from capi_libvirt.core.traffic_filter import TrafficFilter
 
@@ -436,11 +433,11 @@ def test_an_ignition_config_leaves_the_definition_and_nothing_else_does() -> Non
     xml = ("<domain><name>d</name><sysinfo type='fwcfg'>"
            "<entry name='opt/com.coreos/config' file='/pool/capi-ns-m-1234.ign'/>"
            "<entry name='opt/other' file='/pool/other'/></sysinfo><devices/></domain>")
-    assert domain_xml_module.fw_cfg_files(xml) == ["/pool/capi-ns-m-1234.ign", "/pool/other"]
-    without = domain_xml_module.without_fw_cfg_file_xml(xml, "capi-ns-m-1234.ign")
-    assert without is not None and domain_xml_module.fw_cfg_files(without) == ["/pool/other"]
-    assert domain_xml_module.without_fw_cfg_file_xml(without, "capi-ns-m-1234.ign") is None
-    only = domain_xml_module.without_fw_cfg_file_xml(
+    assert domain_xml_edits.fw_cfg_files(xml) == ["/pool/capi-ns-m-1234.ign", "/pool/other"]
+    without = domain_xml_edits.without_fw_cfg_file_xml(xml, "capi-ns-m-1234.ign")
+    assert without is not None and domain_xml_edits.fw_cfg_files(without) == ["/pool/other"]
+    assert domain_xml_edits.without_fw_cfg_file_xml(without, "capi-ns-m-1234.ign") is None
+    only = domain_xml_edits.without_fw_cfg_file_xml(
         "<domain><sysinfo type='fwcfg'><entry name='opt/com.coreos/config' file='/p/x.ign'/></sysinfo></domain>",
         "x.ign")
     assert only is not None and "sysinfo" not in only

@@ -25,7 +25,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from capi_libvirt.api import v1alpha1
-from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud
+from capi_libvirt.core import cloud_init, domain_owner, domain_xml, naming, nocloud
 
 from hostile_inputs import COUNTS, hostile_text, machine_spec, user_data
 
@@ -41,10 +41,10 @@ def accepted(spec: dict) -> v1alpha1.LibvirtMachineSpec | None:
         return None
 
 
-OWNER = domain_xml.Owner("ns", "m", "3e1f0c43-2b5e-4f0c-9a38-2a7c9b1c0a11", "demo")
+OWNER = domain_owner.Owner("ns", "m", "3e1f0c43-2b5e-4f0c-9a38-2a7c9b1c0a11", "demo")
 
 
-def build(spec: v1alpha1.LibvirtMachineSpec, owner: domain_xml.Owner = OWNER) -> str:
+def build(spec: v1alpha1.LibvirtMachineSpec, owner: domain_owner.Owner = OWNER) -> str:
     config = domain_xml.from_spec(spec, name=naming.domain_name(owner.namespace, owner.name, owner.uid),
                                   uuid=naming.domain_uuid(owner.uid), disk_path="/pool/d.qcow2",
                                   iso_path="/pool/d-cidata.iso", serial_log_path="/pool/d.serial.log", owner=owner,
@@ -69,7 +69,7 @@ def test_every_accepted_spec_is_a_well_formed_domain_that_reads_back(spec: dict)
         return
     root = ET.fromstring(build(model))
     assert root.findtext("uuid") == naming.domain_uuid(OWNER.uid)
-    assert domain_xml.parse_owner(ET.tostring(root, encoding="unicode")) == OWNER
+    assert domain_owner.parse_owner(ET.tostring(root, encoding="unicode")) == OWNER
     assert root.find("os/type").get("machine") == model.machine_type
     if model.kernel_boot is not None:
         assert root.findtext("os/kernel") == model.kernel_boot.kernel
@@ -87,14 +87,14 @@ def test_every_accepted_spec_is_a_well_formed_domain_that_reads_back(spec: dict)
 def test_any_owner_reads_back_exactly_or_is_refused(namespace: str, name: str, uid: str, cluster: str | None) -> None:
     COUNTS["unit: owners -> domain metadata"] += 1
     try:
-        owner = domain_xml.Owner(namespace, name, uid, cluster)
+        owner = domain_owner.Owner(namespace, name, uid, cluster)
     except ValueError:
         return
     xml = domain_xml.domain_xml(domain_xml.DomainConfig(
         name="capi-x-1", uuid=str(uuid.uuid4()), vcpus=1, memory_mib=128, disk_path="/d", owner=owner,
         title=None if "\n" in f"{namespace}/{name}" else f"{namespace}/{name}",
         description=f"machine {namespace}/{name}"))
-    assert domain_xml.parse_owner(xml) == domain_xml.Owner(namespace, name, uid, cluster or None)
+    assert domain_owner.parse_owner(xml) == domain_owner.Owner(namespace, name, uid, cluster or None)
 
 
 def test_host_passthrough_on_emulation_is_refused_by_the_model() -> None:

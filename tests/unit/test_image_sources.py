@@ -16,7 +16,7 @@ import pytest
 from capi_libvirt import download
 from capi_libvirt.api import crd, v1alpha1, v1alpha1_host
 from capi_libvirt.core import images, naming, orphans, tenancy
-from capi_libvirt.core.domain_xml import Owner
+from capi_libvirt.core.domain_owner import Owner
 from capi_libvirt.core.orphans import HostDomain
 from capi_libvirt.hypervisor import images as host_images
 from capi_libvirt.reconcile import images as reconcile_images

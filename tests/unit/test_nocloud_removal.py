@@ -10,8 +10,16 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from capi_libvirt.api import reasons, v1alpha1
-from capi_libvirt.core import capi_objects, cloud_init, domain_xml, naming, nocloud, orphans, outage
-from capi_libvirt.core.domain_xml import Owner
+from capi_libvirt.core import (
+    capi_objects,
+    cloud_init,
+    domain_xml_edits,
+    naming,
+    nocloud,
+    orphans,
+    outage,
+)
+from capi_libvirt.core.domain_owner import Owner
 from capi_libvirt.hypervisor import errors, machines
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.reconcile import machine as machine_reconcile
@@ -43,7 +51,7 @@ def domain(cdrom_source: str | None, *, live: bool = False) -> str:
 
 @pytest.mark.parametrize("live", [False, True])
 def test_the_eject_is_the_cdrom_itself_without_its_source_so_libvirt_finds_the_same_device(live: bool) -> None:
-    ejected = domain_xml.ejected_cdrom_xml(domain(f"{POOL}/{ISO}", live=live), ISO)
+    ejected = domain_xml_edits.ejected_cdrom_xml(domain(f"{POOL}/{ISO}", live=live), ISO)
     assert ejected is not None
     disk = ET.fromstring(ejected)
     assert (disk.tag, disk.get("device"), disk.get("type")) == ("disk", "cdrom", "file")
@@ -54,17 +62,17 @@ def test_the_eject_is_the_cdrom_itself_without_its_source_so_libvirt_finds_the_s
 
 
 def test_nothing_to_eject_when_the_drive_is_empty_or_holds_another_file() -> None:
-    assert domain_xml.ejected_cdrom_xml(domain(None), ISO) is None
-    assert domain_xml.ejected_cdrom_xml(domain(f"{POOL}/someone-elses.iso"), ISO) is None
-    assert domain_xml.ejected_cdrom_xml(domain(f"{POOL}/{ISO}.bak"), ISO) is None  # the exact name, not a prefix
+    assert domain_xml_edits.ejected_cdrom_xml(domain(None), ISO) is None
+    assert domain_xml_edits.ejected_cdrom_xml(domain(f"{POOL}/someone-elses.iso"), ISO) is None
+    assert domain_xml_edits.ejected_cdrom_xml(domain(f"{POOL}/{ISO}.bak"), ISO) is None  # the exact name, not a prefix
 
 
 def test_cdrom_sources_lists_the_files_in_the_drives_only() -> None:
-    assert domain_xml.cdrom_sources(domain(f"{POOL}/{ISO}")) == [f"{POOL}/{ISO}"]
-    assert domain_xml.cdrom_sources(domain(None)) == []
+    assert domain_xml_edits.cdrom_sources(domain(f"{POOL}/{ISO}")) == [f"{POOL}/{ISO}"]
+    assert domain_xml_edits.cdrom_sources(domain(None)) == []
     # A running domain's drive after a forced eject: libvirt keeps a <source> without a file.
     emptied = domain(f"{POOL}/{ISO}", live=True).replace(f"<source file='{POOL}/{ISO}'/>", "<source index='2'/>")
-    assert domain_xml.cdrom_sources(emptied) == [] and domain_xml.ejected_cdrom_xml(emptied, ISO) is None
+    assert domain_xml_edits.cdrom_sources(emptied) == [] and domain_xml_edits.ejected_cdrom_xml(emptied, ISO) is None
 
 
 # -- the phase, on the in-memory host ------------------------------------------------------------------------------------------
@@ -106,7 +114,7 @@ async def test_once_the_machine_has_a_node_ref_the_iso_is_removed_recorded_and_a
     assert asked(host) == ["eject_nocloud", "delete_nocloud"]  # in this order: never a domain pointing at no file
     assert p.status["noCloudISORemoved"] is True
     assert ISO not in host.volume_names("default") and OVERLAY in host.volume_names("default")
-    assert domain_xml.cdrom_sources(host.domains[naming.domain_uuid(UID)].xml) == []
+    assert domain_xml_edits.cdrom_sources(host.domains[naming.domain_uuid(UID)].xml) == []
     [(kind, reason, message)] = events
     assert (kind, reason) == ("Normal", reasons.NOCLOUD_ISO_REMOVED)
     assert "ejected from the domain (live and persistent)" in message and f"volume {ISO} deleted" in message
@@ -175,7 +183,7 @@ def test_keep_nocloud_iso_is_false_unless_set() -> None:
 def test_an_orphan_with_an_empty_cdrom_takes_its_overlay_along_and_an_iso_left_behind_is_only_reported() -> None:
     owner = Owner(namespace="ns", name="m0", uid=UID, management_cluster="me")
     orphan = orphans.HostDomain(uuid=naming.domain_uuid(UID), name=naming.domain_name("ns", "m0", UID), owner=owner,
-                                paths=domain_xml.disk_paths(domain(None)))
+                                paths=domain_xml_edits.disk_paths(domain(None)))
     found = orphans.find([orphan], "me", orphans.Claims(), volume_names=[OVERLAY, ISO])
     [(domain_found, paths)] = found.orphans
     assert domain_found == orphan and paths == {f"{POOL}/{OVERLAY}"}

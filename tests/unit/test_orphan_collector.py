@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from capi_libvirt import cli
-from capi_libvirt.core import domain_xml, naming, provider_id
-from capi_libvirt.core.domain_xml import Owner
+from capi_libvirt.core import domain_owner, naming, provider_id
+from capi_libvirt.core.domain_owner import Owner
 from capi_libvirt.core.orphans import HostDomain
 from capi_libvirt.operator import config
 from capi_libvirt.reconcile import machine as machine_reconcile
@@ -42,7 +42,7 @@ def host_with(*domains: HostDomain) -> MemoryHost:
         disks = "".join(f"<disk type='file' device='disk'><source file='{path}'/><target dev='vd{chr(97 + i)}'/></disk>"
                         for i, path in enumerate(sorted(domain.paths)))
         xml = (f"<domain><name>{domain.name}</name><uuid>{domain.uuid}</uuid><metadata>"
-               f"{domain_xml.owner_metadata_xml(domain.owner)}</metadata><devices>{disks}</devices></domain>")
+               f"{domain_owner.owner_metadata_xml(domain.owner)}</metadata><devices>{disks}</devices></domain>")
         host.domains[domain.uuid] = Domain(domain.uuid, domain.name, xml, "running")
         for path in domain.paths:
             if path.rsplit("/", 1)[1] not in host.pools["default"].volumes:

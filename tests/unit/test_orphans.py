@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from capi_libvirt.core import domain_xml, naming, orphans, provider_id
-from capi_libvirt.core.domain_xml import Owner
+from capi_libvirt.core import domain_owner, domain_xml_edits, naming, orphans, provider_id
+from capi_libvirt.core.domain_owner import Owner
 from capi_libvirt.core.orphans import Claims, HostDomain, Verdict
 
 pytestmark = pytest.mark.unit
@@ -165,21 +165,21 @@ def test_grace_period() -> None:
 
 def test_owner_metadata_round_trips_with_the_management_cluster() -> None:
     owner = Owner(namespace="ns", name="m", uid="u-1", cluster="c", management_cluster=ME)
-    xml = domain_xml.metadata_element(owner)
+    xml = domain_owner.metadata_element(owner)
     root = ET.Element("domain")
     root.append(xml)
-    assert domain_xml.parse_owner(ET.tostring(root, encoding="unicode")) == owner
+    assert domain_owner.parse_owner(ET.tostring(root, encoding="unicode")) == owner
     # What virDomainSetMetadata receives: the element alone, its children in our namespace.
-    alone = ET.fromstring(domain_xml.owner_metadata_xml(owner))
-    assert alone.tag == f"{{{domain_xml.METADATA_NAMESPACE}}}{domain_xml.METADATA_ELEMENT}"
-    assert alone.findtext(f"{{{domain_xml.METADATA_NAMESPACE}}}managementCluster") == ME
+    alone = ET.fromstring(domain_owner.owner_metadata_xml(owner))
+    assert alone.tag == f"{{{domain_owner.METADATA_NAMESPACE}}}{domain_owner.METADATA_ELEMENT}"
+    assert alone.findtext(f"{{{domain_owner.METADATA_NAMESPACE}}}managementCluster") == ME
 
 
 def test_an_older_releases_metadata_has_no_management_cluster() -> None:
     older = Owner(namespace="ns", name="m", uid="u-1")
     root = ET.Element("domain")
-    root.append(domain_xml.metadata_element(older))
-    parsed = domain_xml.parse_owner(ET.tostring(root, encoding="unicode"))
+    root.append(domain_owner.metadata_element(older))
+    parsed = domain_owner.parse_owner(ET.tostring(root, encoding="unicode"))
     assert parsed is not None and parsed.management_cluster is None
 
 
@@ -188,4 +188,4 @@ def test_disk_paths_of_a_domain() -> None:
       <disk type='file'><source file='/p/a.qcow2'/></disk><disk type='file'><source file='/p/b.iso'/></disk>
       <serial type='file'><source path='/p/c.serial.log'/></serial><console type='file'><source path='/p/c.serial.log'/>
       </console><disk type='network'><source protocol='rbd' name='x'/></disk></devices></domain>"""
-    assert domain_xml.disk_paths(xml) == {"/p/a.qcow2", "/p/b.iso", "/p/c.serial.log"}
+    assert domain_xml_edits.disk_paths(xml) == {"/p/a.qcow2", "/p/b.iso", "/p/c.serial.log"}

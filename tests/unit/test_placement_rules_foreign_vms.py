@@ -9,7 +9,7 @@ import pytest
 
 from capi_libvirt.api import reasons, v1alpha1_host
 from capi_libvirt.core import placement, tenancy
-from capi_libvirt.core.domain_xml import Owner
+from capi_libvirt.core.domain_owner import Owner
 from capi_libvirt.core.placement import DomainUsage, HostLoad, NoHost, Placed, Request, choose_host
 from capi_libvirt.hypervisor import probe as host_probe
 from capi_libvirt.reconcile import hosts as hosts_reconcile

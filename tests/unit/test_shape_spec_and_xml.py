@@ -13,7 +13,7 @@ import pydantic
 import pytest
 
 from capi_libvirt.api import crd, kinds, reasons, v1alpha1, v1alpha1_host
-from capi_libvirt.core import capi_objects, domain_xml, naming, orphans, tenancy
+from capi_libvirt.core import capi_objects, domain_owner, domain_xml, domain_xml_edits, naming, orphans, tenancy
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv.memory_host import MemoryHost
@@ -21,7 +21,7 @@ from devenv.memory_host import MemoryHost
 pytestmark = pytest.mark.unit
 
 UID = "0b3c3f4e-8f0e-4d7a-9a51-2f1c1c7e5d10"
-OWNER = domain_xml.Owner(namespace="ns", name="m0", uid=UID, cluster="c1")
+OWNER = domain_owner.Owner(namespace="ns", name="m0", uid=UID, cluster="c1")
 
 
 def spec(**fields: object) -> v1alpha1.LibvirtMachineSpec:
@@ -144,7 +144,7 @@ def test_ignition_becomes_the_fw_cfg_file_ignition_reads() -> None:
     assert [(e.get("name"), e.get("file")) for e in root.findall("sysinfo[@type='fwcfg']/entry")] == \
         [("opt/com.coreos/config", "/pool/d.ign")]
     assert root.find("devices/disk[@device='cdrom']") is None
-    assert "/pool/d.ign" in domain_xml.disk_paths(domain_xml.domain_xml(config(spec(), ignition_path="/pool/d.ign")))
+    assert "/pool/d.ign" in domain_xml_edits.disk_paths(domain_xml.domain_xml(config(spec(), ignition_path="/pool/d.ign")))
 
 
 @pytest.mark.parametrize("name", ["com.coreos/config", "opt/" + "x" * 52])
@@ -175,7 +175,7 @@ def test_an_orphans_data_disks_and_ignition_config_go_with_it() -> None:
                                        name=domain, data_disk_paths=(f"/pool/{domain}-data-0.qcow2",),
                                        ignition_path=f"/pool/{domain}.ign"))
     orphan = orphans.HostDomain(uuid=naming.domain_uuid(UID), name=domain, owner=OWNER,
-                                paths=domain_xml.disk_paths(xml))
+                                paths=domain_xml_edits.disk_paths(xml))
     assert {f"/pool/{domain}-data-0.qcow2", f"/pool/{domain}.ign"} <= orphans.removable_paths(orphan, [])
 
 
@@ -269,6 +269,6 @@ def test_the_shape_names_nothing_of_the_host_a_tenant_could_reach_past_its_pool(
                                                                    cpuModel="qemu64")) is None
     xml = domain_xml.domain_xml(config(spec(firmware="uefi", dataDisks=[{"sizeGiB": 1}]), iso_path=None,
                                        ignition_path="/pool/d.ign"))
-    assert domain_xml.disk_paths(xml) <= {"/pool/d.qcow2", "/pool/d-data-0.qcow2", "/pool/d.ign",
+    assert domain_xml_edits.disk_paths(xml) <= {"/pool/d.qcow2", "/pool/d-data-0.qcow2", "/pool/d.ign",
                                           "/pool/d.serial.log"}
     assert "/usr/share" not in xml and "nvram" not in xml

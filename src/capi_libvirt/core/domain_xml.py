@@ -2,11 +2,10 @@
 
 Two layers, as in nova's libvirt config: `from_spec` holds the policy (which bus, which MAC, how big the TCG cache) and
 turns a LibvirtMachineSpec into a `DomainConfig`; the small `_element` builders below turn the config into XML and
-decide nothing. Values only ever enter the document as element text or attribute values, so ElementTree escapes them:
-a hostile name cannot break out of its element. The owner (namespace, name, UID, cluster, and the management cluster
-whose operator made or adopted it) is stored in the domain's `<metadata>` under our own XML namespace, and
-`parse_owner` reads it back to tell our domains from everyone else's. `owner_metadata_xml` is the same element on its
-own, for virDomainSetMetadata (adoption rewrites the owner without redefining the domain).
+decide nothing. Values only ever enter the document as element text or attribute values (core.xml_text), so
+ElementTree escapes them: a hostile name cannot break out of its element. The owner is stored in the domain's
+`<metadata>` (core.domain_owner); what the provider reads and changes in a defined domain's XML is
+core.domain_xml_edits.
 
 The machine's shape: BIOS or UEFI (libvirt's firmware autoselection, `<os firmware='efi'>` with Secure Boot off: the
 host's own OVMF and a variable store of the domain's own, so no host file is ever named here), extra data disks after
@@ -16,9 +15,6 @@ a guest reads at `opt/com.coreos/config`, from a file the provider uploaded into
 
 from __future__ import annotations
 
-import copy
-import posixpath
-import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,15 +22,9 @@ from typing import Literal
 
 from capi_libvirt.api import v1alpha1
 from capi_libvirt.core import naming
+from capi_libvirt.core.domain_owner import Owner, metadata_element
 from capi_libvirt.core.traffic_filter import TrafficFilter, filterref_element, ipv4_only
-
-METADATA_NAMESPACE = "https://capi-libvirt.x-k8s.io/machine/v1"
-METADATA_PREFIX = "capi"
-METADATA_ELEMENT = "machine"
-OWNER_FIELDS = ("namespace", "name", "uid", "cluster", "management_cluster")
-# Element names in the metadata (an older release wrote the first four only).
-OWNER_ELEMENTS = {"namespace": "namespace", "name": "name", "uid": "uid", "cluster": "cluster",
-                  "management_cluster": "managementCluster"}
+from capi_libvirt.core.xml_text import check_xml_text, text_element
 
 GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0"
 # Where Ignition (Fedora CoreOS, Flatcar) reads its config on QEMU: a fw_cfg file of this name.
@@ -58,32 +48,6 @@ DiskBus = Literal["virtio", "scsi", "sata"]
 CdromBus = Literal["scsi", "ide"]
 Firmware = Literal["bios", "uefi"]
 
-# Characters XML 1.0 cannot carry at all, even escaped: ElementTree would write them and nothing could read them back.
-# Plus the carriage return: ElementTree writes it unescaped in element text, and every XML parser (libvirt's too)
-# reads it back as a newline, so the value would silently change.
-_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\r\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who a domain belongs to: the LibvirtMachine (and its cluster) it was defined for, and the management cluster
-    (its identity: see operator startup) whose operator made or last adopted it. None: written by a release before
-    management cluster identities, or released by a clusterctl move source: no proof of whose it is."""
-
-    namespace: str
-    name: str
-    uid: str
-    cluster: str | None = None
-    management_cluster: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("namespace", "name", "uid"):
-            if not getattr(self, name):
-                raise ValueError(f"owner {name} must not be empty")
-        for name in OWNER_FIELDS:
-            _check_xml_text(f"owner {name}", getattr(self, name))
-
-
 @dataclass(frozen=True)
 class Interface:
     """One NIC: on a libvirt network or on a host bridge (exactly one of them), with its model and MAC."""
@@ -98,7 +62,7 @@ class Interface:
         if (self.network is None) == (self.bridge is None):
             raise ValueError("an interface needs exactly one of network or bridge")
         for name in ("mac", "network", "bridge", "model"):
-            _check_xml_text(f"interface {name}", getattr(self, name))
+            check_xml_text(f"interface {name}", getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -111,7 +75,7 @@ class KernelBoot:
 
     def __post_init__(self) -> None:
         for name in ("kernel", "initrd", "cmdline"):
-            _check_xml_text(f"kernel boot {name}", getattr(self, name))
+            check_xml_text(f"kernel boot {name}", getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -126,7 +90,7 @@ class DataDisk:
         if self.bus not in ("virtio", "scsi", "sata"):
             raise ValueError(f"data disk bus must be virtio, scsi or sata, not {self.bus!r}")
         for name in ("path", "format"):
-            _check_xml_text(f"data disk {name}", getattr(self, name))
+            check_xml_text(f"data disk {name}", getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -153,7 +117,7 @@ class FwCfgEntry:
         if not self.name.startswith("opt/") or len(self.name) > 55:  # FW_CFG_MAX_FILE_PATH is 56 with its NUL
             raise ValueError(f"fw_cfg entry name must start with opt/ and fit 55 characters, not {self.name!r}")
         for name in ("name", "file"):
-            _check_xml_text(f"fw_cfg entry {name}", getattr(self, name))
+            check_xml_text(f"fw_cfg entry {name}", getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -221,7 +185,7 @@ class DomainConfig:
             raise ValueError("title must be a single line (libvirt refuses newlines in it)")
         for name in ("name", "uuid", "machine_type", "cpu_mode", "cpu_model", "disk_path", "disk_format", "cdrom_path",
                      "serial_log_path", "title", "description"):
-            _check_xml_text(name, getattr(self, name))
+            check_xml_text(name, getattr(self, name))
 
 
 def from_spec(
@@ -304,107 +268,21 @@ def domain_xml(config: DomainConfig) -> str:
     return ET.tostring(root, encoding="unicode") + "\n"
 
 
-def parse_owner(xml_text: str) -> Owner | None:
-    """The owner recorded in a domain's metadata; None when the domain is not ours (no or incomplete metadata)."""
-    try:
-        root = ET.fromstring(xml_text)
-    except ET.ParseError as error:
-        raise ValueError(f"domain XML is not well-formed: {error}") from error
-    machine = root.find(f"metadata/{{{METADATA_NAMESPACE}}}{METADATA_ELEMENT}")
-    if machine is None:
-        return None
-    values = {name: machine.findtext(f"{{{METADATA_NAMESPACE}}}{OWNER_ELEMENTS[name]}") for name in OWNER_FIELDS}
-    if not (values["namespace"] and values["name"] and values["uid"]):
-        return None  # damaged or foreign: never claim a domain on partial evidence
-    return Owner(
-        namespace=values["namespace"], name=values["name"], uid=values["uid"], cluster=values["cluster"] or None,
-        management_cluster=values["management_cluster"] or None,
-    )
-
-
-def owner_metadata_xml(owner: Owner) -> str:
-    """The owner element alone, as virDomainSetMetadata takes it (key METADATA_PREFIX, uri METADATA_NAMESPACE).
-
-    The children are in METADATA_NAMESPACE through a default namespace: libvirt gives the root element the prefix
-    itself and would refuse a root that already declares it.
-    """
-    machine = ET.Element(METADATA_ELEMENT, {"xmlns": METADATA_NAMESPACE})
-    _owner_children(machine, owner, prefix="")
-    return ET.tostring(machine, encoding="unicode")
-
-
-def disk_paths(xml_text: str) -> frozenset[str]:
-    """Every host file the domain uses: disk and CD-ROM sources, serial/console log files, and fw_cfg files."""
-    root = ET.fromstring(xml_text)
-    paths = {source.get("file") for source in root.findall("devices/disk/source")}
-    paths |= {entry.get("file") for entry in root.findall("sysinfo[@type='fwcfg']/entry")}
-    paths |= {source.get("path") for kind in ("serial", "console") for source in root.findall(f"devices/{kind}/source")}
-    paths |= {log.get("file") for kind in ("serial", "console") for log in root.findall(f"devices/{kind}/log")}
-    return frozenset(path for path in paths if path)
-
-
-def ejected_cdrom_xml(xml_text: str, volume_name: str) -> str | None:
-    """The device XML that empties the CD-ROM whose source is the volume `volume_name` (a file of that name, in any
-    folder), for virDomainUpdateDeviceFlags: the domain's own <disk> element without its <source> (so the target,
-    bus, driver and address stay, and libvirt knows which device is meant). None when no CD-ROM holds that file:
-    already ejected, or never there."""
-    root = ET.fromstring(xml_text)
-    for disk in root.findall("devices/disk[@device='cdrom']"):
-        source = disk.find("source")
-        if source is None or posixpath.basename(source.get("file") or "") != volume_name:
-            continue
-        ejected = copy.deepcopy(disk)
-        for child in list(ejected):
-            # The source and what only a running domain's XML carries about it (libvirt rejects or ignores it).
-            if child.tag in ("source", "backingStore", "alias"):
-                ejected.remove(child)
-        return ET.tostring(ejected, encoding="unicode")
-    return None
-
-
-def fw_cfg_files(xml_text: str) -> list[str]:
-    """The files the domain's fw_cfg entries hand to the guest (an Ignition config)."""
-    return [entry.get("file") or "" for entry in ET.fromstring(xml_text).findall("sysinfo[@type='fwcfg']/entry")]
-
-
-def without_fw_cfg_file_xml(xml_text: str, volume_name: str) -> str | None:
-    """The domain XML without the fw_cfg entry whose file is the volume `volume_name` (a file of that name, in any
-    folder), and without its <sysinfo type='fwcfg'> when nothing else is left in it; None when no entry names it."""
-    root = ET.fromstring(xml_text)
-    found = False
-    for sysinfo in root.findall("sysinfo[@type='fwcfg']"):
-        for entry in sysinfo.findall("entry"):
-            if posixpath.basename(entry.get("file") or "") == volume_name:
-                sysinfo.remove(entry)
-                found = True
-        if not list(sysinfo):
-            root.remove(sysinfo)
-    return ET.tostring(root, encoding="unicode") if found else None
-
-
-def cdrom_sources(xml_text: str) -> list[str]:
-    """The files in the domain's CD-ROM drives (an empty drive has none: no <source>, or, on a running domain after a
-    forced eject, a <source> with no file)."""
-    root = ET.fromstring(xml_text)
-    files = (source.get("file") for source in root.findall("devices/disk[@device='cdrom']/source"))
-    return [file for file in files if file]
-
-
 # --- builders: one per element, config in, element out, no decisions ------------------------------------------------
 
 
 def domain_element(config: DomainConfig) -> ET.Element:
     """The whole <domain>."""
     domain = ET.Element("domain", type=config.domain_type)
-    _text(domain, "name", config.name)
-    _text(domain, "uuid", config.uuid)
+    text_element(domain, "name", config.name)
+    text_element(domain, "uuid", config.uuid)
     if config.title is not None:
-        _text(domain, "title", config.title)
+        text_element(domain, "title", config.title)
     if config.description is not None:
-        _text(domain, "description", config.description)
+        text_element(domain, "description", config.description)
     domain.append(metadata_element(config.owner))
-    _text(domain, "memory", str(config.memory_mib), unit="MiB")
-    _text(domain, "vcpu", str(config.vcpus))
+    text_element(domain, "memory", str(config.memory_mib), unit="MiB")
+    text_element(domain, "vcpu", str(config.vcpus))
     domain.append(os_element(config))
     domain.append(features_element(config.tcg_tb_cache_mib))
     cpu = cpu_element(config.cpu_mode, config.cpu_model, config.cpu_topology)
@@ -414,30 +292,11 @@ def domain_element(config: DomainConfig) -> ET.Element:
         domain.append(fw_cfg_element(config.fw_cfg))
     ET.SubElement(domain, "clock", offset="utc")
     # A guest that powers off or crashes stays off (the reconciler sees it); a reboot is just a reboot.
-    _text(domain, "on_poweroff", "destroy")
-    _text(domain, "on_reboot", "restart")
-    _text(domain, "on_crash", "destroy")
+    text_element(domain, "on_poweroff", "destroy")
+    text_element(domain, "on_reboot", "restart")
+    text_element(domain, "on_crash", "destroy")
     domain.append(devices_element(config))
     return domain
-
-
-def metadata_element(owner: Owner) -> ET.Element:
-    """<metadata><capi:machine xmlns:capi=...> with one child per owner field."""
-    metadata = ET.Element("metadata")
-    # The prefix is written literally (instead of ET.register_namespace, which is process-global state); readers match
-    # on the namespace URI, so whatever prefix libvirt keeps, parse_owner still finds it.
-    machine = ET.SubElement(
-        metadata, f"{METADATA_PREFIX}:{METADATA_ELEMENT}", {f"xmlns:{METADATA_PREFIX}": METADATA_NAMESPACE}
-    )
-    _owner_children(machine, owner, prefix=f"{METADATA_PREFIX}:")
-    return metadata
-
-
-def _owner_children(machine: ET.Element, owner: Owner, prefix: str) -> None:
-    for name in OWNER_FIELDS:
-        value = getattr(owner, name)
-        if value:  # an empty cluster is the same as none, and reads back as None
-            _text(machine, f"{prefix}{OWNER_ELEMENTS[name]}", value)
 
 
 def os_element(config: DomainConfig) -> ET.Element:
@@ -445,7 +304,7 @@ def os_element(config: DomainConfig) -> ET.Element:
     OVMF and gives the domain its own variable store, which undefine removes with VIR_DOMAIN_UNDEFINE_NVRAM); the
     kernel, initrd and cmdline for direct boot, else boot from the disk."""
     element = ET.Element("os", firmware="efi") if config.firmware == "uefi" else ET.Element("os")
-    _text(element, "type", "hvm", machine=config.machine_type)
+    text_element(element, "type", "hvm", machine=config.machine_type)
     if config.firmware == "uefi":
         # Without these, libvirt may pick a Secure Boot build with enrolled keys (it needs SMM, and refuses unsigned
         # kernels): plain OVMF boots on pc and q35 alike.
@@ -453,10 +312,10 @@ def os_element(config: DomainConfig) -> ET.Element:
         ET.SubElement(firmware, "feature", enabled="no", name="secure-boot")
         ET.SubElement(firmware, "feature", enabled="no", name="enrolled-keys")
     if config.kernel_boot is not None:
-        _text(element, "kernel", config.kernel_boot.kernel)
+        text_element(element, "kernel", config.kernel_boot.kernel)
         if config.kernel_boot.initrd is not None:
-            _text(element, "initrd", config.kernel_boot.initrd)
-        _text(element, "cmdline", config.kernel_boot.cmdline)
+            text_element(element, "initrd", config.kernel_boot.initrd)
+        text_element(element, "cmdline", config.kernel_boot.cmdline)
     else:
         ET.SubElement(element, "boot", dev="hd")
     return element
@@ -469,7 +328,7 @@ def features_element(tcg_tb_cache_mib: int | None) -> ET.Element:
     ET.SubElement(features, "apic")
     if tcg_tb_cache_mib is not None:
         tcg = ET.SubElement(features, "tcg")
-        _text(tcg, "tb-cache", str(tcg_tb_cache_mib), unit="MiB")
+        text_element(tcg, "tb-cache", str(tcg_tb_cache_mib), unit="MiB")
     return features
 
 
@@ -480,7 +339,7 @@ def cpu_element(mode: str | None, model: str | None, topology: CPUTopology | Non
         return None
     if model is not None:
         cpu = ET.Element("cpu", mode="custom", match="exact")
-        _text(cpu, "model", model, fallback="forbid")
+        text_element(cpu, "model", model, fallback="forbid")
     else:
         cpu = ET.Element("cpu", mode=mode) if mode is not None else ET.Element("cpu")
     if topology is not None:
@@ -596,14 +455,3 @@ def _dev_prefix(bus: str) -> str:
     if bus not in prefixes:
         raise ValueError(f"unknown disk bus {bus!r}")
     return prefixes[bus]
-
-
-def _text(parent: ET.Element, tag: str, text: str, **attributes: str) -> ET.Element:
-    element = ET.SubElement(parent, tag, attributes)
-    element.text = text
-    return element
-
-
-def _check_xml_text(what: str, value: object) -> None:
-    if isinstance(value, str) and _XML_INVALID.search(value):
-        raise ValueError(f"{what} contains characters XML cannot carry")

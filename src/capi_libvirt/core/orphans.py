@@ -37,7 +37,7 @@ from typing import Any
 
 from capi_libvirt.api import meta, v1alpha1
 from capi_libvirt.core import images, naming, provider_id
-from capi_libvirt.core.domain_xml import Owner
+from capi_libvirt.core.domain_owner import Owner
 
 LIST_MAX = 10  # names in LibvirtHost status and in an event message
 _SCHEME = re.compile(r"^capi-[a-z0-9-]+-[0-9a-f]{8}(\.qcow2|-data-[0-9]+\.qcow2|-cidata\.iso|\.ign|\.serial\.log)$")

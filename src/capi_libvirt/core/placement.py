@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from capi_libvirt.api import reasons
-from capi_libvirt.core.domain_xml import Owner
+from capi_libvirt.core.domain_owner import Owner
 from capi_libvirt.core.tenancy import Holding
 
 # Machines being created on one host at once (overlay, ISO upload, define, start): a burst queues behind this instead

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from capi_libvirt.core import domain_xml
+from capi_libvirt.core import domain_owner
 from capi_libvirt.core.address_conflicts import Segment, SegmentFacts
 from capi_libvirt.core.orphans import HostDomain
 from capi_libvirt.hypervisor import connection, errors, host_domains, images, machines, networks, probe, traffic_filters
@@ -77,7 +77,7 @@ class Host(Protocol):
 
     async def pin_leased_addresses(self, uuid: str, allowed: dict[str, tuple[str, ...]]) -> list[tuple[str, str]]: ...
 
-    async def set_owner(self, uuid: str, owner: domain_xml.Owner, expected: domain_xml.Owner | None) -> None: ...
+    async def set_owner(self, uuid: str, owner: domain_owner.Owner, expected: domain_owner.Owner | None) -> None: ...
 
     async def eject_nocloud(self, uuid: str, iso_volume: str) -> list[str]: ...
 
@@ -159,7 +159,7 @@ class LibvirtHost(connection.HostConnection):
     async def pin_leased_addresses(self, uuid: str, allowed: dict[str, tuple[str, ...]]) -> list[tuple[str, str]]:
         return await self.call(traffic_filters.pin_leased_addresses, uuid, allowed, doing="pin traffic filters")
 
-    async def set_owner(self, uuid: str, owner: domain_xml.Owner, expected: domain_xml.Owner | None) -> None:
+    async def set_owner(self, uuid: str, owner: domain_owner.Owner, expected: domain_owner.Owner | None) -> None:
         await self.call(host_domains.set_owner, uuid, owner, expected, doing="set owner metadata")
 
     async def eject_nocloud(self, uuid: str, iso_volume: str) -> list[str]:

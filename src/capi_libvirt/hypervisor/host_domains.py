@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import libvirt
 
-from capi_libvirt.core import domain_xml
+from capi_libvirt.core import domain_owner, domain_xml_edits
 from capi_libvirt.core.orphans import HostDomain
 from capi_libvirt.hypervisor import errors, machines
 
@@ -26,10 +26,10 @@ def list_domains(conn: libvirt.virConnect, pool_name: str) -> tuple[list[HostDom
                 continue  # undefined between the listing and the look
             raise
         try:
-            owner = domain_xml.parse_owner(xml)
+            owner = domain_owner.parse_owner(xml)
         except ValueError:
             owner = None
-        domains.append(HostDomain(uuid=uuid, name=name, owner=owner, paths=domain_xml.disk_paths(xml)))
+        domains.append(HostDomain(uuid=uuid, name=name, owner=owner, paths=domain_xml_edits.disk_paths(xml)))
     volumes: list[str] = []
     try:
         pool = conn.storagePoolLookupByName(pool_name)
@@ -53,7 +53,7 @@ def remove_orphan(conn: libvirt.virConnect, orphan: HostDomain, paths: frozenset
         if errors.is_missing_domain(error):
             return []  # gone meanwhile: its files are no longer provably an orphan's
         raise
-    if domain.name() != orphan.name or domain_xml.parse_owner(domain.XMLDesc(0)) != orphan.owner:
+    if domain.name() != orphan.name or domain_owner.parse_owner(domain.XMLDesc(0)) != orphan.owner:
         raise errors.HypervisorError(f"domain {orphan.name} changed since it was found orphaned; left alone")
     machines.destroy_and_undefine(domain)
     removed = [f"domain {orphan.name}"]
@@ -71,16 +71,16 @@ def remove_orphan(conn: libvirt.virConnect, orphan: HostDomain, paths: frozenset
     return removed
 
 
-def set_owner(conn: libvirt.virConnect, uuid: str, owner: domain_xml.Owner,
-              expected: domain_xml.Owner | None = None) -> None:
+def set_owner(conn: libvirt.virConnect, uuid: str, owner: domain_owner.Owner,
+              expected: domain_owner.Owner | None = None) -> None:
     """Rewrite the domain's owner metadata in place (virDomainSetMetadata): its persistent definition and, when it
     runs, the live one. The domain is neither redefined nor restarted. With `expected`, only while the domain still
     carries that owner (else HypervisorError): another operator (a move target adopting it) may have written since."""
     domain = conn.lookupByUUIDString(uuid)
-    if expected is not None and domain_xml.parse_owner(domain.XMLDesc(0)) != expected:
+    if expected is not None and domain_owner.parse_owner(domain.XMLDesc(0)) != expected:
         raise errors.HypervisorError(f"owner metadata of domain {domain.name()} changed meanwhile; left as it is")
     flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
     if domain.isActive():
         flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
-    domain.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, domain_xml.owner_metadata_xml(owner),
-                       domain_xml.METADATA_PREFIX, domain_xml.METADATA_NAMESPACE, flags)
+    domain.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, domain_owner.owner_metadata_xml(owner),
+                       domain_owner.METADATA_PREFIX, domain_owner.METADATA_NAMESPACE, flags)

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 
 import libvirt
 
-from capi_libvirt.core import domain_xml, machine_addresses, volume_xml
+from capi_libvirt.core import domain_owner, domain_xml, domain_xml_edits, machine_addresses, volume_xml
 from capi_libvirt.hypervisor import errors
 
 GIB = 1024**3
@@ -407,8 +407,8 @@ def eject_nocloud(conn: libvirt.virConnect, uuid: str, iso_volume: str) -> list[
     in.
     """
     domain = conn.lookupByUUIDString(uuid)  # VIR_ERR_NO_DOMAIN -> DomainNotFound
-    live = domain_xml.ejected_cdrom_xml(domain.XMLDesc(0), iso_volume) if domain.isActive() else None
-    config = domain_xml.ejected_cdrom_xml(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE), iso_volume)
+    live = domain_xml_edits.ejected_cdrom_xml(domain.XMLDesc(0), iso_volume) if domain.isActive() else None
+    config = domain_xml_edits.ejected_cdrom_xml(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE), iso_volume)
     if live is None and config is None:
         return []
     # FORCE on the running domain: QEMU opens the tray even if the guest locked it (Linux locks it while the drive is
@@ -438,7 +438,7 @@ def drop_ignition(conn: libvirt.virConnect, uuid: str, volumes: MachineVolumes) 
         raise ValueError("no Ignition volume name")
     domain = conn.lookupByUUIDString(uuid)  # VIR_ERR_NO_DOMAIN -> DomainNotFound
     done = []
-    redefined = domain_xml.without_fw_cfg_file_xml(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE),
+    redefined = domain_xml_edits.without_fw_cfg_file_xml(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE),
                                                    volumes.ignition)
     if redefined is not None:
         conn.defineXML(redefined)
@@ -479,7 +479,7 @@ def delete_machine(conn: libvirt.virConnect, uuid: str, machine_uid: str, volume
             raise
         domain = None
     if domain is not None:
-        owner = domain_xml.parse_owner(domain.XMLDesc(0))
+        owner = domain_owner.parse_owner(domain.XMLDesc(0))
         if owner is None or owner.uid != machine_uid or (namespace is not None and owner.namespace != namespace) or \
                 (name is not None and owner.name != name):
             raise errors.HypervisorError(f"domain {uuid} is not owned by machine {machine_uid}; left alone")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import libvirt
 
-from capi_libvirt.core import domain_xml, placement
+from capi_libvirt.core import domain_owner, domain_xml_edits, placement
 from capi_libvirt.hypervisor import errors
 
 
@@ -47,11 +47,11 @@ def _domain_usage(domain: libvirt.virDomain) -> placement.DomainUsage:
     were defined with); a foreign one with the memory it has now (its balloon's current size), which is what it holds
     from the host; the vCPUs it has now."""
     xml_text = domain.XMLDesc(0)
-    owner = domain_xml.parse_owner(xml_text)
+    owner = domain_owner.parse_owner(xml_text)
     state, max_kib, kib, vcpus, _time = domain.info()
     return placement.DomainUsage(owner=owner, active=state != libvirt.VIR_DOMAIN_SHUTOFF,
                                  memory_mib=(max_kib if owner is not None else kib) // 1024, vcpus=vcpus,
-                                 disk_paths=domain_xml.disk_paths(xml_text))
+                                 disk_paths=domain_xml_edits.disk_paths(xml_text))
 
 
 def _available_memory_mib(conn: libvirt.virConnect) -> int | None:

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from capi_libvirt.api import meta, reasons
-from capi_libvirt.core import address_conflicts, domain_xml, ipam, naming
+from capi_libvirt.core import address_conflicts, domain_owner, ipam, naming
 from capi_libvirt.hypervisor import errors
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
@@ -22,7 +22,7 @@ async def check_networks(deps: Dependencies, p: MachinePass) -> None:
     host = deps.hosts.get(p.host or "")
     p.domain = await host.domain_info(p.domain_uuid)
     if p.domain is not None:
-        if not owner_matches(domain_xml.parse_owner(p.domain.xml), p.namespace, p.name, p.domain_uuid):
+        if not owner_matches(domain_owner.parse_owner(p.domain.xml), p.namespace, p.name, p.domain_uuid):
             raise Wait(reasons.ADOPTION_REFUSED, f"domain {p.domain_uuid} on host {p.host} belongs to another machine; left "
                        "alone", failure=True)
         return  # already defined: it was checked then
@@ -66,7 +66,7 @@ async def record_owner(deps: Dependencies, p: MachinePass) -> None:
     orphan collector of this management cluster, and no other, ever tell it is ours."""
     if p.domain is None or not deps.management_cluster:
         return
-    owner = domain_xml.parse_owner(p.domain.xml)
+    owner = domain_owner.parse_owner(p.domain.xml)
     if owner is None or owner.management_cluster == deps.management_cluster:
         return
     host = deps.hosts.get(p.host or "")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from capi_libvirt.api import reasons
-from capi_libvirt.core import domain_xml, naming, outage, provider_id
+from capi_libvirt.core import domain_owner, naming, outage, provider_id
 from capi_libvirt.reconcile.base import Dependencies, Wait
 from capi_libvirt.reconcile.machine.state import (
     DOMAIN_RECORD_ANNOTATION,
@@ -100,7 +100,7 @@ async def adopt_moved_machine(deps: Dependencies, p: MachinePass) -> None:
                  f"{provider_id.parse_provider_id(recorded).host} by its owner metadata")
 
 
-def owner_matches(owner: domain_xml.Owner | None, namespace: str, name: str, uuid: str) -> bool:
+def owner_matches(owner: domain_owner.Owner | None, namespace: str, name: str, uuid: str) -> bool:
     """The domain's owner metadata names this machine, and the domain UUID derives from the owner's UID."""
     return owner is not None and owner.namespace == namespace and owner.name == name and \
         naming.domain_uuid(owner.uid) == uuid
@@ -117,7 +117,7 @@ async def identity_from_domain(deps: Dependencies, body: dict[str, Any]) -> str 
     info = await host.domain_info(parsed.domain_uuid)
     if info is None:
         return None
-    owner = domain_xml.parse_owner(info.xml)
+    owner = domain_owner.parse_owner(info.xml)
     if not owner_matches(owner, body["metadata"]["namespace"], body["metadata"]["name"], parsed.domain_uuid):
         return None
     return owner.uid if owner is not None else None

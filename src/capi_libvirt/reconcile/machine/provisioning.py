@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 from capi_libvirt.api import reasons
-from capi_libvirt.core import cloud_init, domain_xml, naming, nocloud, provider_id
+from capi_libvirt.core import cloud_init, domain_owner, domain_xml, naming, nocloud, provider_id
 from capi_libvirt.hypervisor import errors, traffic_filters
 from capi_libvirt.reconcile.base import Dependencies, Wait
 from capi_libvirt.reconcile.machine.identity import domain_record
@@ -58,7 +58,7 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     volumes = p.volumes()
     pool_dir = await host.pool_path(volumes.pool)
     provider = provider_id.format_provider_id(p.host or "", p.domain_uuid)
-    owner = domain_xml.Owner(namespace=p.namespace, name=p.name, uid=p.uid,
+    owner = domain_owner.Owner(namespace=p.namespace, name=p.name, uid=p.uid,
                              cluster=p.cluster.name if p.cluster else None,
                              management_cluster=deps.management_cluster)
     overlay_path = f"{pool_dir}/{volumes.overlay}"

@@ -8,7 +8,7 @@ import logging
 import posixpath
 
 from capi_libvirt.api import reasons
-from capi_libvirt.core import domain_xml
+from capi_libvirt.core import domain_xml_edits
 from capi_libvirt.hypervisor import errors
 from capi_libvirt.reconcile.base import Dependencies
 from capi_libvirt.reconcile.machine.state import MachinePass, event
@@ -27,14 +27,14 @@ async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
     """
     if p.domain is None or p.machine is None or not p.machine.node_joined:
         return
-    if any(posixpath.basename(path) == p.volumes().ignition for path in domain_xml.fw_cfg_files(p.domain.xml)) or \
+    if any(posixpath.basename(path) == p.volumes().ignition for path in domain_xml_edits.fw_cfg_files(p.domain.xml)) or \
             "ignitionConfigRemoved" in p.status:
         await _remove_ignition_config(deps, p)
         return
     if p.spec.keep_nocloud_iso:
         p.status["noCloudISORemoved"] = False  # looked at with the node joined, and kept
         return
-    inserted = any(posixpath.basename(path) == p.volumes().nocloud for path in domain_xml.cdrom_sources(p.domain.xml))
+    inserted = any(posixpath.basename(path) == p.volumes().nocloud for path in domain_xml_edits.cdrom_sources(p.domain.xml))
     if p.status.get("noCloudISORemoved") and not inserted:
         return
     host, volumes = deps.hosts.get(p.host or ""), p.volumes()

@@ -9,7 +9,6 @@ import asyncio
 import logging
 import os
 import pathlib
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -49,15 +48,17 @@ def _cmd_release_manifests(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from capi_libvirt.operator import election, logs, main
+    from capi_libvirt.operator import config, election, logs, main
 
-    logs.configure(args.log_format, verbose=args.verbose or args.run_verbose or args.v >= DEBUG_VERBOSITY)
+    manager = manager_config(args)
+    logs.configure(manager.log_format or logs.default_format(),
+                   verbose=args.verbose or args.run_verbose or manager.v >= config.DEBUG_VERBOSITY)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     operator_config = run_config(args)
     try:
-        lease = election_lease(args)
-        metrics_address = _metrics_address(args)
+        lease = manager.lease()
+        metrics_address = manager.served_metrics_address()
     except ValueError as error:
         print(f"capi-libvirt run: {error}", file=sys.stderr)
         return 2
@@ -66,7 +67,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             log.warning("--%s=%s ignored: this provider serves no webhooks and no profiler",
                         name.removeprefix("unused_").replace("_", "-"), value)
     operator = main.run_operator(args.namespace, operator_config=operator_config, lease=lease,
-                                 health_address=args.health_address, metrics_address=metrics_address)
+                                 health_address=manager.health_address, metrics_address=metrics_address)
     try:
         asyncio.run(operator)  # SIGTERM/SIGINT: kopf stops gracefully (it handles them in the main thread)
     except asyncio.CancelledError:  # how kopf ends its root task after a signal: a clean stop
@@ -86,31 +87,17 @@ def run_config(args: argparse.Namespace) -> config.OperatorConfig:
     return config.from_arguments(given, args.host)
 
 
+def manager_config(args: argparse.Namespace) -> config.ManagerConfig:
+    """How the manager runs (leader election, endpoints, logs), from `run`'s arguments (operator.config)."""
+    from capi_libvirt.operator import config
+
+    return config.ManagerConfig(**{name: getattr(args, name) for name, _flag, _default in
+                                   config.settings(config.ManagerConfig)})
+
+
 def election_lease(args: argparse.Namespace) -> election.Lease | None:
-    """The Lease the replicas elect their leader in, in the provider's namespace; None: no election (--standalone,
-    --leader-elect=false)."""
-    from capi_libvirt.operator import config, election
-
-    if args.standalone or not args.leader_elect:
-        return None
-    namespace, _, name = args.leader_election_id.rpartition("/")
-    return election.Lease(name=name, namespace=namespace or config.provider_namespace(),
-                          identity=election.new_identity(), duration_s=args.leader_elect_lease_duration,
-                          renew_deadline_s=args.leader_elect_renew_deadline,
-                          retry_period_s=args.leader_elect_retry_period)
-
-
-def _metrics_address(args: argparse.Namespace) -> str:
-    """--metrics-bind-addr, or --diagnostics-address when --insecure-diagnostics says plain HTTP is what is wanted:
-    without it Cluster API's managers serve authenticated HTTPS, which this one does not, and it will not serve plain
-    HTTP in its place."""
-    if args.diagnostics_address is None:
-        return str(args.metrics_address)
-    if not args.insecure_diagnostics:
-        raise ValueError("--diagnostics-address without --insecure-diagnostics asks for authenticated HTTPS metrics, "
-                         "which this provider does not serve yet: add --insecure-diagnostics, or use "
-                         "--metrics-bind-addr")
-    return str(args.diagnostics_address)
+    """The Lease the replicas elect their leader in; None: no election (--standalone, --leader-elect=false)."""
+    return manager_config(args).lease()
 
 
 def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -124,130 +111,35 @@ def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return read
 
 
-def _duration(value: str) -> float:
+def _add_run_arguments(run: argparse.ArgumentParser) -> None:
+    """The settings of `run` (operator.config: the manager's and the operator's, each spelled once there), and the
+    flags the Cluster API Operator may write that this provider takes and ignores."""
     from capi_libvirt.operator import config
 
-    return _argument_type(config.duration)(value)
-
-
-def _address(value: str) -> str:
-    from capi_libvirt.operator import endpoints
-
-    try:
-        endpoints.parse_address(value)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return value
-
-
-LEASE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-
-
-def _lease_name(value: str) -> str:
-    """NAME, or NAMESPACE/NAME as the Cluster API Operator writes it (from spec.manager.leaderElection)."""
-    namespace, _, name = value.rpartition("/")
-    if not LEASE_NAME.match(name) or (namespace and not LEASE_NAME.match(namespace)):
-        raise argparse.ArgumentTypeError(f"lease {value!r}: expected NAME or NAMESPACE/NAME, lowercase DNS names")
-    return value
-
-
-FEATURE_GATES: dict[str, bool] = {}  # this provider has none yet; Cluster API's managers refuse unknown gates too
-
-
-def _feature_gates(value: str) -> dict[str, bool]:
-    gates = {}
-    for entry in filter(None, (e.strip() for e in value.split(","))):
-        name, sep, setting = entry.partition("=")
-        if not sep or setting.lower() not in ("true", "false"):
-            raise argparse.ArgumentTypeError(f"feature gate {entry!r}: expected NAME=true or NAME=false")
-        if name not in FEATURE_GATES:
-            known = ", ".join(sorted(FEATURE_GATES)) or "none"
-            raise argparse.ArgumentTypeError(f"unrecognized feature gate {name!r} (this provider's: {known})")
-        gates[name] = setting.lower() == "true"
-    return gates
-
-
-DEBUG_VERBOSITY = 4  # Cluster API's managers log at debug from --v=4 on (klog's convention)
-
-
-def _boolean(value: str) -> bool:
-    """true or false, as Go's flag package reads a boolean flag's value (--leader-elect=false)."""
-    words = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}
-    if value.lower() not in words:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected true or false")
-    return words[value.lower()]
-
-
-def _verbosity(value: str) -> int:
-    if not value.isdigit():
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a verbosity of 0 or more")
-    return int(value)
-
-
-def _log_format(value: str) -> str:
-    from capi_libvirt.operator import logs
-
-    chosen = {"text": logs.PLAIN}.get(value, value)  # Cluster API's name for it
-    if chosen not in logs.FORMATS:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected json or text")
-    return chosen
-
-
-def _add_run_arguments(run: argparse.ArgumentParser) -> None:
-    """Leader election, endpoints, concurrency and log format of `run` (the Deployment's args:
-    config/manager/manager.yaml)."""
-    from capi_libvirt.operator import config, logs
-    from capi_libvirt.operator import election as election_
-
-    election = run.add_mutually_exclusive_group()
-    election.add_argument("--leader-election-id", "--peering", dest="leader_election_id",
-                          default=election_.DEFAULT_LEASE_NAME, type=_lease_name, metavar="[NAMESPACE/]NAME",
-                          help="the Lease (coordination.k8s.io; in the provider's namespace unless one is given) the "
-                               f"replicas elect their leader in (default: {election_.DEFAULT_LEASE_NAME}; --peering: "
-                               "its old name, deprecated)")
-    election.add_argument("--standalone", action="store_true",
-                          help="no leader election: run as if alone (development)")
-    run.add_argument("--leader-elect", type=_boolean, nargs="?", const=True, default=True, metavar="BOOL",
-                     help="Cluster API's flag: true (the default) elects a leader among the replicas over the Lease; "
-                          "false runs as if alone, as --standalone")
-    run.add_argument("--leader-elect-lease-duration", type=_duration, default=election_.DEFAULT_LEASE_DURATION_S,
-                     metavar="DURATION", help="how long a standby waits for a silent leader before it takes over "
-                     f"(default: {election_.DEFAULT_LEASE_DURATION_S:g}s)")
-    run.add_argument("--leader-elect-renew-deadline", type=_duration, default=election_.DEFAULT_RENEW_DEADLINE_S,
-                     metavar="DURATION", help="how long the leader keeps trying to renew before it gives up and exits "
-                     f"(default: {election_.DEFAULT_RENEW_DEADLINE_S:g}s)")
-    run.add_argument("--leader-elect-retry-period", type=_duration, default=election_.DEFAULT_RETRY_PERIOD_S,
-                     metavar="DURATION", help="how often every replica tries to take or renew the Lease (default: "
-                     f"{election_.DEFAULT_RETRY_PERIOD_S:g}s)")
-    for name, setting, default in config.settings():  # the operator's own settings, each spelled once there
-        run.add_argument(*setting.names, dest=name, type=_argument_type(setting.parse), metavar=setting.metavar,
-                         default=argparse.SUPPRESS, help=setting.help.format(default=setting.shown(default)))
-    run.add_argument("--feature-gates", type=_feature_gates, default={}, metavar="NAME=BOOL,...",
-                     help="Cluster API's flag; this provider has no feature gates yet, and refuses unknown ones")
+    groups: dict[str, Any] = {}
+    for of in (config.ManagerConfig, config.OperatorConfig):
+        for name, setting, default in config.settings(of):
+            if setting.exclusive is not None and setting.exclusive not in groups:
+                groups[setting.exclusive] = run.add_mutually_exclusive_group()
+            where = run if setting.exclusive is None else groups[setting.exclusive]
+            shown = "" if default is None else setting.shown(default)
+            options: dict[str, Any] = {"dest": name, "help": setting.help.format(default=shown)}
+            if setting.switch:
+                options.update(action="store_const", const=True)
+            else:
+                options.update(type=_argument_type(setting.parse), metavar=setting.metavar)
+                if setting.optional_value:
+                    options.update(nargs="?", const=True)
+            if of is config.OperatorConfig:  # not given: its environment variable, then its default (from_arguments)
+                options["default"] = argparse.SUPPRESS
+            else:
+                options["default"] = setting.default_now() if setting.default_now else default
+            where.add_argument(*setting.names, **options)
     for flag, what in (("--webhook-host", "HOST"), ("--webhook-port", "PORT"), ("--webhook-cert-dir", "DIR"),
                        ("--profiler-address", "HOST:PORT")):
         run.add_argument(flag, metavar=what, dest=f"unused_{flag[2:].replace('-', '_')}",
                          help="taken for the Cluster API Operator's sake and ignored with a warning: this provider "
                               "serves no webhooks and no Go profiler")
-    run.add_argument("--health-addr", "--health-address", dest="health_address", default="0.0.0.0:8081",
-                     type=_address, metavar="HOST:PORT",
-                     help="serve /healthz and /readyz here (default: 0.0.0.0:8081; 0: off; --health-address: its old "
-                          "name)")
-    run.add_argument("--metrics-bind-addr", "--metrics-address", dest="metrics_address", default=":8080",
-                     type=_address, metavar="HOST:PORT",
-                     help="serve Prometheus /metrics here (default: :8080, every interface; 0: off; "
-                          "--metrics-address: its old name)")
-    run.add_argument("--diagnostics-address", type=_address, metavar="HOST:PORT",
-                     help="Cluster API's newer name for the metrics address: taken only with --insecure-diagnostics "
-                          "(plain HTTP, as --metrics-bind-addr); authenticated metrics are not served yet")
-    run.add_argument("--insecure-diagnostics", type=_boolean, nargs="?", const=True, default=False, metavar="BOOL",
-                     help="with --diagnostics-address: serve the metrics over plain HTTP without authentication")
-    run.add_argument("--logging-format", "--log-format", dest="log_format", type=_log_format,
-                     default=logs.default_format(), metavar="json|text",
-                     help="json (one object per line) or text (default: json in a pod, text elsewhere; "
-                          "--log-format and `plain`: the old names)")
-    run.add_argument("--v", dest="v", type=_verbosity, default=0, metavar="LEVEL",
-                     help="log verbosity, as Cluster API's managers take it: 0 (default) info, 4 and above debug")
     run.add_argument("-v", "--verbose", dest="run_verbose", action="store_true", help="debug logging (as --v=4)")
 
 

@@ -65,10 +65,10 @@ def test_unknown_feature_gates_are_refused_as_cluster_apis_managers_refuse_them(
 
 
 def test_diagnostics_address_only_with_insecure_diagnostics(capsys):
-    assert cli._metrics_address(parse("--diagnostics-address=:8443", "--insecure-diagnostics")) == ":8443"
-    assert cli._metrics_address(parse("--metrics-bind-addr=:9000")) == ":9000"
+    assert cli.manager_config(parse("--diagnostics-address=:8443", "--insecure-diagnostics")).served_metrics_address() == ":8443"
+    assert cli.manager_config(parse("--metrics-bind-addr=:9000")).served_metrics_address() == ":9000"
     with pytest.raises(ValueError, match="authenticated HTTPS metrics"):
-        cli._metrics_address(parse("--diagnostics-address=:8443"))
+        cli.manager_config(parse("--diagnostics-address=:8443")).served_metrics_address()
     assert cli.main(["run", "--diagnostics-address=:8443", "--health-addr=0"]) == 2
 
 

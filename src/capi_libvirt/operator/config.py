@@ -1,4 +1,8 @@
-"""The operator's configuration: which libvirt hosts it manages, from the command line or the environment."""
+"""The configuration of `capi-libvirt run`, each setting spelled once, as a field with its default and its Flag:
+OperatorConfig (what the reconciles run with: hosts, concurrency, intervals, filters, the API client's rate) and
+ManagerConfig (how the process runs around them, with the flags every Cluster API manager takes: leader election,
+health and metrics endpoints, logs). The command line (cli.py) and the book's flag reference (hack/reference.py) are
+made from these fields."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from capi_libvirt.api import meta
 from capi_libvirt.core.outage import DEFAULT_REPLACE_AFTER_S
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
 from capi_libvirt.kube import api
+from capi_libvirt.operator import election, logs
 from capi_libvirt.reconcile.base import ORPHAN_GRACE_S
 from capi_libvirt.reconcile.inventory import PROBE_INTERVAL_S as DEFAULT_PROBE_INTERVAL_S
 from capi_libvirt.reconcile.orphans import INTERVAL_S as ORPHAN_INTERVAL_S
@@ -112,10 +117,14 @@ class Flag:
 
     names: tuple[str, ...]
     parse: Callable[[str], Any]
-    metavar: str
+    metavar: str | None
     help: str
     env: str | None = None
     shown: Callable[[Any], str] = str
+    optional_value: bool = False  # a boolean given alone means true (--leader-elect), as Go's boolean flags
+    switch: bool = False  # takes no value: given means true (--standalone)
+    exclusive: str | None = None  # flags of the same group exclude each other
+    default_now: Callable[[], Any] | None = None  # a default read when the command line is made (the environment's)
 
 
 def _setting(default: Any, flag: Flag) -> Any:
@@ -175,10 +184,149 @@ class OperatorConfig:
     provider_namespace: str = meta.PROVIDER_NAMESPACE
 
 
-def settings() -> list[tuple[str, Flag, Any]]:
-    """Every setting with a flag: (OperatorConfig's field, its Flag, its default), in the fields' order."""
-    return [(field.name, field.metadata["flag"], field.default) for field in dataclasses.fields(OperatorConfig)
+def settings(of: type = OperatorConfig) -> list[tuple[str, Flag, Any]]:
+    """Every setting with a flag: (the field, its Flag, its default), in the fields' order, of OperatorConfig or
+    ManagerConfig."""
+    return [(field.name, field.metadata["flag"], field.default) for field in dataclasses.fields(of)
             if "flag" in field.metadata]
+
+
+LEASE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+FEATURE_GATES: dict[str, bool] = {}  # this provider has none yet; Cluster API's managers refuse unknown gates too
+DEBUG_VERBOSITY = 4  # Cluster API's managers log at debug from --v=4 on (klog's convention)
+BOOLEANS = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}
+
+
+def boolean(value: str) -> bool:
+    """true or false, as Go's flag package reads a boolean flag's value (--leader-elect=false)."""
+    if value.lower() not in BOOLEANS:
+        raise ValueError(f"{value!r}: expected true or false")
+    return BOOLEANS[value.lower()]
+
+
+def lease_name(value: str) -> str:
+    """NAME, or NAMESPACE/NAME as the Cluster API Operator writes it (from spec.manager.leaderElection)."""
+    namespace, _, name = value.rpartition("/")
+    if not LEASE_NAME.match(name) or (namespace and not LEASE_NAME.match(namespace)):
+        raise ValueError(f"lease {value!r}: expected NAME or NAMESPACE/NAME, lowercase DNS names")
+    return value
+
+
+def feature_gates(value: str) -> Mapping[str, bool]:
+    gates = {}
+    for entry in filter(None, (e.strip() for e in value.split(","))):
+        name, sep, setting = entry.partition("=")
+        if not sep or setting.lower() not in ("true", "false"):
+            raise ValueError(f"feature gate {entry!r}: expected NAME=true or NAME=false")
+        if name not in FEATURE_GATES:
+            known = ", ".join(sorted(FEATURE_GATES)) or "none"
+            raise ValueError(f"unrecognized feature gate {name!r} (this provider's: {known})")
+        gates[name] = setting.lower() == "true"
+    return gates
+
+
+def address(value: str) -> str:
+    """HOST:PORT, :PORT or 0 (off), as the health and metrics endpoints take it."""
+    from capi_libvirt.operator import endpoints  # the web server, only where an address is read
+
+    endpoints.parse_address(value)
+    return value
+
+
+def verbosity(value: str) -> int:
+    if not value.isdigit():
+        raise ValueError(f"{value!r}: expected a verbosity of 0 or more")
+    return int(value)
+
+
+def log_format(value: str) -> str:
+    chosen = {"text": logs.PLAIN}.get(value, value)  # Cluster API's name for it
+    if chosen not in logs.FORMATS:
+        raise ValueError(f"{value!r}: expected json or text")
+    return chosen
+
+
+def _duration_shown(value: float) -> str:
+    return f"{value:g}s"
+
+
+ELECTION = "election"
+
+
+@dataclasses.dataclass(frozen=True)
+class ManagerConfig:
+    """How `capi-libvirt run` runs around the operator, with the flags every Cluster API manager takes (the
+    Deployment, config/manager/manager.yaml, and the Cluster API Operator from spec.manager write them): leader
+    election over a Lease, the health and metrics endpoints, logs."""
+
+    leader_election_id: str = _setting(election.DEFAULT_LEASE_NAME, Flag(
+        ("--leader-election-id", "--peering"), lease_name, "[NAMESPACE/]NAME",
+        "the Lease (coordination.k8s.io; in the provider's namespace unless one is given) the replicas elect their "
+        "leader in (default: {default}; --peering: its old name, deprecated)", exclusive=ELECTION))
+    standalone: bool = _setting(False, Flag(
+        ("--standalone",), boolean, None, "no leader election: run as if alone (development)", switch=True,
+        exclusive=ELECTION))
+    leader_elect: bool = _setting(True, Flag(
+        ("--leader-elect",), boolean, "BOOL", "Cluster API's flag: true (the default) elects a leader among the "
+        "replicas over the Lease; false runs as if alone, as --standalone", optional_value=True))
+    leader_elect_lease_duration: float = _setting(election.DEFAULT_LEASE_DURATION_S, Flag(
+        ("--leader-elect-lease-duration",), duration, "DURATION",
+        "how long a standby waits for a silent leader before it takes over (default: {default})",
+        shown=_duration_shown))
+    leader_elect_renew_deadline: float = _setting(election.DEFAULT_RENEW_DEADLINE_S, Flag(
+        ("--leader-elect-renew-deadline",), duration, "DURATION",
+        "how long the leader keeps trying to renew before it gives up and exits (default: {default})",
+        shown=_duration_shown))
+    leader_elect_retry_period: float = _setting(election.DEFAULT_RETRY_PERIOD_S, Flag(
+        ("--leader-elect-retry-period",), duration, "DURATION",
+        "how often every replica tries to take or renew the Lease (default: {default})", shown=_duration_shown))
+    feature_gates: Mapping[str, bool] | None = _setting(None, Flag(
+        ("--feature-gates",), feature_gates, "NAME=BOOL,...",
+        "Cluster API's flag; this provider has no feature gates yet, and refuses unknown ones"))
+    health_address: str = _setting("0.0.0.0:8081", Flag(
+        ("--health-addr", "--health-address"), address, "HOST:PORT",
+        "serve /healthz and /readyz here (default: {default}; 0: off; --health-address: its old name)"))
+    metrics_address: str = _setting(":8080", Flag(
+        ("--metrics-bind-addr", "--metrics-address"), address, "HOST:PORT",
+        "serve Prometheus /metrics here (default: {default}, every interface; 0: off; --metrics-address: its old "
+        "name)"))
+    diagnostics_address: str | None = _setting(None, Flag(
+        ("--diagnostics-address",), address, "HOST:PORT",
+        "Cluster API's newer name for the metrics address: taken only with --insecure-diagnostics (plain HTTP, as "
+        "--metrics-bind-addr); authenticated metrics are not served yet"))
+    insecure_diagnostics: bool = _setting(False, Flag(
+        ("--insecure-diagnostics",), boolean, "BOOL",
+        "with --diagnostics-address: serve the metrics over plain HTTP without authentication", optional_value=True))
+    log_format: str | None = _setting(None, Flag(
+        ("--logging-format", "--log-format"), log_format, "json|text",
+        "json (one object per line) or text (default: json in a pod, text elsewhere; --log-format and `plain`: the "
+        "old names)", default_now=logs.default_format))
+    v: int = _setting(0, Flag(
+        ("--v",), verbosity, "LEVEL",
+        "log verbosity, as Cluster API's managers take it: 0 (default) info, 4 and above debug"))
+
+    def served_metrics_address(self) -> str:
+        """--metrics-bind-addr, or --diagnostics-address when --insecure-diagnostics says plain HTTP is what is
+        wanted: without it Cluster API's managers serve authenticated HTTPS, which this one does not, and it will
+        not serve plain HTTP in its place."""
+        if self.diagnostics_address is None:
+            return self.metrics_address
+        if not self.insecure_diagnostics:
+            raise ValueError("--diagnostics-address without --insecure-diagnostics asks for authenticated HTTPS "
+                             "metrics, which this provider does not serve yet: add --insecure-diagnostics, or use "
+                             "--metrics-bind-addr")
+        return self.diagnostics_address
+
+    def lease(self) -> election.Lease | None:
+        """The Lease the replicas elect their leader in, in the provider's namespace; None: no election
+        (--standalone, --leader-elect=false)."""
+        if self.standalone or not self.leader_elect:
+            return None
+        namespace, _, name = self.leader_election_id.rpartition("/")
+        return election.Lease(name=name, namespace=namespace or provider_namespace(),
+                              identity=election.new_identity(), duration_s=self.leader_elect_lease_duration,
+                              renew_deadline_s=self.leader_elect_renew_deadline,
+                              retry_period_s=self.leader_elect_retry_period)
 
 
 def parse_hosts(entries: list[str]) -> dict[str, str]:

@@ -147,7 +147,8 @@ class MemoryHost(HostState):
                 pool_capacity_bytes=main.capacity if main is not None and main.active else None,
                 pool_available_bytes=main.available if main is not None and main.active else None,
                 available_memory_mib=free, foreign_vms=usage.foreign_vms, foreign_cpus=usage.foreign_cpus,
-                foreign_memory_mib=usage.foreign_memory_mib, foreign_shut_off=usage.foreign_shut_off, pools=pools)
+                foreign_memory_mib=usage.foreign_memory_mib, foreign_shut_off=usage.foreign_shut_off, pools=pools,
+                machine_domains=usage.machine_domains)
 
     async def machine_types(self, domain_type: str) -> frozenset[str]:
         async with self._operation("machine_types", domain_type):

@@ -134,7 +134,8 @@ class HostState:
         memory_kib = int(root.findtext("memory") or 0)  # the provider writes KiB
         return placement.DomainUsage(owner=domain_owner.parse_owner(domain.xml), active=domain.state != "shutoff",
                                      memory_mib=memory_kib // 1024, vcpus=int(root.findtext("vcpu") or 1),
-                                     disk_paths=domain_xml_edits.disk_paths(domain.xml))
+                                     disk_paths=domain_xml_edits.disk_paths(domain.xml),
+                                     running=domain.state == "running")
 
     @staticmethod
     def _pool_usage(pool: Pool, machine_paths: frozenset[str]) -> placement.PoolUsage:

@@ -18,6 +18,7 @@ from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import conditions, naming, provider_id
 from capi_libvirt.hypervisor import errors
 from capi_libvirt.hypervisor import host as host_api
+from capi_libvirt.reconcile import hosts
 from capi_libvirt.reconcile import inventory as inventory_
 from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv.memory_host import MemoryHost, MemoryHosts
@@ -205,3 +206,37 @@ async def test_a_define_the_host_refuses_is_a_failure_with_its_message_and_backs
     assert condition["reason"] == reasons.HYPERVISOR_ERROR and "unsupported configuration" in condition["message"]
     assert first is not None and second is not None and second > first, "backoff grows"
     await b.passes(provisioned)
+
+
+async def test_a_provisioned_machine_has_no_timer_and_its_hosts_probe_wakes_it_when_its_domain_changes() -> None:
+    b = await bed()
+    await b.passes(provisioned)
+    assert await machine_reconcile.reconcile(b.deps, NS, NAME) is None  # provisioned: looked at again only if woken
+    woken: list[set[tuple[str, str]]] = []
+    b.deps = dataclasses.replace(b.deps, wake_machines=lambda keys: woken.append(set(keys)))
+    await hosts.probe_and_publish(b.deps, HOST)
+    assert woken == [{(NS, NAME)}], "its domain is new since the last probe"
+    await hosts.probe_and_publish(b.deps, HOST)
+    assert len(woken) == 1, "nothing changed since the last probe"
+    uuid = naming.domain_uuid(b.uid())
+    b.host.domains[uuid].state = "shutoff"  # the guest powered itself off
+    await hosts.probe_and_publish(b.deps, HOST)
+    assert woken[1:] == [{(NS, NAME)}]
+    await b.passes(lambda b: b.host.domains[uuid].state == "running")  # the woken pass starts it again
+    await hosts.probe_and_publish(b.deps, HOST)
+    b.host.lose_domain(uuid)
+    await hosts.probe_and_publish(b.deps, HOST)
+    assert woken[2:] == [{(NS, NAME)}, {(NS, NAME)}], "running again, then gone: each woke it"
+
+
+async def test_a_seed_not_removed_yet_brings_the_provisioned_machine_back_until_it_is() -> None:
+    b = await bed()
+    await b.passes(provisioned)
+    b.kube.objects[(MACHINES, NS, NAME)]["status"] = {"nodeRef": {"name": NAME}}  # the node joined
+    b.host.fail("eject_nocloud", errors.HypervisorError("eject: device busy", HOST), times=1)
+    assert await machine_reconcile.reconcile(b.deps, NS, NAME) == machine_reconcile.RECHECK_SEED_REMOVAL
+    assert (b.body or {})["status"].get("noCloudISORemoved") is None
+    assert await machine_reconcile.reconcile(b.deps, NS, NAME) is None  # removed: no timer any more
+    assert (b.body or {})["status"]["noCloudISORemoved"] is True
+    assert [reason for _kind, reason, _message in b.events][-2:] == [reasons.NOCLOUD_ISO_NOT_REMOVED,
+                                                                   reasons.NOCLOUD_ISO_REMOVED]

@@ -90,13 +90,14 @@ def test_which_domains_are_foreign(domain_owner, mine, foreign):
 def test_host_usage_counts_running_foreign_vms_and_reports_shut_off_ones():
     usage = placement.host_usage([
         DomainUsage(owner(MINE), True, 512, 1),
-        DomainUsage(owner(MINE), False, 1024, 2),  # this provider's count in every state, as before
+        DomainUsage(owner(MINE), False, 1024, 2, running=False),  # this provider's count in every state, as before
         DomainUsage(None, True, 14336, 4),
         DomainUsage(owner(OTHER), True, 2048, 2),  # paused or suspended domains are active too
         DomainUsage(None, False, 65536, 16),  # defined, shut off: takes nothing now
     ], MINE)
     assert usage == placement.HostUsage(machines=2, allocated_cpus=3, allocated_memory_mib=1536, foreign_vms=2,
-                                        foreign_cpus=6, foreign_memory_mib=16384, foreign_shut_off=1)
+                                        foreign_cpus=6, foreign_memory_mib=16384, foreign_shut_off=1,
+                                        machine_domains=frozenset({("ns", "m", "u-1", True), ("ns", "m", "u-1", False)}))
 
 
 def probe(**changes) -> host_probe.HostProbe:

@@ -264,6 +264,7 @@ class DomainUsage:
     memory_mib: int
     vcpus: int
     disk_paths: frozenset[str] = frozenset()  # its disks' and CD-ROMs' source files
+    running: bool = True  # running, not paused, crashed or shut off: what a provisioned machine's pass keeps so
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,6 +279,9 @@ class HostUsage:
     foreign_memory_mib: int = 0
     foreign_shut_off: int = 0  # foreign domains defined but shut off: reported, not counted
     volume_paths: frozenset[str] = frozenset()  # the files this provider's domains use (disks, CD-ROMs)
+    # This provider's domains by their machine (namespace, name, UID) and whether each runs: a machine whose entry
+    # changes between two probes (its domain stopped, paused, came back, or is gone) is looked at again at once.
+    machine_domains: frozenset[tuple[str, str, str, bool]] = frozenset()
 
 
 def is_foreign(owner: Owner | None, management_cluster: str | None) -> bool:
@@ -301,10 +305,13 @@ def host_usage(domains: Iterable[DomainUsage], management_cluster: str | None) -
     usage = HostUsage()
     for domain in domains:
         if not is_foreign(domain.owner, management_cluster):
+            owner = domain.owner
+            seen = frozenset() if owner is None else {(owner.namespace, owner.name, owner.uid, domain.running)}
             usage = dataclasses.replace(usage, machines=usage.machines + 1,
                                         allocated_cpus=usage.allocated_cpus + domain.vcpus,
                                         allocated_memory_mib=usage.allocated_memory_mib + domain.memory_mib,
-                                        volume_paths=usage.volume_paths | domain.disk_paths)
+                                        volume_paths=usage.volume_paths | domain.disk_paths,
+                                        machine_domains=usage.machine_domains | seen)
         elif domain.active:
             usage = dataclasses.replace(usage, foreign_vms=usage.foreign_vms + 1,
                                         foreign_cpus=usage.foreign_cpus + domain.vcpus,
@@ -320,6 +327,22 @@ def disk_bytes(spec: Mapping[str, Any]) -> int:
     return gibs * GIB
 
 
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """What one placed machine claims on its host, from its spec as the API holds it (defaults filled in)."""
+
+    namespace: str
+    cpus: int
+    memory_mib: int
+    pool: str
+    disk_bytes: int
+
+    @classmethod
+    def of(cls, namespace: str, spec: Mapping[str, Any]) -> Claim:
+        return cls(namespace, int(spec.get("cpus", 0)), int(spec.get("memoryMiB", 0)), str(spec.get("storagePool", "")),
+                   disk_bytes(spec))
+
+
 @dataclasses.dataclass
 class HostClaims:
     """What the LibvirtMachines placed on one host claim there, from their specs: vCPUs, memory, and each pool's
@@ -330,17 +353,28 @@ class HostClaims:
     pool_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     by_namespace: dict[str, Holding] = dataclasses.field(default_factory=dict)
 
+    def add(self, claim: Claim, sign: int = 1) -> None:
+        """Count one machine's claim in (sign 1) or out (sign -1)."""
+        self.cpus += sign * claim.cpus
+        self.memory_mib += sign * claim.memory_mib
+        self.pool_bytes[claim.pool] = self.pool_bytes.get(claim.pool, 0) + sign * claim.disk_bytes
+        held = self.by_namespace.get(claim.namespace, Holding()) + \
+            Holding(sign, sign * claim.cpus, sign * claim.memory_mib, sign * (claim.disk_bytes // GIB))
+        if held.machines:
+            self.by_namespace[claim.namespace] = held
+        else:  # the namespace's last machine here counted out
+            self.by_namespace.pop(claim.namespace, None)
+
+    def without(self, claim: Claim) -> HostClaims:
+        """A copy with one machine's claim counted out."""
+        copy = HostClaims(self.cpus, self.memory_mib, dict(self.pool_bytes), dict(self.by_namespace))
+        copy.add(claim, -1)
+        return copy
+
 
 def claims_by_host(machines: Iterable[tuple[str, str, Mapping[str, Any]]]) -> dict[str, HostClaims]:
     """Tally (host, namespace, spec) of every placed machine into each host's claims."""
     claims: dict[str, HostClaims] = {}
     for host, namespace, spec in machines:
-        claim = claims.setdefault(host, HostClaims())
-        cpus, memory, disk = int(spec.get("cpus", 0)), int(spec.get("memoryMiB", 0)), disk_bytes(spec)
-        claim.cpus += cpus
-        claim.memory_mib += memory
-        pool = str(spec.get("storagePool", ""))
-        claim.pool_bytes[pool] = claim.pool_bytes.get(pool, 0) + disk
-        held = claim.by_namespace.get(namespace, Holding())
-        claim.by_namespace[namespace] = held + Holding(1, cpus, memory, disk // GIB)
+        claims.setdefault(host, HostClaims()).add(Claim.of(namespace, spec))
     return claims

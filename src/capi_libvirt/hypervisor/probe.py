@@ -36,6 +36,7 @@ class HostProbe:
     foreign_memory_mib: int = 0
     foreign_shut_off: int = 0  # foreign domains defined but shut off
     pools: tuple[placement.PoolUsage, ...] = ()  # the active pools the probe was asked about
+    machine_domains: frozenset[tuple[str, str, str, bool]] = frozenset()  # core.placement.HostUsage's
 
 
 def _version(number: int) -> str:
@@ -51,7 +52,8 @@ def _domain_usage(domain: libvirt.virDomain) -> placement.DomainUsage:
     state, max_kib, kib, vcpus, _time = domain.info()
     return placement.DomainUsage(owner=owner, active=state != libvirt.VIR_DOMAIN_SHUTOFF,
                                  memory_mib=(max_kib if owner is not None else kib) // 1024, vcpus=vcpus,
-                                 disk_paths=domain_xml_edits.disk_paths(xml_text))
+                                 disk_paths=domain_xml_edits.disk_paths(xml_text),
+                                 running=state == libvirt.VIR_DOMAIN_RUNNING)
 
 
 def _available_memory_mib(conn: libvirt.virConnect) -> int | None:
@@ -139,4 +141,4 @@ def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str
         pool_capacity_bytes=capacity, pool_available_bytes=available,
         available_memory_mib=_available_memory_mib(conn), foreign_vms=usage.foreign_vms,
         foreign_cpus=usage.foreign_cpus, foreign_memory_mib=usage.foreign_memory_mib,
-        foreign_shut_off=usage.foreign_shut_off, pools=tuple(pools))
+        foreign_shut_off=usage.foreign_shut_off, pools=tuple(pools), machine_domains=usage.machine_domains)

@@ -27,27 +27,32 @@ def key_of(resource: str, body: dict[str, Any]) -> Key:
 
 
 class ObjectCache:
+    """The bodies held, by resource and then by (namespace, name): listing one resource touches only its objects."""
+
     def __init__(self) -> None:
-        self._objects: dict[Key, dict[str, Any]] = {}
+        self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self._deleted: dict[Key, int] = {}  # the version an object was deleted at, against late bodies of it
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._objects.get((resource, namespace, name))
+        return self._objects.get(resource, {}).get((namespace, name))
 
     def put(self, resource: str, body: dict[str, Any]) -> bool:
-        """Keep the body unless an equal or newer one is held; True when it was newer (something changed)."""
+        """Keep the body unless an equal or newer one is held; True when it was newer (something changed). A body
+        held is never edited: a change is always a new body (what reconcile.placed relies on)."""
         key, version = key_of(resource, body), _version(body)
-        held = self._objects.get(key)
+        held_of_resource = self._objects.setdefault(resource, {})
+        held = held_of_resource.get(key[1:])
         if (held is not None and _version(held) >= version) or self._deleted.get(key, -1) >= version:
             return False
-        self._objects[key] = body
+        held_of_resource[key[1:]] = body
         return True
 
     def delete(self, resource: str, body: dict[str, Any]) -> None:
         key = key_of(resource, body)
-        held = self._objects.get(key)
+        held_of_resource = self._objects.get(resource, {})
+        held = held_of_resource.get(key[1:])
         if held is None or held["metadata"].get("uid") == body["metadata"].get("uid"):
-            self._objects.pop(key, None)
+            held_of_resource.pop(key[1:], None)
             self._deleted[key] = max(_version(body), self._deleted.pop(key, -1))
             if len(self._deleted) > MAX_TOMBSTONES:  # the oldest deletions: their late events have long arrived
                 for old in list(self._deleted)[:MAX_TOMBSTONES // 2]:
@@ -66,16 +71,18 @@ class ObjectCache:
         listed = {key_of(resource, body) for body in bodies}
         version = int(list_version) if list_version and list_version.isdigit() else 1 << 62
         dropped = []
-        for key in [k for k in self._objects if k[0] == resource and k not in listed]:
-            if _version(self._objects[key]) <= version:
-                self.delete(resource, self._objects[key])
+        held_of_resource = self._objects.get(resource, {})
+        for held_key, held in list(held_of_resource.items()):
+            key = (resource, *held_key)
+            if key not in listed and _version(held) <= version:
+                self.delete(resource, held)
                 dropped.append(key)
         for body in bodies:
             self.put(resource, body)
         return dropped
 
     def items(self, resource: str) -> Iterator[dict[str, Any]]:
-        return iter([body for key, body in list(self._objects.items()) if key[0] == resource])
+        return iter(list(self._objects.get(resource, {}).values()))
 
     def __len__(self) -> int:
-        return len(self._objects)
+        return sum(len(held) for held in self._objects.values())

@@ -21,7 +21,7 @@ import collections
 import dataclasses
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, cast
 
 import kopf
@@ -58,7 +58,8 @@ class Runtime:
         """`deps` as configured; the reconciles get a copy whose wake-ups are this runtime's (queue a host's machines,
         or the unplaced ones). `config`: its concurrency, periods and watch filter (None: the defaults)."""
         cfg = config if config is not None else operator_config.OperatorConfig(hosts={})
-        self.deps = dataclasses.replace(deps, wake_host=self.wake_host, wake_unplaced=self.wake_unplaced)
+        self.deps = dataclasses.replace(deps, wake_host=self.wake_host, wake_unplaced=self.wake_unplaced,
+                                        wake_machines=self.wake_machines)
         self.namespaces = list(namespaces)
         self.orphan_interval_s = cfg.orphan_interval_s
         self.sync_period_s = cfg.sync_period_s
@@ -127,6 +128,12 @@ class Runtime:
             namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
             if machine_reconcile.recorded_host(body) == host or host in machine_reconcile.former_hosts(body):
                 self.deps.failures.pop((namespace, name), None)
+                self.machines.add((namespace, name))
+
+    def wake_machines(self, keys: Iterable[tuple[str, str]]) -> None:
+        """These machines queued now (the host probe saw their domains change); one no longer cached is gone."""
+        for namespace, name in keys:
+            if self.deps.kube.cache.get(api.LIBVIRT_MACHINES, namespace, name) is not None:
                 self.machines.add((namespace, name))
 
     def wake_unplaced(self) -> None:

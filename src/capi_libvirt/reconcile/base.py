@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from capi_libvirt.api import meta, reasons
@@ -19,6 +19,7 @@ from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile import images as images_
 from capi_libvirt.reconcile import inventory as inventory_
+from capi_libvirt.reconcile import placed as placed_
 from capi_libvirt.reconcile.waiting import RECHECK_WAITING, Wait
 
 __all__ = ["RECHECK_WAITING", "Wait"]  # (what every reconcile shares; defined on the floor below)
@@ -65,6 +66,8 @@ class Dependencies:
     observe: Observer = dataclasses.field(default_factory=Observer)  # metrics: phase durations, pass outcomes
     failures: dict[tuple[str, ...], int] = dataclasses.field(default_factory=dict)  # per machine, for backoff
     placement_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one placement at a time
+    # Every machine's host and claim, kept by difference from the cache (placement and the address checks read it).
+    placed: placed_.PlacedMachines = dataclasses.field(default_factory=placed_.PlacedMachines)
     creates_per_host: int = placement.DEFAULT_CREATES_PER_HOST
     creation_slots: dict[str, asyncio.Semaphore] = dataclasses.field(default_factory=dict)
     replace_after_s: float = outage.DEFAULT_REPLACE_AFTER_S  # an unreachable host's never-defined machines move then
@@ -73,6 +76,8 @@ class Dependencies:
     # down, came back, or was decommissioned.
     wake_host: Callable[[str], None] = lambda host: None
     wake_unplaced: Callable[[], None] = lambda: None  # a host gained room: machines waiting for one decide again
+    # Queue these machines ((namespace, name)) now: the host's probe saw their domains change.
+    wake_machines: Callable[[Iterable[tuple[str, str]]], None] = lambda keys: None
     provider_namespace: str = meta.PROVIDER_NAMESPACE  # where host credentials live, and the ServiceAccount
     # This management cluster's identity, written into every domain's owner metadata (None: unknown, so no domain is
     # ever provably ours to collect), and the orphan collector's grace period (None: report only, never remove).

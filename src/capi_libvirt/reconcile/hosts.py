@@ -84,11 +84,17 @@ async def remove_host(deps: Dependencies, name: str) -> None:
 async def probe_and_publish(deps: Dependencies, name: str) -> None:
     """Probe, publish, and wake the host's machines when it went down or came back (a machine waiting on it with a
     long backoff converges as soon as the host answers; a provisioned one reports the outage without waiting for its
-    next periodic pass)."""
+    next periodic pass), and each machine whose domain changed since the last probe (stopped, paused, running again,
+    or gone): a provisioned machine has no timer of its own but the sync period."""
     before = deps.inventory.hosts.get(name)
     was_up, was_down = (before.reachable, before.unreachable_since is not None) if before else (False, False)
     foreign_before = _foreign_load(before.probe) if before and before.probe else None
+    domains_before = before.probe.machine_domains if before and before.probe else None
     host = await deps.inventory.probe(name)
+    if host is not None and host.probe is not None and domains_before is not None:
+        changed = domains_before ^ host.probe.machine_domains
+        if changed:  # a domain stopped, paused, came back or is gone: its machine looks now, not at its next pass
+            deps.wake_machines({(namespace, machine) for namespace, machine, _uid, _running in changed})
     if host is not None and ((was_up and not host.reachable) or (was_down and host.reachable)):
         log.info("host %s is %s", name, "reachable again" if host.reachable else "unreachable")
         deps.wake_host(name)

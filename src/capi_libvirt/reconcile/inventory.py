@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from capi_libvirt.api import v1alpha1, v1alpha1_host
@@ -127,7 +127,7 @@ class Inventory:
             return None
         return tenancy.refusal(name, host.spec.access, host.spec.storage_pool, namespace, spec)
 
-    def loads(self, claims: dict[str, placement.HostClaims], namespace: str | None = None,
+    def loads(self, claims: Mapping[str, placement.HostClaims], namespace: str | None = None,
               spec: v1alpha1.LibvirtMachineSpec | None = None) -> list[placement.HostLoad]:
         """Placement's view: capacity from the probe, what the machines placed on each host claim from the API, and
         each host's refusal of the machine (`namespace`, `spec`) by its access rules, and by its namespace's quota."""

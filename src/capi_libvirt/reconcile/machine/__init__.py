@@ -55,6 +55,7 @@ from capi_libvirt.reconcile.machine.state import (
     IDENTITY_ANNOTATION,
     READY_IGNORES,
     RECHECK_PROVISIONED,
+    RECHECK_SEED_REMOVAL,
     MachinePass,
     machine_volumes,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "PHASES",
     "READY_IGNORES",
     "RECHECK_PROVISIONED",
+    "RECHECK_SEED_REMOVAL",
     "RECHECK_WAITING",
     "Wait",
     "_release_ip_address_claims",

@@ -13,7 +13,8 @@ from capi_libvirt.hypervisor import errors
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import RECHECK_WAITING, Dependencies, Wait
-from capi_libvirt.reconcile.machine.identity import domain_record, owner_matches, recorded_host
+from capi_libvirt.reconcile.machine.identity import domain_record, owner_matches
+from capi_libvirt.reconcile.machine.placing import placed_record
 from capi_libvirt.reconcile.machine.state import RECHECK_IPAM, MachinePass, event
 
 
@@ -140,9 +141,14 @@ async def check_addresses(deps: Dependencies, p: MachinePass) -> None:
                                         bool(domain_record(other)) or
                                         (other["metadata"].get("creationTimestamp") or "", other["metadata"]["name"],
                                          other["metadata"]["namespace"]) < mine)
-               for other in await deps.kube.list_libvirt_machines()
-               if recorded_host(other) == p.host and other["metadata"]["uid"] != p.body["metadata"]["uid"]]
+               for other in await _placed_on_host(deps, p.host)
+               if other["metadata"]["uid"] != p.body["metadata"]["uid"]]
     conflict = address_conflicts.first_conflict(nics, p.segments, holders)
     if conflict is not None:
         raise Wait(reasons.ADDRESS_CONFLICT, conflict.message,
                    RECHECK_WAITING if conflict.may_pass else None, failure=True)
+
+
+async def _placed_on_host(deps: Dependencies, host: str | None) -> list[dict[str, Any]]:
+    deps.placed.refresh(await deps.kube.list_libvirt_machines(), placed_record)
+    return deps.placed.on_host(host) if host else []

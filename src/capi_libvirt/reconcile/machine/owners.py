@@ -9,7 +9,12 @@ from capi_libvirt.core import capi_objects, conditions
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import Dependencies, Paused, Wait, is_paused, secrets_forbidden_message
 from capi_libvirt.reconcile.machine.identity import recorded_host
-from capi_libvirt.reconcile.machine.state import BOOTSTRAP_FORMATS, RECHECK_BOOTSTRAP, RECHECK_PROVISIONED, MachinePass
+from capi_libvirt.reconcile.machine.state import (
+    BOOTSTRAP_FORMATS,
+    RECHECK_BOOTSTRAP,
+    RECHECK_REFUSED_BOOTSTRAP,
+    MachinePass,
+)
 
 
 async def find_owner_machine(deps: Dependencies, p: MachinePass) -> None:
@@ -72,7 +77,7 @@ async def fetch_bootstrap_data(deps: Dependencies, p: MachinePass) -> None:
     if p.bootstrap.format not in BOOTSTRAP_FORMATS:
         raise Wait(reasons.BOOTSTRAP_FORMAT_UNSUPPORTED,
                    f"bootstrap data format {p.bootstrap.format[:64]!r} is not supported; use cloud-config or ignition",
-                   RECHECK_PROVISIONED, failure=True)
+                   RECHECK_REFUSED_BOOTSTRAP, failure=True)
     if not p.bootstrap.value:
         raise Wait(reasons.BOOTSTRAP_DATA_MISSING, f"bootstrap Secret {secret_name} has no data under 'value'",
-                   RECHECK_PROVISIONED, failure=True)
+                   RECHECK_REFUSED_BOOTSTRAP, failure=True)

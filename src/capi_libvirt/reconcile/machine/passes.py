@@ -98,7 +98,8 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
         failed = Wait(reasons.RECONCILE_ERROR, f"unexpected {type(error).__name__}; see the operator log", failure=True)
         return await _write_status(deps, p.body, p.status, with_backoff(deps, key, failed))
     deps.failures.pop(key, None)
-    return await _write_status(deps, p.body, p.status, None)
+    after = await _write_status(deps, p.body, p.status, None)
+    return p.come_back_after if after is None else after
 
 
 

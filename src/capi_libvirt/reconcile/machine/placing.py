@@ -13,6 +13,7 @@ from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import outage, placement, provider_id
 from capi_libvirt.hypervisor import errors
 from capi_libvirt.reconcile import inventory as inventory_
+from capi_libvirt.reconcile import placed
 from capi_libvirt.reconcile.base import RECHECK_WAITING, Dependencies, Wait
 from capi_libvirt.reconcile.machine.identity import (
     domain_record,
@@ -90,35 +91,33 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
 
 async def _choose(deps: Dependencies, p: MachinePass) -> placement.Placed | placement.NoHost:
     """Placement's decision for the machine, from the inventory and every other machine's record (under the lock)."""
-    placed: list[tuple[str, str, dict[str, Any]]] = []
-    group_per_host: dict[str, int] = {}
+    uid = p.body["metadata"]["uid"]
+    deps.placed.refresh(await deps.kube.list_libvirt_machines(), placed_record)
     group = placement_group(p.body)
-    for other in await deps.kube.list_libvirt_machines():
-        host = recorded_host(other)
-        if not host or other["metadata"]["uid"] == p.body["metadata"]["uid"]:
-            continue
-        placed.append(_claim_of(host, other))
-        if group is not None and placement_group(other) == group:
-            group_per_host[host] = group_per_host.get(host, 0) + 1
+    group_per_host = deps.placed.group_per_host(group, excluding_uid=uid) if group is not None else {}
     holding = inventory_.machine_holding(p.spec)
     request = placement.Request(cpus=p.spec.cpus, memory_mib=p.spec.memory_mib, pinned_host=p.spec.host,
                                 failure_domain=p.machine.failure_domain if p.machine else None,
                                 control_plane=CONTROL_PLANE_LABEL in (p.body["metadata"].get("labels") or {}),
                                 pool=p.spec.storage_pool, disk_bytes=holding.disk_gib * placement.GIB)
-    claims = placement.claims_by_host(placed)
+    claims = deps.placed.claims(excluding_uid=uid)
     return placement.choose_host(request, deps.inventory.loads(claims, p.namespace, p.spec), group_per_host)
 
 
-def _claim_of(host: str, body: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
-    return host, body["metadata"]["namespace"], body.get("spec") or {}
+def placed_record(body: dict[str, Any]) -> placed.Record | None:
+    """What placement counts of a machine: its host (None: not placed), its group, its claim."""
+    host = recorded_host(body)
+    if not host:
+        return None
+    return placed.Record(host, body["metadata"]["uid"], placement_group(body),
+                         placement.Claim.of(body["metadata"]["namespace"], body.get("spec") or {}))
 
 
 async def pool_room(deps: Dependencies, host: str, pool: str) -> int | None:
     """What placement may still promise in `pool` on `host` (every machine placed there counted), or None when the
     host's last probe did not see the pool."""
-    claims = placement.claims_by_host(_claim_of(recorded, body) for body in await deps.kube.list_libvirt_machines()
-                                      if (recorded := recorded_host(body)) == host)
-    return deps.inventory.pool_room(host, pool, claims.get(host))
+    deps.placed.refresh(await deps.kube.list_libvirt_machines(), placed_record)
+    return deps.inventory.pool_room(host, pool, deps.placed.host_claims(host))
 
 
 def _placed_on(p: MachinePass, result: placement.Placed) -> None:

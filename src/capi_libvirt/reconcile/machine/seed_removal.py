@@ -11,7 +11,7 @@ from capi_libvirt.api import reasons
 from capi_libvirt.core import domain_xml_edits
 from capi_libvirt.hypervisor import errors
 from capi_libvirt.reconcile.base import Dependencies
-from capi_libvirt.reconcile.machine.state import MachinePass, event
+from capi_libvirt.reconcile.machine.state import RECHECK_SEED_REMOVAL, MachinePass, event
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
     except errors.HypervisorError as error:
         log.warning("%s/%s: the NoCloud ISO was not removed yet: %s", p.namespace, p.name, error)
         await event(deps, p.body, "Warning", reasons.NOCLOUD_ISO_NOT_REMOVED, f"the NoCloud ISO stays for now: {error}")
+        p.come_back_after = RECHECK_SEED_REMOVAL
         return
     p.status["noCloudISORemoved"] = True
     done = ([f"ejected from the domain ({' and '.join(ejected)})"] if ejected else []) + \
@@ -73,6 +74,7 @@ async def _remove_ignition_config(deps: Dependencies, p: MachinePass) -> None:
         log.warning("%s/%s: the Ignition config was not removed yet: %s", p.namespace, p.name, error)
         await event(deps, p.body, "Warning", reasons.IGNITION_CONFIG_NOT_REMOVED,
                      f"the Ignition config stays for now: {error}")
+        p.come_back_after = RECHECK_SEED_REMOVAL
         return
     p.status["ignitionConfigRemoved"] = True
     said = {"definition": "taken out of the domain's definition", "volume": f"volume {volumes.ignition} deleted"}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from capi_libvirt.api import meta, reasons
+from capi_libvirt.api import meta, reasons, v1alpha1_host
 from capi_libvirt.core import conditions, naming, provider_id
 from capi_libvirt.hypervisor import errors
 from capi_libvirt.hypervisor import host as host_api
@@ -23,7 +23,7 @@ from capi_libvirt.reconcile import inventory as inventory_
 from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv.memory_host import MemoryHost, MemoryHosts
 from devenv.memory_state import GIB
-from memory_api import CLUSTERS, LIBVIRT_MACHINES, MACHINES, SECRETS, MemoryAPI
+from memory_api import CLUSTERS, LIBVIRT_HOSTS, LIBVIRT_MACHINES, MACHINES, SECRETS, MemoryAPI
 
 pytestmark = pytest.mark.unit
 
@@ -240,3 +240,29 @@ async def test_a_seed_not_removed_yet_brings_the_provisioned_machine_back_until_
     assert (b.body or {})["status"]["noCloudISORemoved"] is True
     assert [reason for _kind, reason, _message in b.events][-2:] == [reasons.NOCLOUD_ISO_NOT_REMOVED,
                                                                    reasons.NOCLOUD_ISO_REMOVED]
+
+
+async def test_a_hosts_status_is_written_when_it_changed_and_otherwise_only_as_a_heartbeat() -> None:
+    host = MemoryHost("kvm2")
+    now = [1000.0]
+    inventory = inventory_.Inventory(host_api.HostRegistry({}, factory=MemoryHosts(host)), clock=lambda: now[0],
+                                     management_cluster="mc-1")
+    kube = MemoryAPI()
+    kube.add(LIBVIRT_HOSTS, {"metadata": {"name": "kvm2"}, "spec": {"uri": "qemu+tls://kvm2/system"}})
+    deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory, post_event=lambda *args: None)
+    inventory.upsert("kvm2", v1alpha1_host.LibvirtHostSpec(uri="qemu+tls://kvm2/system"), None)
+
+    def writes() -> int:
+        return sum(1 for verb, name, _ in kube.writes if verb == f"PATCH {LIBVIRT_HOSTS}" and name == "kvm2")
+
+    await hosts.probe_and_publish(deps, "kvm2")
+    assert writes() == 1  # the first probe is written
+    now[0] += hosts.STATUS_HEARTBEAT_S - 1
+    await hosts.probe_and_publish(deps, "kvm2")
+    assert writes() == 1, "nothing changed, and written less than a heartbeat ago"
+    host.add_volume("default", "made-by-someone.qcow2", b"x", capacity=GIB)  # the pool's numbers change
+    await hosts.probe_and_publish(deps, "kvm2")
+    assert writes() == 2
+    now[0] += hosts.STATUS_HEARTBEAT_S
+    await hosts.probe_and_publish(deps, "kvm2")
+    assert writes() == 3, "a heartbeat: its lastProbeTime moves on"

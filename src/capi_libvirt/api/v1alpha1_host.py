@@ -201,7 +201,8 @@ class LibvirtHostStatus(meta.Model):
     reachable: bool | None = None
     """Whether the last probe reached the host's libvirt daemon."""
     last_probe_time: str | None = pydantic.Field(default=None, json_schema_extra={"format": "date-time"})
-    """When the last probe ran."""
+    """When the probe last wrote this status: at once when anything in it changed, else at least every 5 minutes
+    (the host is probed more often; see --host-probe-interval)."""
     libvirt_version: str | None = pydantic.Field(default=None, max_length=64)
     """libvirt version of the daemon."""
     hypervisor_version: str | None = pydantic.Field(default=None, max_length=64)

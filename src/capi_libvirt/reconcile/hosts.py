@@ -23,6 +23,9 @@ from capi_libvirt.reconcile.machine.identity import recorded_host
 
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = inventory_.PROBE_INTERVAL_S
+# A LibvirtHost's status is written when anything in it changed, and otherwise at least this often (its lastProbeTime
+# then says the prober is alive): 100 hosts probed every 30 s were 3 status writes a second of an idle fleet.
+STATUS_HEARTBEAT_S = 300.0
 REACHABLE, UNREACHABLE, INVALID, IN_USE = reasons.REACHABLE, reasons.HOST_UNREACHABLE, reasons.INVALID_SPEC, reasons.HOST_IN_USE
 async def _close(replaced: host_api.Host | None) -> None:
     if replaced is not None:
@@ -130,7 +133,13 @@ async def _publish(deps: Dependencies, name: str, status: dict[str, Any], ready:
     status["conditions"] = conditions.set_condition(previous, conditions.READY, ready, reason, message,
                                                     now=deps.now(), observed_generation=None)
     deps.inventory.conditions[name] = status["conditions"]
+    what = {key: value for key, value in status.items() if key != "lastProbeTime"}
+    written, when = deps.inventory.published.get(name, (None, 0.0))
+    now = deps.inventory.clock()
+    if what == written and now - when < STATUS_HEARTBEAT_S:
+        return  # nothing new to say, and said recently
     await deps.kube.patch_libvirt_host_status(name, status)
+    deps.inventory.published[name] = (what, now)
 
 
 async def add_missing_hosts(deps: Dependencies) -> list[str]:

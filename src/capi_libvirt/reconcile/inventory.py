@@ -60,6 +60,9 @@ class Inventory:
         self.orphans: dict[str, OrphanRecord] = {}
         self.static = set(registry.names())  # from --host: no LibvirtHost object to publish on
         self.conditions: dict[str, list[dict[str, Any]]] = {}  # last published on each LibvirtHost
+        # The last status written on each LibvirtHost (but its lastProbeTime) and when (this clock): the same status
+        # again is written only as a heartbeat (reconcile.hosts).
+        self.published: dict[str, tuple[dict[str, Any], float]] = {}
         for name in registry.names():  # static hosts (--host): default spec, probed like the others
             # Not validated as an object's spec: a local URI may carry ?socket=, which LibvirtHost objects may not.
             # Unrestricted access: whoever runs the operator with --host (development) is the host's admin.
@@ -70,6 +73,8 @@ class Inventory:
                secret: credentials.Credentials | None) -> host_api.Host | None:
         """Add or update a host; returns a replaced connection for the caller to close off the event loop."""
         current = self.hosts.get(name)
+        if current is None:  # a new object (or one made again): its status is written at once
+            self.published.pop(name, None)
         self.hosts[name] = InventoryHost(name, spec, current.probe if current else None,
                                          current.reachable if current else False,
                                          unreachable_since=current.unreachable_since if current else None)
@@ -78,6 +83,7 @@ class Inventory:
     def remove(self, name: str) -> host_api.Host | None:
         self.hosts.pop(name, None)
         self.orphans.pop(name, None)
+        self.published.pop(name, None)
         return self.registry.remove(name)
 
     async def probe(self, name: str, timeout: float = PROBE_TIMEOUT_S) -> InventoryHost | None:

@@ -11,6 +11,7 @@ import pytest
 
 from capi_libvirt import cli
 from capi_libvirt.core import domain_owner, naming, provider_id
+from capi_libvirt.core import orphans as rules
 from capi_libvirt.core.domain_owner import Owner
 from capi_libvirt.core.orphans import HostDomain
 from capi_libvirt.operator import config
@@ -92,7 +93,7 @@ def dependencies(host: MemoryHost, kube: FakeKube, management: str | None = ME,
     return types.SimpleNamespace(
         management_cluster=management, orphan_grace_s=GRACE, moved_away=set(), kube=kube,
         hosts=types.SimpleNamespace(get=lambda name: host),
-        inventory=types.SimpleNamespace(hosts={HOST: known}, orphans={}, static=set()),
+        inventory=types.SimpleNamespace(hosts={HOST: known}, orphans={}, static=set(), machine_claims={}),
         post_event=lambda body, kind, reason, message: events.append((kind, reason, message)),
         observe=types.SimpleNamespace(orphans_removed=lambda *args: removed.append(args)),
         events=events, removed=removed)
@@ -174,3 +175,18 @@ def test_grace_period_option() -> None:
     built = cli.run_config(args)
     assert (built.management_cluster_id, built.orphan_grace_s) == ("mc-1", None)
     assert config.from_arguments({}).orphan_grace_s == 3600.0  # an hour by default
+
+
+def test_each_round_reads_only_the_machines_whose_body_changed_and_claims_what_a_full_count_claims(monkeypatch):
+    read: list[str] = []
+    full = rules.machine_claim
+    monkeypatch.setattr(rules, "machine_claim", lambda body: read.append(body["metadata"]["name"]) or full(body))
+    domains = [ours(f"m{i}") for i in range(5)]
+    machines = [machine_of(domain) for domain in domains]
+    deps = dependencies(MemoryHost(HOST), FakeKube(machines, machines))
+    first = collector._cached_claims(deps, machines, ())
+    assert sorted(read) == [f"m{i}" for i in range(5)] and first == rules.claims_of(machines, set())
+    machines[2] = {**machines[2], "status": {"domainUUID": "changed"}}  # a new body
+    second = collector._cached_claims(deps, machines[:4], ())  # and m4 deleted
+    assert read[5:] == ["m2"] and second == rules.claims_of(machines[:4], set())
+    assert set(deps.inventory.machine_claims) == {("ns", f"m{i}") for i in range(4)}, "a deleted machine is forgotten"

@@ -32,7 +32,7 @@ import dataclasses
 import enum
 import posixpath
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from capi_libvirt.api import meta, v1alpha1
@@ -79,31 +79,45 @@ class Claims:
     paused_clusters: frozenset[tuple[str, str]] = frozenset()  # (namespace, name) of paused Clusters
 
 
+@dataclasses.dataclass(frozen=True)
+class MachineClaim:
+    """What one LibvirtMachine could be the owner of: its identities (UID, annotated identity), the domain UUIDs its
+    providerID and status name, and its namespace and name."""
+
+    identities: frozenset[str]
+    domain_uuids: frozenset[str]
+    name: tuple[str, str]
+
+
+def machine_claim(body: Mapping[str, Any]) -> MachineClaim:
+    metadata = body.get("metadata") or {}
+    annotated = (metadata.get("annotations") or {}).get(naming.IDENTITY_ANNOTATION)
+    identities = frozenset(uid for uid in (metadata.get("uid"), annotated, naming.identity_uid(dict(body))) if uid)
+    uuids = set()
+    recorded = (body.get("spec") or {}).get("providerID")
+    if recorded:
+        try:
+            uuids.add(provider_id.parse_provider_id(recorded).domain_uuid)
+        except ValueError:
+            pass
+    status_uuid = (body.get("status") or {}).get("domainUUID")
+    if status_uuid:
+        uuids.add(str(status_uuid))
+    return MachineClaim(identities, frozenset(uuids), (metadata.get("namespace") or "", metadata.get("name") or ""))
+
+
 def claims_of(machines: Iterable[Mapping[str, Any]], moved_away: Iterable[str] = (),
-              namespaces: Iterable[str] | None = None, clusters: Iterable[Mapping[str, Any]] = ()) -> Claims:
+              namespaces: Iterable[str] | None = None, clusters: Iterable[Mapping[str, Any]] = (),
+              claim_of: Callable[[Mapping[str, Any]], MachineClaim] = machine_claim) -> Claims:
     """Everything each LibvirtMachine (in any state, being deleted included) could be the owner of, and the paused
-    Clusters among `clusters`."""
-    identities: set[str] = set()
-    uuids: set[str] = set()
-    names: set[tuple[str, str]] = set()
-    for body in machines:
-        metadata = body.get("metadata") or {}
-        names.add((metadata.get("namespace") or "", metadata.get("name") or ""))
-        annotated = (metadata.get("annotations") or {}).get(naming.IDENTITY_ANNOTATION)
-        identities.update(uid for uid in (metadata.get("uid"), annotated, naming.identity_uid(dict(body))) if uid)
-        recorded = (body.get("spec") or {}).get("providerID")
-        if recorded:
-            try:
-                uuids.add(provider_id.parse_provider_id(recorded).domain_uuid)
-            except ValueError:
-                pass
-        status_uuid = (body.get("status") or {}).get("domainUUID")
-        if status_uuid:
-            uuids.add(str(status_uuid))
+    Clusters among `clusters`. `claim_of` reads one machine's claim (a caller may remember them: reconcile.orphans)."""
+    parts = [claim_of(body) for body in machines]
     paused = frozenset((str(c["metadata"].get("namespace") or ""), str(c["metadata"]["name"])) for c in clusters
                        if (c.get("spec") or {}).get("paused") or
                        meta.PAUSED_ANNOTATION in (c["metadata"].get("annotations") or {}))
-    return Claims(frozenset(identities), frozenset(uuids), frozenset(names), frozenset(moved_away),
+    return Claims(frozenset().union(*(part.identities for part in parts)),
+                  frozenset().union(*(part.domain_uuids for part in parts)),
+                  frozenset(part.name for part in parts), frozenset(moved_away),
                   None if namespaces is None else frozenset(namespaces), paused)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from capi_libvirt.api import v1alpha1, v1alpha1_host
-from capi_libvirt.core import outage, placement, tenancy
+from capi_libvirt.core import orphans, outage, placement, tenancy
 from capi_libvirt.hypervisor import credentials, errors, probe
 from capi_libvirt.hypervisor import host as host_api
 
@@ -63,6 +63,8 @@ class Inventory:
         # The last status written on each LibvirtHost (but its lastProbeTime) and when (this clock): the same status
         # again is written only as a heartbeat (reconcile.hosts).
         self.published: dict[str, tuple[dict[str, Any], float]] = {}
+        # Each LibvirtMachine's orphan claim, with the body it was read from (reconcile.orphans reads a body once).
+        self.machine_claims: dict[tuple[str, str], tuple[Mapping[str, Any], orphans.MachineClaim]] = {}
         for name in registry.names():  # static hosts (--host): default spec, probed like the others
             # Not validated as an object's spec: a local URI may carry ?socket=, which LibvirtHost objects may not.
             # Unrestricted access: whoever runs the operator with --host (development) is the host's admin.

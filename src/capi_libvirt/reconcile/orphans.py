@@ -29,7 +29,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from capi_libvirt.api import reasons
@@ -54,8 +54,7 @@ async def collect_host(deps: Dependencies, name: str, namespaces: Sequence[str] 
     host = deps.hosts.get(name)
     domains, volumes = await asyncio.wait_for(
         host.list_domains(known.spec.storage_pool), LIST_TIMEOUT_S)
-    claims = orphans.claims_of(await deps.kube.list_libvirt_machines(), deps.moved_away, namespaces or None,
-                               deps.kube.cached_clusters())
+    claims = _cached_claims(deps, await deps.kube.list_libvirt_machines(), namespaces)
     findings = orphans.find(domains, deps.management_cluster, claims, volumes)
     record = deps.inventory.orphans.setdefault(name, inventory_.OrphanRecord())
     await _release_moved_away(deps, name, findings)
@@ -84,6 +83,27 @@ async def collect_host(deps: Dependencies, name: str, namespaces: Sequence[str] 
         await deps.kube.patch_libvirt_host_status(name, {"orphans": status})
         record.published = status
     return record
+
+
+def _cached_claims(deps: Dependencies, machines: list[dict[str, Any]], namespaces: Sequence[str]) -> orphans.Claims:
+    """The claims of the machines the cache holds, each body read once (the cache replaces a body when it changes,
+    never edits one): every host's round used to read every machine again."""
+    remembered = deps.inventory.machine_claims
+
+    def claim_of(body: Mapping[str, Any]) -> orphans.MachineClaim:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        held = remembered.get(key)
+        if held is not None and held[0] is body:
+            return held[1]
+        claim = orphans.machine_claim(body)
+        remembered[key] = (body, claim)
+        return claim
+
+    claims = orphans.claims_of(machines, deps.moved_away, namespaces or None, deps.kube.cached_clusters(), claim_of)
+    listed = {(body["metadata"]["namespace"], body["metadata"]["name"]) for body in machines}
+    for gone in remembered.keys() - listed:
+        del remembered[gone]
+    return claims
 
 
 async def _remove(deps: Dependencies, name: str, namespaces: Sequence[str],

@@ -6,8 +6,9 @@ For each (H, N), on a fresh API server: the N machines are created as Cluster AP
 Machine, LibvirtMachine), spread over the H hosts by placement; all provisioned (an address in status, from the
 in-memory network's lease); the operator idles over them; all deleted and gone. Measured: time to all provisioned and
 to all deleted, each machine's latency from creation to provisioned (p50, p99), the operator's CPU and RSS, its API
-requests by kind (the bench's own taken out), its host operations, the deepest its work queue got, and its idle CPU
-and requests with all N provisioned. Per-machine figures are what "cost stays flat as the fleet grows" is judged on.
+requests by kind (the bench's own taken out), its host operations, the deepest its work queue got, its idle CPU and
+requests with all N provisioned, and a restart over all N (stopped as a rollout stops it, started again: until it has
+passed over every machine; its time, CPU and API requests). Per-machine figures are what "cost stays flat as the fleet grows" is judged on.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class Bed:
         output = (self.workdir / "operator.log").open("ab")
         hosts = [f"--host={name}=memory:///{name}" for name in self.host_names()]
         self.operator = subprocess.Popen(
-            [sys.executable, "-m", "bench.memory_operator", "--latency", str(self.latency_s), "--", "--standalone",
+            [sys.executable, "-m", "bench.memory_operator", "--latency", str(self.latency_s),
+             "--state", str(self.workdir / "hosts.pickle"), "--", "--standalone",
              "--log-format", "plain", "--health-address", "0", "--metrics-address", f"127.0.0.1:{self.metrics_port}",
              *hosts], env=dict(os.environ, KUBECONFIG=str(self.plane.kubeconfig_path)), stdout=output,
             stderr=subprocess.STDOUT, cwd=testbed.REPO)
@@ -163,8 +165,15 @@ class Round:
                 idle_api_before = measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics))
                 await asyncio.sleep(idle_s)
                 idle_sample = measure.process_sample(pid)
-                idle_api = measure.difference(
-                    measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics)), idle_api_before, {})
+                idle_api_after = measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics))
+                idle_api = measure.difference(idle_api_after, idle_api_before, {})
+                ops_before_restart = measure.operator_operations(await asyncio.to_thread(self.bed.operator_metrics))
+                restart = await self._restart(n)
+                pid = self.bed.operator.pid
+                restart_api = measure.difference(
+                    measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics)), idle_api_after, {})
+                ops_after_restart = measure.operator_operations(await asyncio.to_thread(self.bed.operator_metrics))
+                before_deleting = measure.process_sample(pid)
                 deleting = time.monotonic()
                 await self._all(n, lambda name: self._delete(objects, name))
                 await self._until(lambda: len(self.gone) >= n, 120 + 2.0 * n, "gone")
@@ -177,11 +186,13 @@ class Round:
                 sampling.cancel()
             await self._remove_the_rest(api, n)
         lifecycle = measure.split(measure.difference(api_after, api_before, self.own))
-        idle_totals = measure.split(idle_api)
-        for key, value in idle_totals.items():  # the idle stretch is not a machine's lifecycle
-            lifecycle[key] -= value
+        idle_totals, restart_totals = measure.split(idle_api), measure.split(restart_api)
+        for key in lifecycle:  # the idle stretch and the restart are not a machine's lifecycle
+            lifecycle[key] -= idle_totals[key] + restart_totals[key]
         latencies = [self.provisioned[name] - self.created[name] for name in self.provisioned]
-        lifecycle_cpu = (cpu_after.cpu_s - cpu_before.cpu_s) - (idle_sample.cpu_s - after_provisioning.cpu_s)
+        # Two processes: the first provisioned the machines, the one after the restart deleted them.
+        lifecycle_cpu = (after_provisioning.cpu_s - cpu_before.cpu_s) + (cpu_after.cpu_s - before_deleting.cpu_s)
+        host_operations = (ops_before_restart - ops_before) + (ops_after - ops_after_restart)
         return {
             "machines": n, "hosts": self.bed.hosts, "latency_s": self.bed.latency_s,
             "provisioned_s": provisioned_s, "deleted_s": deleted_s,
@@ -189,12 +200,40 @@ class Round:
             "latency_mean_s": statistics.fmean(latencies),
             "cpu_s_per_machine": lifecycle_cpu / n, "rss_mb": after_provisioning.rss_mb,
             "api_per_machine": {key: value / n for key, value in lifecycle.items()},
-            "host_operations_per_machine": (ops_after - ops_before) / n,
+            "host_operations_per_machine": host_operations / n,
             "max_queue_depth": max(depths, default=0.0),
             "machines_per_host": dict(sorted(collections.Counter(self.host_of.values()).items())),
             "idle": {"seconds": idle_s, "cpu_percent_of_core": 100 * (idle_sample.cpu_s - after_provisioning.cpu_s)
                      / idle_s, "api": idle_totals},
+            "restart": {**restart, "api": restart_totals, "api_by_request": {
+                f"{verb} {resource}": count for (verb, resource), count in sorted(restart_api.items())}},
         }
+
+    async def _restart(self, n: int) -> dict:
+        """The operator stopped as a Deployment's rollout stops it (SIGTERM; the hosts keep what they hold) and
+        started again: until its hosts answer, then until it has passed over every machine once (the start queues
+        them all) and its queue is empty. What that took, in time and in the new process's CPU."""
+        stopped = time.monotonic()
+        await asyncio.to_thread(self.bed.stop_operator)
+        await asyncio.to_thread(self.bed.start_operator)
+        assert self.bed.operator is not None
+        hosts_s = time.monotonic() - stopped
+
+        def confirmed() -> bool:
+            text = self.bed.operator_metrics()
+            passes = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                         if line.startswith('capi_libvirt_reconciles_total{kind="LibvirtMachine"'))
+            return passes >= n and queue_depth(text) == 0
+
+        deadline = time.monotonic() + 120 + 0.5 * n
+        while not await asyncio.to_thread(confirmed):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the restarted operator did not pass over all {n} machines; see "
+                                   f"{self.bed.workdir / 'operator.log'}")
+            await asyncio.sleep(0.5)
+        sample = measure.process_sample(self.bed.operator.pid)
+        return {"hosts_answer_s": hosts_s, "all_confirmed_s": time.monotonic() - stopped,
+                "cpu_s": sample.cpu_s, "rss_mb": sample.rss_mb}
 
     async def _all(self, n: int, do) -> None:
         slots = asyncio.Semaphore(CONCURRENT_WRITES)
@@ -298,15 +337,18 @@ def run(settings: Settings) -> dict:
 
 def table(runs: list[dict]) -> str:
     lines = ["| hosts | machines | all provisioned s | p50 s | p99 s | all deleted s | CPU s / machine | API writes / "
-             "machine | API reads / machine | events / machine | host ops / machine | RSS MB | max queue | idle % core |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "machine | API reads / machine | events / machine | host ops / machine | RSS MB | max queue | idle % core | "
+             "restart: all confirmed s | restart: CPU s | restart: API writes | restart: API reads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         api = r["api_per_machine"]
         lines.append(f"| {r['hosts']} | {r['machines']} | {r['provisioned_s']:.1f} | {r['latency_p50_s']:.2f} | "
                      f"{r['latency_p99_s']:.2f} | {r['deleted_s']:.1f} | {r['cpu_s_per_machine']:.3f} | "
                      f"{api['writes']:.2f} | {api['reads']:.2f} | {api['events']:.2f} | "
                      f"{r['host_operations_per_machine']:.1f} | {r['rss_mb']:.0f} | {r['max_queue_depth']:.0f} | "
-                     f"{r['idle']['cpu_percent_of_core']:.2f} |")
+                     f"{r['idle']['cpu_percent_of_core']:.2f} | {r['restart']['all_confirmed_s']:.1f} | "
+                     f"{r['restart']['cpu_s']:.1f} | {r['restart']['api']['writes']:.0f} | "
+                     f"{r['restart']['api']['reads']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,5 @@
 """`make bench-scale` keeps working: one small round (N = 12 machines over H = 3 in-memory hosts) of the real operator
-process against a fresh kube-apiserver, writing its results. Numbers are not judged here (speed is measured by the
+process against a fresh kube-apiserver, restarted once over the machines, writing its results. Numbers are not judged here (speed is measured by the
 bench, never asserted in tests); that each one was measured and is sane, and that placement spread the machines, is."""
 
 from __future__ import annotations
@@ -26,5 +26,9 @@ def test_a_small_scale_round_provisions_and_deletes_every_machine_and_measures_i
     assert sorted(run["machines_per_host"]) == ["mem0", "mem1", "mem2"], run  # placement spread them
     assert sum(run["machines_per_host"].values()) == 12
     assert run["idle"]["seconds"] == 2.0 and run["idle"]["cpu_percent_of_core"] >= 0, run
+    # A restart found the hosts as they were: every machine passed over, nothing written or made again.
+    restart = run["restart"]
+    assert 0 < restart["hosts_answer_s"] <= restart["all_confirmed_s"] and restart["cpu_s"] > 0, restart
+    assert restart["api"]["writes"] == 0, restart["api_by_request"]
     assert json.loads((tmp_path / "smoke.json").read_text())["runs"] == results["runs"]
     assert "| 3 | 12 |" in (tmp_path / "smoke.md").read_text()

@@ -84,6 +84,15 @@ async def remove_host(deps: Dependencies, name: str) -> None:
     await _close(deps.inventory.remove(name))
 
 
+def _changed_domains(before: frozenset[tuple[str, str, str, bool]],
+                     after: frozenset[tuple[str, str, str, bool]]) -> set[tuple[str, str]]:
+    """The machines (namespace, name) whose domain, seen at the last probe, now runs or stops, or is gone. A domain
+    new since then is not a change: its machine made it, and is looking at it."""
+    running_now = {(namespace, name, uid): running for namespace, name, uid, running in after}
+    return {(namespace, name) for namespace, name, uid, running in before
+            if running_now.get((namespace, name, uid)) != running}
+
+
 async def probe_and_publish(deps: Dependencies, name: str) -> None:
     """Probe, publish, and wake the host's machines when it went down or came back (a machine waiting on it with a
     long backoff converges as soon as the host answers; a provisioned one reports the outage without waiting for its
@@ -95,9 +104,9 @@ async def probe_and_publish(deps: Dependencies, name: str) -> None:
     domains_before = before.probe.machine_domains if before and before.probe else None
     host = await deps.inventory.probe(name)
     if host is not None and host.probe is not None and domains_before is not None:
-        changed = domains_before ^ host.probe.machine_domains
+        changed = _changed_domains(domains_before, host.probe.machine_domains)
         if changed:  # a domain stopped, paused, came back or is gone: its machine looks now, not at its next pass
-            deps.wake_machines({(namespace, machine) for namespace, machine, _uid, _running in changed})
+            deps.wake_machines(changed)
     if host is not None and ((was_up and not host.reachable) or (was_down and host.reachable)):
         log.info("host %s is %s", name, "reachable again" if host.reachable else "unreachable")
         deps.wake_host(name)

@@ -97,6 +97,7 @@ class HostState:
         # False: uploads keep their size, not their bytes (the scale bench: 2,000 NoCloud ISOs held in the operator's
         # own process would be counted as the operator's memory).
         self.keep_uploads = True
+        self._readings: dict[str, tuple[domain_owner.Owner | None, int, int, frozenset[str]]] = {}
 
     # -- the test's hands on the host ---------------------------------------------------------------------------------
 
@@ -131,14 +132,21 @@ class HostState:
     def volume_names(self, pool: str) -> list[str]:
         return sorted(self.pools[pool].volumes)
 
-    @staticmethod
-    def _usage(domain: Domain) -> placement.DomainUsage:
-        root = ET.fromstring(domain.xml)
-        memory_kib = int(root.findtext("memory") or 0)  # the provider writes KiB
-        return placement.DomainUsage(owner=domain_owner.parse_owner(domain.xml), active=domain.state != "shutoff",
-                                     memory_mib=memory_kib // 1024, vcpus=int(root.findtext("vcpu") or 1),
-                                     disk_paths=domain_xml_edits.disk_paths(domain.xml),
-                                     running=domain.state == "running")
+    def _usage(self, domain: Domain) -> placement.DomainUsage:
+        """What the probe reads of a domain; its XML parsed once while it stays the same (as the product's probe does,
+        hypervisor.probe.DomainXMLReadings: this host runs in the operator's process in the scale bench)."""
+        read = self._readings.get(domain.xml)
+        if read is None:
+            root = ET.fromstring(domain.xml)
+            read = self._readings[domain.xml] = (domain_owner.parse_owner(domain.xml),
+                                                 int(root.findtext("memory") or 0),  # the provider writes KiB
+                                                 int(root.findtext("vcpu") or 1),
+                                                 domain_xml_edits.disk_paths(domain.xml))
+            if len(self._readings) > 4 * len(self.domains) + 64:  # old definitions: forget them
+                self._readings = {d.xml: self._readings[d.xml] for d in self.domains.values() if d.xml in self._readings}
+        owner, memory_kib, vcpus, disk_paths = read
+        return placement.DomainUsage(owner=owner, active=domain.state != "shutoff", memory_mib=memory_kib // 1024,
+                                     vcpus=vcpus, disk_paths=disk_paths, running=domain.state == "running")
 
     @staticmethod
     def _pool_usage(pool: Pool, machine_paths: frozenset[str]) -> placement.PoolUsage:

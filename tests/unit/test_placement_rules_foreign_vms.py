@@ -161,3 +161,18 @@ def test_wake_unplaced_queues_only_machines_without_a_host():
         machines=types.SimpleNamespace(add=queued.append))
     handlers.Runtime.wake_unplaced(runtime)  # type: ignore[arg-type]
     assert queued == [("ns", "waiting")] and runtime.deps.failures == {}
+
+
+def test_the_probe_reads_a_domains_xml_once_while_it_stays_the_same(monkeypatch):
+    parsed: list[str] = []
+    real = host_probe.domain_owner.parse_owner
+    monkeypatch.setattr(host_probe.domain_owner, "parse_owner", lambda text: parsed.append(text) or real(text))
+    readings = host_probe.DomainXMLReadings()
+    first, second = ("<domain><name>a</name></domain>", "<domain><name>b</name></domain>")
+    assert readings.read(first) == (None, frozenset()) and readings.read(second) == (None, frozenset())
+    readings.probe_done()
+    readings.read(first)  # the next probe: the same definition
+    readings.probe_done()
+    assert parsed == [first, second], "read again only when new"
+    readings.read(second)  # gone from the last probe, so forgotten: read again
+    assert parsed == [first, second, second]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from capi_libvirt.core import domain_owner
 from capi_libvirt.core.address_conflicts import Segment, SegmentFacts
@@ -103,10 +103,14 @@ class Host(Protocol):
 class LibvirtHost(connection.HostConnection):
     """A host reached over libvirt: each operation one call of a hypervisor module in the connection's pool."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.readings = probe.DomainXMLReadings()  # what the last probe read in the domains' XML
+
     async def probe(self, pool: str, management_cluster: str | None, pool_patterns: Sequence[str],
                     refresh_pools: bool) -> probe.HostProbe:
         return await self.call(probe.probe_host, pool, management_cluster, pool_patterns, refresh_pools,
-                               doing="probe host")
+                               self.readings, doing="probe host")
 
     async def machine_types(self, domain_type: str) -> frozenset[str]:
         return await self.call(machines.machine_types, domain_type, doing="read capabilities")

@@ -43,17 +43,36 @@ def _version(number: int) -> str:
     return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
 
 
-def _domain_usage(domain: libvirt.virDomain) -> placement.DomainUsage:
+class DomainXMLReadings:
+    """What the probe reads in each domain's XML (its owner metadata and the files it uses), kept from one probe of a
+    host to the next and read again only when the XML changed: a domain's definition rarely changes, and parsing every
+    domain twice at every probe was most of what an idle operator spent with thousands of machines."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[domain_owner.Owner | None, frozenset[str]]] = {}
+        self._seen: dict[str, tuple[domain_owner.Owner | None, frozenset[str]]] = {}
+
+    def read(self, xml_text: str) -> tuple[domain_owner.Owner | None, frozenset[str]]:
+        reading = self._held.get(xml_text)
+        if reading is None:
+            reading = (domain_owner.parse_owner(xml_text), domain_xml_edits.disk_paths(xml_text))
+        self._seen[xml_text] = reading
+        return reading
+
+    def probe_done(self) -> None:
+        """Keep what this probe read, forget the rest (domains gone or redefined)."""
+        self._held, self._seen = self._seen, {}
+
+
+def _domain_usage(domain: libvirt.virDomain, readings: DomainXMLReadings) -> placement.DomainUsage:
     """A domain's owner, state, memory and vCPUs. This provider's domains count with their maximum memory (what they
     were defined with); a foreign one with the memory it has now (its balloon's current size), which is what it holds
     from the host; the vCPUs it has now."""
-    xml_text = domain.XMLDesc(0)
-    owner = domain_owner.parse_owner(xml_text)
+    owner, disk_paths = readings.read(domain.XMLDesc(0))
     state, max_kib, kib, vcpus, _time = domain.info()
     return placement.DomainUsage(owner=owner, active=state != libvirt.VIR_DOMAIN_SHUTOFF,
                                  memory_mib=(max_kib if owner is not None else kib) // 1024, vcpus=vcpus,
-                                 disk_paths=domain_xml_edits.disk_paths(xml_text),
-                                 running=state == libvirt.VIR_DOMAIN_RUNNING)
+                                 disk_paths=disk_paths, running=state == libvirt.VIR_DOMAIN_RUNNING)
 
 
 def _available_memory_mib(conn: libvirt.virConnect) -> int | None:
@@ -104,19 +123,23 @@ def _pool_usage(pool: libvirt.virStoragePool, machine_paths: frozenset[str], ref
 
 
 def probe_host(conn: libvirt.virConnect, pool_name: str, management_cluster: str | None = None,
-               pool_patterns: Sequence[str] = (), refresh_pools: bool = False) -> HostProbe:
+               pool_patterns: Sequence[str] = (), refresh_pools: bool = False,
+               readings: DomainXMLReadings | None = None) -> HostProbe:
     """Versions, size, free memory, this provider's domains and the foreign ones (by their owner metadata: see
     core.placement.is_foreign), the pool's space, and the usage of every active pool named by `pool_patterns`
-    (shell-style: the pools the host's access rules let machines use)."""
+    (shell-style: the pools the host's access rules let machines use). `readings`: what the host's last probe read in
+    its domains' XML (none: all read)."""
     _model, memory_mib, cpus, *_ = conn.getInfo()
+    readings = readings if readings is not None else DomainXMLReadings()
     domains = []
     for domain in conn.listAllDomains():
         try:
-            domains.append(_domain_usage(domain))
+            domains.append(_domain_usage(domain, readings))
         except libvirt.libvirtError as error:
             if errors.is_missing_domain(error):
                 continue  # undefined between the listing and the look: not there any more
             raise
+    readings.probe_done()
     usage = placement.host_usage(domains, management_cluster)
     capacity = available = None
     try:

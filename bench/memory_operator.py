@@ -38,7 +38,9 @@ def bench_host(name: str, latency_s: float, saved: Saved | None = None) -> Memor
         host.pools, host.networks, host.domains = saved[name]
     else:
         host.add_volume("default", BASE_VOLUME, b"QFI\xfb", capacity=1 * GIB, fmt="qcow2")
-    host.keep_uploads = False  # the hosts live in the operator's process: their seeds' bytes are not its memory
+    # The hosts live in the operator's process: their seeds' bytes, and the log of every call asked of them with its
+    # arguments (a test's hands), are not the operator's memory.
+    host.keep_uploads = host.keep_asked = False
     return host
 
 

@@ -316,7 +316,8 @@ class Round:
 def run(settings: Settings) -> dict:
     workdir = testbed.new_workdir()
     log.info("bench-scale: working in %s", workdir)
-    runs = []
+    runs: list[dict] = []
+    results = write(settings, runs)
     for hosts in settings.hosts:
         for machines in settings.machines:
             with Bed(workdir / f"h{hosts}-n{machines}", hosts, settings.latency_s).up() as bed:
@@ -327,6 +328,11 @@ def run(settings: Settings) -> dict:
                      result["cpu_s_per_machine"], result["api_per_machine"]["writes"], result["rss_mb"],
                      result["idle"]["cpu_percent_of_core"])
             runs.append(result)
+            results = write(settings, runs)  # after each round: a later round that fails keeps the earlier ones
+    return results
+
+
+def write(settings: Settings, runs: list[dict]) -> dict:
     results = {"settings": {key: (str(value) if isinstance(value, pathlib.Path) else value)
                             for key, value in dataclasses.asdict(settings).items()}, "runs": runs}
     settings.out.mkdir(parents=True, exist_ok=True)

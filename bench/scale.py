@@ -176,7 +176,10 @@ class Round:
                 before_deleting = measure.process_sample(pid)
                 deleting = time.monotonic()
                 await self._all(n, lambda name: self._delete(objects, name))
-                await self._until(lambda: len(self.gone) >= n, 120 + 2.0 * n, "gone")
+                try:
+                    await self._until(lambda: len(self.gone) >= n, 120 + 2.0 * n, "gone")
+                except TimeoutError as error:
+                    raise TimeoutError(f"{error}; those left: {await self._left(objects)}") from None
                 deleted_s = time.monotonic() - deleting
                 cpu_after = measure.process_sample(pid)
                 ops_after = measure.operator_operations(await asyncio.to_thread(self.bed.operator_metrics))
@@ -234,6 +237,15 @@ class Round:
         sample = measure.process_sample(self.bed.operator.pid)
         return {"hosts_answer_s": hosts_s, "all_confirmed_s": time.monotonic() - stopped,
                 "cpu_s": sample.cpu_s, "rss_mb": sample.rss_mb}
+
+    async def _left(self, objects: client.CustomObjectsApi) -> list[dict]:
+        """The LibvirtMachines not gone: their finalizers, deletion and conditions as the API server has them."""
+        listed = await objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, NAMESPACE, "libvirtmachines")
+        return [{"name": body["metadata"]["name"], "finalizers": body["metadata"].get("finalizers"),
+                 "deletionTimestamp": body["metadata"].get("deletionTimestamp"),
+                 "conditions": [(c["type"], c["status"], c.get("reason"), c.get("message"))
+                                for c in (body.get("status") or {}).get("conditions") or []]}
+                for body in listed["items"]][:10]
 
     async def _all(self, n: int, do) -> None:
         slots = asyncio.Semaphore(CONCURRENT_WRITES)

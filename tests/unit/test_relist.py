@@ -129,3 +129,19 @@ async def test_a_machine_of_another_watch_filter_is_not_reconciled_but_stays_cou
     assert config.watched({"cluster.x-k8s.io/watch-filter": "a"}, "a")
     assert not config.watched({}, "a") and not config.watched({"cluster.x-k8s.io/watch-filter": "b"}, "a")
     assert config.watched(None, None) and config.watched({"cluster.x-k8s.io/watch-filter": "b"}, None)
+
+
+async def test_after_a_relist_every_machine_is_looked_at_since_a_listed_change_silences_its_own_event() -> None:
+    deleting = {**body("m1", 60), "metadata": {**body("m1", 60)["metadata"], "deletionTimestamp": "2026-12-06T03:19:48Z"}}
+    kube = FakeKube(listed=[deleting, body("m2", 50)])
+    runtime = runtime_with(kube)
+    kube.cache.put(api.LIBVIRT_MACHINES, body("m1", 40))
+    kube.cache.put(api.LIBVIRT_MACHINES, body("m2", 50))
+    queued = []
+    runtime.machines.add = lambda key, after=0: queued.append(key)  # type: ignore[method-assign]
+    runtime.relisted(api.LIBVIRT_MACHINES)
+    await asyncio.gather(*runtime.relists.values())
+    memo = kopf.Memo(runtime=runtime)
+    await handlers.libvirt_machine_event(event={"type": "MODIFIED", "object": deleting}, memo=memo)
+    assert ("ns", "m1") in queued, "its deletion's own event came after the LIST had it: ignored, so the relist queues it"
+    await runtime.machines.stop()

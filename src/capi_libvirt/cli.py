@@ -145,11 +145,10 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
 
 def _cmd_console_log(args: argparse.Namespace) -> int:
     import aiohttp
-    from kubernetes_asyncio.config import ConfigException
 
     from capi_libvirt import console_log
     from capi_libvirt.hypervisor import errors
-    from capi_libvirt.kube import api
+    from capi_libvirt.kube import api, kubeconfig
     from capi_libvirt.operator import config
 
     if not args.verbose:
@@ -159,9 +158,9 @@ def _cmd_console_log(args: argparse.Namespace) -> int:
 
     async def show() -> None:
         static_hosts = config.from_arguments({}, args.host).hosts
-        given = args.namespace if args.namespace or "/" in args.machine else api.default_namespace(args.context)
+        given = args.namespace if args.namespace or "/" in args.machine else kubeconfig.default_namespace(args.context)
         namespace, name = console_log.parse_machine_ref(args.machine, given)
-        async with await api.new_api_client(args.context) as api_client:
+        async with api.new_api_client(args.context) as api_client:
             await console_log.show(api.KubeAPI(api_client), namespace, name, sys.stdout.buffer,
                                    static_hosts=static_hosts, tail_lines=args.tail, limit_bytes=args.limit_bytes,
                                    follow=args.follow)
@@ -176,7 +175,7 @@ def _cmd_console_log(args: argparse.Namespace) -> int:
     except (console_log.ConsoleLogError, errors.HypervisorError, ValueError) as error:
         print(f"capi-libvirt console-log: {error}", file=sys.stderr)
         return 1
-    except ConfigException as error:
+    except kubeconfig.KubeconfigError as error:
         where = os.environ.get("KUBECONFIG") or "~/.kube/config"
         print(f"capi-libvirt console-log: no usable kubeconfig ({where}): {error}", file=sys.stderr)
         return 1

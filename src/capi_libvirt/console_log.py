@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import Awaitable
 from typing import Any, BinaryIO, TypeVar
 
 import pydantic
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from capi_libvirt.api import v1alpha1, v1alpha1_host
 from capi_libvirt.core import conditions, naming
 from capi_libvirt.hypervisor import connection, credentials, machines
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
+from capi_libvirt.kube.client import ApiError
 
 T = TypeVar("T")
 FOLLOW_INTERVAL_S = 1.0
@@ -101,11 +100,8 @@ async def _api(what: str, call: Awaitable[T]) -> T:
     """An API call whose refusal (403, ...) becomes a one-line error naming what was read."""
     try:
         return await call
-    except ApiException as error:
-        try:
-            detail = json.loads(error.body or "{}").get("message") or error.reason
-        except (ValueError, AttributeError):
-            detail = error.reason
+    except ApiError as error:
+        detail = error.message or error.reason
         raise ConsoleLogError(f"cannot read {what}: {error.status} {detail}") from None
 
 

@@ -15,12 +15,13 @@ import asyncio
 import uuid
 
 import pytest
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
 from capi_libvirt.api import meta
 from capi_libvirt.core import domain_owner, naming
 from capi_libvirt.hypervisor import host as host_api
-from capi_libvirt.kube import api
+from capi_libvirt.kube import api, kubeconfig
+from capi_libvirt.kube.client import KubeClient
 from capi_libvirt.reconcile import inventory
 from capi_libvirt.reconcile import machine as machine_reconcile
 from devenv import capi_objects
@@ -61,12 +62,10 @@ def dying_after(registry: host_api.HostRegistry, host: str, last_operation: str)
 
 async def run_until_the_process_dies(control_plane, host, namespace: str, name: str, last_operation) -> None:
     """The production reconcile, as the operator's worker runs it (as OPERATOR_USER), pass after pass until it dies."""
-    configuration = client.Configuration()
-    await config.load_kube_config(config_file=str(control_plane.kubeconfig_for(OPERATOR_USER)),
-                                  client_configuration=configuration)
+    credentials = kubeconfig.from_kubeconfig(paths=[control_plane.kubeconfig_for(OPERATOR_USER)])
     registry = host_api.HostRegistry({host.name: host.uri})
     dying_after(registry, host.name, last_operation)
-    async with client.ApiClient(configuration) as api_client:
+    async with KubeClient(credentials) as api_client:
         deps = machine_reconcile.Dependencies(kube=api.KubeAPI(api_client), inventory=inventory.Inventory(registry),
                                               post_event=lambda *_: None)
         try:

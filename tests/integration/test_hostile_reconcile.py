@@ -39,7 +39,8 @@ from kubernetes_asyncio import client, config
 from capi_libvirt.api import meta, reasons
 from capi_libvirt.core import conditions, domain_owner, naming
 from capi_libvirt.hypervisor import host as host_api
-from capi_libvirt.kube import api
+from capi_libvirt.kube import api, kubeconfig
+from capi_libvirt.kube.client import KubeClient
 from capi_libvirt.reconcile import inventory
 from capi_libvirt.reconcile import machine as reconcile
 from devenv import capi_objects
@@ -154,14 +155,12 @@ class Case:
     async def run(self, name: str, labels: dict[str, str], spec: dict[str, Any], secret: dict[str, bytes] | None,
                   expect: set[str] | None = None) -> str:
         """Create, reconcile until the outcome holds still, check it, delete, check the host; the final reason."""
-        configuration = client.Configuration()
-        await config.load_kube_config(config_file=str(self.plane.kubeconfig_for(OPERATOR_USER)),
-                                      client_configuration=configuration)
+        operator_credentials = kubeconfig.from_kubeconfig(paths=[self.plane.kubeconfig_for(OPERATOR_USER)])
         admin_configuration = client.Configuration()
         await config.load_kube_config(config_file=str(self.plane.kubeconfig_path),
                                       client_configuration=admin_configuration)
         registry = host_api.HostRegistry({self.host.name: self.host.uri})
-        async with client.ApiClient(configuration) as operator_client, \
+        async with KubeClient(operator_credentials) as operator_client, \
                 client.ApiClient(admin_configuration) as admin:
             deps = reconcile.Dependencies(kube=api.KubeAPI(operator_client), inventory=inventory.Inventory(registry),
                                           post_event=lambda body, kind, reason, message:

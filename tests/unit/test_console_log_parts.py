@@ -7,11 +7,11 @@ import io
 
 import libvirt
 import pytest
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from capi_libvirt import cli, console_log
 from capi_libvirt.core import naming
 from capi_libvirt.hypervisor import machines
+from capi_libvirt.kube.client import ApiError
 
 pytestmark = pytest.mark.unit
 
@@ -96,7 +96,7 @@ class FakeKube:
 
     def _check(self, what: str) -> None:
         if what in self.refuse:
-            raise ApiException(status=403, reason="Forbidden")
+            raise ApiError(403, "Forbidden")
 
     async def get_libvirt_machine(self, namespace: str, name: str) -> dict | None:
         self._check("machine")

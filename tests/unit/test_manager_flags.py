@@ -82,10 +82,10 @@ def test_the_watch_filter_reaches_the_configuration():
 
 
 def test_the_api_clients_rate_is_limited_as_client_gos_token_bucket():
-    from capi_libvirt.kube import api
+    from capi_libvirt.kube import client
 
     now = [0.0]
-    limit = api.RateLimit(qps=10, burst=3, clock=lambda: now[0])
+    limit = client.RateLimit(qps=10, burst=3, clock=lambda: now[0])
     assert [limit.delay() for _ in range(3)] == [0.0, 0.0, 0.0]  # the burst goes at once
     assert limit.delay() == pytest.approx(0.1)  # then one every 1/qps seconds
     assert limit.delay() == pytest.approx(0.2)
@@ -95,21 +95,21 @@ def test_the_api_clients_rate_is_limited_as_client_gos_token_bucket():
     assert (args.kube_api_qps, args.kube_api_burst) == (20.0, 30)
     assert cli.run_config(parse()).kube_api_qps is None  # not limited unless asked
     with pytest.raises(ValueError):
-        api.RateLimit(qps=0, burst=1)
+        client.RateLimit(qps=0, burst=1)
     with pytest.raises(SystemExit):
         parse("--kube-api-qps=0")
 
 
 async def test_a_limited_client_waits_its_turn(monkeypatch):
-    from capi_libvirt.kube import api
+    from capi_libvirt.kube import client
 
     now, slept = [0.0], []
 
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
         now[0] += seconds
-    monkeypatch.setattr(api.asyncio, "sleep", sleep)
-    limit = api.RateLimit(qps=50, burst=1, clock=lambda: now[0])
+    monkeypatch.setattr(client.asyncio, "sleep", sleep)
+    limit = client.RateLimit(qps=50, burst=1, clock=lambda: now[0])
     for _ in range(3):
         await limit.wait()
     assert slept == [pytest.approx(0.02), pytest.approx(0.02)]  # after the burst of one, 1/50 s each

@@ -176,10 +176,10 @@ def test_every_cluster_template_binds_secrets_in_its_namespace_only(flavor):
 def test_the_provider_namespace_comes_from_the_pod(monkeypatch, tmp_path):
     """Host credentials must be in the provider's namespace: $POD_NAMESPACE (the Deployment's downward API), else the
     ServiceAccount's namespace file, else capi-libvirt-system."""
-    from capi_libvirt.kube import api
+    from capi_libvirt.kube import kubeconfig
     from capi_libvirt.operator import config
 
-    monkeypatch.setattr(api, "SERVICE_ACCOUNT_NAMESPACE", str(tmp_path / "namespace"))
+    monkeypatch.setattr(kubeconfig, "SERVICE_ACCOUNT_NAMESPACE", str(tmp_path / "namespace"))
     monkeypatch.delenv(config.NAMESPACE_ENV, raising=False)
     assert config.provider_namespace() == meta.PROVIDER_NAMESPACE
     (tmp_path / "namespace").write_text("capi-system-2\n")

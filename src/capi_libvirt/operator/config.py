@@ -15,7 +15,7 @@ from typing import Any
 from capi_libvirt.api import meta
 from capi_libvirt.core.outage import DEFAULT_REPLACE_AFTER_S
 from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
-from capi_libvirt.kube import api
+from capi_libvirt.kube import kubeconfig
 from capi_libvirt.operator import election, logs
 from capi_libvirt.reconcile.base import ORPHAN_GRACE_S
 from capi_libvirt.reconcile.inventory import PROBE_INTERVAL_S as DEFAULT_PROBE_INTERVAL_S
@@ -367,7 +367,7 @@ def provider_namespace() -> str:
     if os.environ.get(NAMESPACE_ENV):
         return os.environ[NAMESPACE_ENV]
     try:
-        with open(api.SERVICE_ACCOUNT_NAMESPACE) as file:
+        with open(kubeconfig.SERVICE_ACCOUNT_NAMESPACE) as file:
             return file.read().strip() or meta.PROVIDER_NAMESPACE
     except OSError:
         return meta.PROVIDER_NAMESPACE

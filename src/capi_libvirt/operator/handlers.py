@@ -31,6 +31,7 @@ from capi_libvirt.core import capacity, ipam, orphans
 from capi_libvirt.hypervisor import credentials
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
+from capi_libvirt.kube import client as kube_client
 from capi_libvirt.operator import config as operator_config
 from capi_libvirt.operator import election, logs, metrics, workqueue
 from capi_libvirt.operator import login as operator_login
@@ -237,8 +238,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     cfg: operator_config.OperatorConfig = memo.get("config") or operator_config.from_arguments({})
     credentials.sweep_leftovers()  # key files a crash in the middle of connecting may have left behind
     hosts = host_api.HostRegistry(cfg.hosts, observe=metrics.libvirt_call)
-    limit = None if cfg.kube_api_qps is None else api.RateLimit(cfg.kube_api_qps, cfg.kube_api_burst)
-    kube = api.KubeAPI(await api.new_api_client(observe=metrics.api_request, rate_limit=limit))
+    limit = None if cfg.kube_api_qps is None else kube_client.RateLimit(cfg.kube_api_qps, cfg.kube_api_burst)
+    kube = api.KubeAPI(api.new_api_client(observe=metrics.api_request, rate_limit=limit))
     observer = metrics.Observer()
     management_cluster = cfg.management_cluster_id or await _management_cluster_identity(kube)
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(
@@ -331,10 +332,8 @@ async def _probe_while_active(deps: machine_reconcile.Dependencies, state: elect
 
 
 @kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    if api.in_cluster():
-        return operator_login.service_account_connection()
-    return kopf.login_with_kubeconfig(**kwargs)
+async def login(**_: Any) -> kopf.ConnectionInfo:
+    return await operator_login.connection()
 
 
 def _body(event: kopf.RawEvent) -> dict[str, Any]:

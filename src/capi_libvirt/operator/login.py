@@ -1,31 +1,50 @@
-"""How the operator logs in to the Kubernetes API: in a pod with its ServiceAccount, elsewhere with a kubeconfig.
+"""How kopf logs in to the Kubernetes API: with the same credentials as the operator's own client (kube.kubeconfig).
 
-In a pod (KUBERNETES_SERVICE_HOST set, no KUBECONFIG) the server is https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT,
-as client-go's in-cluster configuration has it and as the operator's own client (kube.api) connects. kopf's
-`login_with_service_account` would use https://kubernetes.default.svc instead, a name only cluster DNS resolves:
-a pod on the host network without it, or a manager run outside a pod with the in-cluster files, would never connect.
+In a pod the ServiceAccount (its token read again at each login, so a rotated token is picked up), elsewhere the
+kubeconfig, relative paths and exec plugins included. kopf's own `login_with_kubeconfig` reads only a kubeconfig's
+current context, without either, and its `login_with_service_account` connects to kubernetes.default.svc, a name only
+cluster DNS resolves (a pod on the host network without it would never connect).
 """
 
 from __future__ import annotations
 
-import os
-import pathlib
+import asyncio
+import base64
 
 import kopf
 
-SERVICE_ACCOUNT_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
+from capi_libvirt.kube import kubeconfig
 
 
-def in_cluster_server() -> str:
-    host = os.environ["KUBERNETES_SERVICE_HOST"]
-    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+def _text(data: bytes | None) -> str | None:
+    """kopf takes PEM data base64-encoded, as a kubeconfig's *-data fields are."""
+    return base64.b64encode(data).decode("ascii") if data else None
 
 
-def service_account_connection(folder: pathlib.Path = SERVICE_ACCOUNT_DIR) -> kopf.ConnectionInfo:
-    """The ServiceAccount's token (read again at each login, so a rotated token is picked up), CA and namespace."""
-    token = (folder / "token").read_text(encoding="utf-8").strip()
-    namespace_file = folder / "namespace"
-    namespace = namespace_file.read_text(encoding="utf-8").strip() if namespace_file.exists() else None
-    return kopf.ConnectionInfo(server=in_cluster_server(), ca_path=str(folder / "ca.crt"), scheme="Bearer",
-                               token=token, default_namespace=namespace)
+def connection_info(credentials: kubeconfig.Credentials,
+                    exec_credential: kubeconfig.ExecCredential | None = None) -> kopf.ConnectionInfo:
+    certificate = exec_credential.certificate_data if exec_credential and exec_credential.certificate_data else None
+    key = exec_credential.key_data if certificate and exec_credential else None
+    token = exec_credential.token if exec_credential and exec_credential.token else credentials.token
+    if token is None and credentials.token_file is not None:
+        with open(credentials.token_file, encoding="utf-8") as file:
+            token = file.read().strip()
+    return kopf.ConnectionInfo(
+        server=credentials.server, ca_path=credentials.ca_path, ca_data=_text(credentials.ca_data),
+        insecure=credentials.insecure or None,
+        certificate_path=None if certificate else credentials.certificate_path,
+        certificate_data=_text(certificate or credentials.certificate_data),
+        private_key_path=None if key else credentials.key_path, private_key_data=_text(key or credentials.key_data),
+        username=credentials.username, password=credentials.password,
+        scheme="Bearer" if token else None, token=token, default_namespace=credentials.namespace)
+
+
+def _login() -> kopf.ConnectionInfo:
+    credentials = kubeconfig.load()
+    exec_credential = kubeconfig.run_exec_plugin(credentials) if credentials.exec_plugin is not None else None
+    return connection_info(credentials, exec_credential)
+
+
+async def connection() -> kopf.ConnectionInfo:
+    """Read in a thread: files, and an exec plugin's command, are blocking work."""
+    return await asyncio.to_thread(_login)

@@ -14,7 +14,7 @@ import contextvars
 import logging
 from collections.abc import Iterator
 
-from capi_libvirt.kube import api
+from capi_libvirt.kube import kubeconfig
 
 JSON, PLAIN = "json", "plain"
 FORMATS = (JSON, PLAIN)
@@ -23,7 +23,7 @@ PLAIN_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 def default_format() -> str:
     """JSON in a pod (Kubernetes sets KUBERNETES_SERVICE_HOST there), plain text elsewhere."""
-    return JSON if api.in_a_pod() else PLAIN
+    return JSON if kubeconfig.in_a_pod() else PLAIN
 
 
 # The fields of the reconcile running in this task (asyncio copies the context into the tasks a pass starts).

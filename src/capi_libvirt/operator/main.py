@@ -46,7 +46,7 @@ async def run_operator(namespaces: Sequence[str] = (), *, operator_config: confi
         if lease is None:
             await _kopf(namespaces, stop_flag, state, memo)
             return
-        async with await api.new_api_client() as api_client:
+        async with api.new_api_client() as api_client:
             elector = election.Elector(lease, api.KubeAPI(api_client))
             with _stop_on_signals(stop):  # standing by: SIGTERM ends the wait (kopf handles signals once it runs)
                 leading = await elector.acquire(state, stop)

@@ -10,6 +10,7 @@ ones with bootstrap tokens once accept_joins() has prepared the server for `kube
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import pathlib
@@ -241,6 +242,15 @@ class LocalControlPlane:
         for path, user, token in [(self.kubeconfig_path, "admin", self.token)] + [
                 (self.kubeconfig_for(user), user, token) for user, token in self.user_tokens.items()]:
             self._write_kubeconfig_file(path, user, token)
+
+    def cluster_kubeconfig(self) -> bytes:
+        """The admin's kubeconfig as Cluster API writes it into a `<cluster>-kubeconfig` Secret: everything inline (the
+        CA as certificate-authority-data), nothing that names a file of the reader's."""
+        config = yaml.safe_load(self.kubeconfig_path.read_text())
+        cluster = config["clusters"][0]["cluster"]
+        cluster["certificate-authority-data"] = base64.b64encode(
+            pathlib.Path(cluster.pop("certificate-authority")).read_bytes()).decode()
+        return yaml.safe_dump(config).encode()
 
     def _write_kubeconfig_file(self, path: pathlib.Path, user: str, token: str) -> None:
         config = {

@@ -94,7 +94,7 @@ async def create_worker_cluster(api: client.ApiClient, plane: LocalControlPlane,
         endpoint = (host, int(port))
     control_plane_endpoint = {"host": endpoint[0], "port": endpoint[1]}
     await core.create_namespaced_secret(namespace, _secret(name, "kubeconfig",
-                                                           {"value": plane.kubeconfig_path.read_bytes()}))
+                                                           {"value": plane.cluster_kubeconfig()}))
     await core.create_namespaced_secret(namespace, _secret(name, "ca", {"tls.crt": plane.ca_file.read_bytes(),
                                                                         "tls.key": plane.ca_key_file.read_bytes()}))
     await objects.create_namespaced_custom_object(CP_GROUP, CP_VERSION, namespace, CP_PLURAL, {

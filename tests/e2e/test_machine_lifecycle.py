@@ -42,7 +42,7 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
     # without --provider-id, which the provider patches.
     await core.create_namespaced_secret(namespace, client.V1Secret(
         metadata=client.V1ObjectMeta(name="demo-kubeconfig"),
-        data={"value": base64.b64encode(control_plane.kubeconfig_path.read_bytes()).decode()}))
+        data={"value": base64.b64encode(control_plane.cluster_kubeconfig()).decode()}))
     await core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=naming.hostname(machine_name))))
     # No guest agent: libvirt's DHCP lease is then the only source that can give the address (the lease path; the
     # agent and the ARP table are proven by test_bridged_addresses.py).

@@ -228,8 +228,9 @@ class EventPoster:
 
     def _done(self, task: asyncio.Task) -> None:
         self.pending.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.info("posting an event failed: %s", type(task.exception()).__name__)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            log.info("posting an event failed: %s", api.describe_error(error))
 
 
 @kopf.on.startup()

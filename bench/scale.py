@@ -88,7 +88,7 @@ class Bed:
         output = (self.workdir / "operator.log").open("ab")
         hosts = [f"--host={name}=memory:///{name}" for name in self.host_names()]
         self.operator = subprocess.Popen(
-            [sys.executable, "-m", "bench.memory_operator", "--latency", str(self.latency_s),
+            [sys.executable, "-m", "bench.as_shipped", "bench.memory_operator", "--latency", str(self.latency_s),
              "--state", str(self.workdir / "hosts.pickle"), "--", "--standalone",
              "--log-format", "plain", "--health-address", "0", "--metrics-address", f"127.0.0.1:{self.metrics_port}",
              *hosts], env=dict(os.environ, KUBECONFIG=str(self.plane.kubeconfig_path)), stdout=output,

@@ -126,7 +126,7 @@ class Bed:
             env["PYTHONPATH"] = os.environ["BENCH_OPERATOR_SRC"]
         profile = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
         self.operator = subprocess.Popen(
-            [sys.executable, *profile, "-m", "capi_libvirt", "run", "--standalone", "--log-format", "plain",
+            [sys.executable, *profile, "-m", "bench.as_shipped", "capi_libvirt", "run", "--standalone", "--log-format", "plain",
              "--health-address", "0", "--metrics-address", f"127.0.0.1:{self.metrics_port}", *extra_args],
             env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60

@@ -18,6 +18,7 @@ import pathlib
 import pickle
 import sys
 
+from bench.journaled_hosts import Journal, JournaledHost
 from capi_libvirt import cli
 from capi_libvirt.hypervisor import host as host_api
 from devenv.memory_host import MemoryHost, MemoryHosts
@@ -31,8 +32,9 @@ SUBNET = "198.18.0.0/16"  # leases for 65,000 machines; in memory only, nothing 
 Saved = dict[str, tuple]  # host name -> (pools, networks, domains)
 
 
-def bench_host(name: str, latency_s: float, saved: Saved | None = None) -> MemoryHost:
-    host = MemoryHost(name, cpus=4096, memory_mib=1 << 24, pools={"default": 1 << 60},
+def bench_host(name: str, latency_s: float, saved: Saved | None = None,
+               kind: type[MemoryHost] = MemoryHost) -> MemoryHost:
+    host = kind(name, cpus=4096, memory_mib=1 << 24, pools={"default": 1 << 60},
                       networks={NETWORK: SUBNET}, latency_s=latency_s)
     if saved and name in saved:
         host.pools, host.networks, host.domains = saved[name]
@@ -44,15 +46,33 @@ def bench_host(name: str, latency_s: float, saved: Saved | None = None) -> Memor
     return host
 
 
+def journaled(folder: pathlib.Path, latency_s: float) -> MemoryHosts:
+    """The hosts as the last run left them (snapshot and journal), each change from now on journaled."""
+    journal = Journal(folder)
+    make = functools.partial(bench_host, latency_s=latency_s, kind=JournaledHost)
+    restored = journal.load(make)
+    journal.start(restored)
+
+    def made(name: str) -> MemoryHost:
+        host = restored.pop(name, None) or make(name)
+        assert isinstance(host, JournaledHost)
+        host.journal = journal
+        return host
+    return MemoryHosts(make=made)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.memory_operator", description=__doc__)
     parser.add_argument("--latency", type=float, default=0.0, help="seconds each host operation takes")
     parser.add_argument("--state", type=pathlib.Path, help="the hosts' state across a restart: read at start, "
                         "written when the operator stops")
+    parser.add_argument("--journal", type=pathlib.Path, help="a folder where every host change is written as it "
+                        "happens (bench/journaled_hosts.py): the hosts outlive a SIGKILL")
     parser.add_argument("run_args", nargs=argparse.REMAINDER, help="-- then `capi-libvirt run`'s arguments")
     args = parser.parse_args(argv)
     saved: Saved = pickle.loads(args.state.read_bytes()) if args.state and args.state.exists() else {}
-    hosts = MemoryHosts(make=functools.partial(bench_host, latency_s=args.latency, saved=saved))
+    hosts = journaled(args.journal, args.latency) if args.journal else \
+        MemoryHosts(make=functools.partial(bench_host, latency_s=args.latency, saved=saved))
     host_api.HostRegistry = functools.partial(host_api.HostRegistry, factory=hosts)  # type: ignore[assignment,misc]
     run_args = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
     code = cli.main(["run", *run_args])

@@ -55,14 +55,19 @@ class Settings:
 class Bed:
     """A fresh API server and the operator over `hosts` in-memory hosts."""
 
-    def __init__(self, workdir: pathlib.Path, hosts: int, latency_s: float) -> None:
+    def __init__(self, workdir: pathlib.Path, hosts: int, latency_s: float, journal: bool = False) -> None:
+        """`journal`: the hosts write each change down as it happens and outlive a SIGKILL (bench/journaled_hosts.py);
+        else they are saved when the operator stops gracefully."""
         self.workdir, self.hosts, self.latency_s = workdir, hosts, latency_s
+        self.host_args = ["--journal", str(workdir / "hosts")] if journal else \
+            ["--state", str(workdir / "hosts.pickle")]
         self.plane: control_plane.LocalControlPlane | None = None
         self.operator: subprocess.Popen | None = None
         self.metrics_port = control_plane.free_port()
 
     @contextlib.contextmanager
-    def up(self) -> Iterator[Bed]:
+    def up(self, start: bool = True) -> Iterator[Bed]:
+        """The API server with the bench's namespace and Cluster; the operator too unless `start` is False."""
         with contextlib.ExitStack() as stack:
             (self.workdir / "control-plane").mkdir(parents=True, exist_ok=True)
             self.plane = stack.enter_context(control_plane.LocalControlPlane(
@@ -77,22 +82,17 @@ class Bed:
                                {"status": {"initialization": {"infrastructureProvisioned": True}}},
                                content_type="application/merge-patch+json")
             stack.callback(self.stop_operator)
-            self.start_operator()
+            if start:
+                self.start_operator()
             yield self
 
     def host_names(self) -> list[str]:
         return [f"mem{index}" for index in range(self.hosts)]
 
     def start_operator(self) -> None:
-        assert self.plane is not None
-        output = (self.workdir / "operator.log").open("ab")
-        hosts = [f"--host={name}=memory:///{name}" for name in self.host_names()]
-        self.operator = subprocess.Popen(
-            [sys.executable, "-m", "bench.as_shipped", "bench.memory_operator", "--latency", str(self.latency_s),
-             "--state", str(self.workdir / "hosts.pickle"), "--", "--standalone",
-             "--log-format", "plain", "--health-address", "0", "--metrics-address", f"127.0.0.1:{self.metrics_port}",
-             *hosts], env=dict(os.environ, KUBECONFIG=str(self.plane.kubeconfig_path)), stdout=output,
-            stderr=subprocess.STDOUT, cwd=testbed.REPO)
+        """Started, and until it reached every host."""
+        self.spawn_operator()
+        assert self.operator is not None
         deadline = time.monotonic() + 120
         while True:
             text = self.operator_metrics()
@@ -101,6 +101,17 @@ class Bed:
             if self.operator.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the operator did not start or reach its hosts; see {self.workdir / 'operator.log'}")
             time.sleep(0.5)
+
+    def spawn_operator(self) -> None:
+        assert self.plane is not None
+        output = (self.workdir / "operator.log").open("ab")
+        hosts = [f"--host={name}=memory:///{name}" for name in self.host_names()]
+        self.operator = subprocess.Popen(
+            [sys.executable, "-m", "bench.as_shipped", "bench.memory_operator", "--latency", str(self.latency_s),
+             *self.host_args, "--", "--standalone",
+             "--log-format", "plain", "--health-address", "0", "--metrics-address", f"127.0.0.1:{self.metrics_port}",
+             *hosts], env=dict(os.environ, KUBECONFIG=str(self.plane.kubeconfig_path)), stdout=output,
+            stderr=subprocess.STDOUT, cwd=testbed.REPO)
 
     def stop_operator(self) -> None:
         testbed.stop_operator(self.operator)

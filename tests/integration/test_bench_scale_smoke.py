@@ -37,3 +37,17 @@ def test_a_small_scale_round_provisions_and_deletes_every_machine_and_measures_i
     assert written == {}, restart["api_by_request"]
     assert json.loads((tmp_path / "smoke.json").read_text())["runs"] == results["runs"]
     assert "| 3 | 12 |" in (tmp_path / "smoke.md").read_text()
+
+
+def test_a_small_chaos_at_scale_run_converges_and_its_checks_hold(tmp_path: pathlib.Path):
+    """`python -m bench.scale_chaos` keeps working: 20 machines over 3 journaled in-memory hosts, the operator SIGKILLed
+    5 times and kube-apiserver twice; its checks (one domain per live machine, nothing leaked or defined twice, no
+    finalizer stuck, every host empty at the end) found nothing."""
+    from bench import scale_chaos
+
+    result = scale_chaos.run(machines=20, hosts=3, kills=5, seed=7, latency_s=0.002, out=tmp_path, name="chaos")
+    assert scale_chaos.failures(result) == [], result
+    assert (result["operator_kills"], result["apiserver_restarts"]) == (5, 2), result
+    assert result["live_after_storm"] == 20 - result["deleted_mid_create"] - result["deleted_later"] > 0, result
+    assert result["domains_created"] >= result["live_after_storm"], result  # every live machine's domain was made
+    assert "| 7 | 3 | 20 | 5 | 2 |" in (tmp_path / "chaos.md").read_text()

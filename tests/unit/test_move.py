@@ -44,12 +44,14 @@ def test_a_copy_records_the_same_host_and_names_as_its_source() -> None:
     assert (a.uid, a.domain_uuid, a.domain_name, a.volumes()) == (b.uid, b.domain_uuid, b.domain_name, b.volumes())
 
 
-def test_the_placement_patch_writes_finalizer_provider_id_identity_and_an_empty_domain_record_in_one_guarded_write() -> None:
+def test_the_placement_patch_writes_finalizer_provider_id_identity_and_the_domain_record_in_one_guarded_write() -> None:
+    """The record names the host ahead of the define the same pass sends (a pass that ends before it takes it back:
+    tests/unit/test_domain_record.py)."""
     body = {"metadata": {"namespace": "ns", "name": "m0", "uid": SOURCE_UID, "resourceVersion": "3",
                          "finalizers": ["other"]}, "spec": {}}
     patch = machine_reconcile.placement_patch(body, "kvm1")
     assert patch == {"metadata": {"finalizers": ["other", FINALIZER], "annotations": {IDENTITY_ANNOTATION: SOURCE_UID,
-                                                                             DOMAIN_RECORD: ""},
+                                                                             DOMAIN_RECORD: "kvm1"},
                                   "resourceVersion": "3"},
                      "spec": {"providerID": PROVIDER_ID}}
 

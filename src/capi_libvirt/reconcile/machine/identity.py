@@ -4,6 +4,7 @@ former-host annotations, the placement and identity patches, and the adoption of
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from capi_libvirt.api import reasons
@@ -17,6 +18,8 @@ from capi_libvirt.reconcile.machine.state import (
     MachinePass,
     event,
 )
+
+log = logging.getLogger(__name__)
 
 
 def recorded_host(body: dict[str, Any]) -> str | None:
@@ -48,12 +51,15 @@ def former_hosts(body: dict[str, Any]) -> list[str]:
 
 def placement_patch(body: dict[str, Any], host: str) -> dict[str, Any]:
     """The one write that places a machine, guarded by its resourceVersion: our finalizer, the providerID naming the
-    host and the domain UUID, and the identity annotation (the UID all names derive from, which survives a move)."""
+    host and the domain UUID, the identity annotation (the UID all names derive from, which survives a move), and the
+    domain record naming the host already: the pass that places a machine goes on to define its domain there, and the
+    record must say so before the define (core.outage). A pass that ends before it sent the define takes the record
+    back (`withdraw_record_ahead`), so a machine that never had a domain on a host that then fails may still move."""
     finalizers = list(body["metadata"].get("finalizers") or [])
     uid = body["metadata"]["uid"]
     return {
         "metadata": {"finalizers": finalizers + [f for f in [FINALIZER] if f not in finalizers],
-                     "annotations": {IDENTITY_ANNOTATION: uid, DOMAIN_RECORD_ANNOTATION: outage.NEVER_DEFINED},
+                     "annotations": {IDENTITY_ANNOTATION: uid, DOMAIN_RECORD_ANNOTATION: host},
                      "resourceVersion": body["metadata"]["resourceVersion"]},
         "spec": {"providerID": provider_id.format_provider_id(host, naming.domain_uuid(uid))}}
 
@@ -71,6 +77,21 @@ def identity_migration_patch(body: dict[str, Any]) -> dict[str, Any] | None:
     if not metadata:
         return None
     return {"metadata": {**metadata, "resourceVersion": body["metadata"]["resourceVersion"]}}
+
+
+async def withdraw_record_ahead(deps: Dependencies, p: MachinePass) -> None:
+    """The pass placed the machine (its record naming the host ahead of the define) and ends before it sent the define:
+    the record goes back to "never defined". Guarded by the resourceVersion the pass last wrote; a conflict or an API
+    error leaves the record as it is, which only says more than happened (the machine then waits for its host)."""
+    if not p.record_ahead or p.define_sent:
+        return
+    p.record_ahead = False
+    try:
+        p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {"metadata": {
+            "annotations": {DOMAIN_RECORD_ANNOTATION: outage.NEVER_DEFINED},
+            "resourceVersion": p.body["metadata"]["resourceVersion"]}})
+    except Exception as error:  # noqa: BLE001  the record stays ahead: safe, only less free to move
+        log.info("%s/%s: domain record left naming its host: %s", p.namespace, p.name, type(error).__name__)
 
 
 async def keep_finalizer_and_identity(deps: Dependencies, p: MachinePass) -> None:

@@ -85,6 +85,7 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
             # A refusal waits for the host's admin (a LibvirtHost change wakes nothing here): looked at again slowly.
             raise Wait(result.reason, result.message, RECHECK_WAITING, failure=result.reason == reasons.TENANT_NOT_ALLOWED)
         p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, placement_patch(p.body, result.host))
+        p.record_ahead = True
         _placed_on(p, result)
     await event(deps, p.body, "Normal", reasons.PLACED, f"placed on host {p.host}")
 

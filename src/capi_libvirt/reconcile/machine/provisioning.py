@@ -94,6 +94,7 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
         p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {"metadata": {
             "annotations": {DOMAIN_RECORD_ANNOTATION: p.host},
             "resourceVersion": p.body["metadata"]["resourceVersion"]}})
+    p.define_sent = True
     p.domain = await host.define_domain(p.domain_uuid, domain_xml.domain_xml(config))
     await event(deps, p.body, "Normal", reasons.DOMAIN_DEFINED, f"domain {p.domain_name} defined on host {p.host}")
 

@@ -135,6 +135,7 @@ class KubeClient:
         self._exec: ExecCredential | None = None
         self._token: str | None = credentials.token
         self._token_read = -TOKEN_FILE_REREAD_S
+        self._opening = asyncio.Lock()  # the first requests, all at once, make one session
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -148,13 +149,16 @@ class KubeClient:
             self._session = None
 
     async def _open(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            if self.credentials.exec_plugin is not None and self._exec is None:
-                self._exec = await asyncio.to_thread(run_exec_plugin, self.credentials)
-            context = await asyncio.to_thread(ssl_context, self.credentials, self._exec)  # reads files
-            connector = aiohttp.TCPConnector(ssl=context if context is not None else False, limit=CONNECTIONS)
-            self._session = aiohttp.ClientSession(connector=connector)
-        return self._session
+        if self._session is not None:
+            return self._session
+        async with self._opening:
+            if self._session is None:
+                if self.credentials.exec_plugin is not None and self._exec is None:
+                    self._exec = await asyncio.to_thread(run_exec_plugin, self.credentials)
+                context = await asyncio.to_thread(ssl_context, self.credentials, self._exec)  # reads files
+                connector = aiohttp.TCPConnector(ssl=context if context is not None else False, limit=CONNECTIONS)
+                self._session = aiohttp.ClientSession(connector=connector)
+            return self._session
 
     async def _authorization(self) -> dict[str, str]:
         if self._exec is not None and self._exec.token:

@@ -78,3 +78,14 @@ def test_a_list_says_which_held_objects_it_dropped_and_their_late_events_stay_ig
     assert cache.get("libvirtmachines", "ns", "newer") is not None, "written after the list: kept"
     assert not cache.apply("libvirtmachines", "MODIFIED", body("phantom", 5))
     assert cache.get("libvirtmachines", "ns", "phantom") is None
+
+
+def test_bodies_are_held_without_their_managed_fields_and_the_given_body_is_left_as_it_was() -> None:
+    cache = ObjectCache()
+    given = body("a", 5)
+    given["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:cpus": {}}}}]
+    given["spec"] = {"cpus": 2}
+    assert cache.put("machines", given)
+    held = cache.get("machines", "ns", "a")
+    assert "managedFields" not in held["metadata"] and held["spec"] == {"cpus": 2}
+    assert held["metadata"]["resourceVersion"] == "5" and "managedFields" in given["metadata"]

@@ -22,6 +22,15 @@ def _version(body: dict[str, Any]) -> int:
         return 1 << 62
 
 
+def without_managed_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The body without metadata.managedFields (server-side apply's record of who set which field): nothing here reads
+    it, and it is often as large as the rest of the object, in every body the cache holds."""
+    metadata = body.get("metadata")
+    if not metadata or "managedFields" not in metadata:
+        return body
+    return {**body, "metadata": {key: value for key, value in metadata.items() if key != "managedFields"}}
+
+
 def key_of(resource: str, body: dict[str, Any]) -> Key:
     return resource, body["metadata"].get("namespace") or "", body["metadata"]["name"]
 
@@ -44,7 +53,7 @@ class ObjectCache:
         held = held_of_resource.get(key[1:])
         if (held is not None and _version(held) >= version) or self._deleted.get(key, -1) >= version:
             return False
-        held_of_resource[key[1:]] = body
+        held_of_resource[key[1:]] = without_managed_fields(body)
         return True
 
     def delete(self, resource: str, body: dict[str, Any]) -> None:

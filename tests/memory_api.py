@@ -119,6 +119,10 @@ class MemoryAPI:
     async def list_libvirt_machines(self) -> list[dict[str, Any]]:
         return self._list(LIBVIRT_MACHINES)
 
+    def libvirt_machine_changes(self, since: int) -> None:
+        """No change log here: placement reads every machine (what the operator does before its cache is primed)."""
+        return None
+
     async def list_libvirt_machines_fresh(self, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         return [body for body in self._list(LIBVIRT_MACHINES)
                 if not namespaces or body["metadata"].get("namespace") in namespaces]

@@ -91,6 +91,9 @@ class FakeKube:
     async def list_libvirt_machines(self):
         raise AssertionError("a placed or moved machine is never placed again")
 
+    def libvirt_machine_changes(self, since):
+        return None  # no change log: whoever counts placements lists the machines
+
 
 def deps_for(body: dict, domain: machines.DomainInfo | None) -> tuple[machine_reconcile.Dependencies, MemoryHost,
                                                                          list]:

@@ -95,3 +95,35 @@ def test_any_sequence_of_changes_answers_what_counting_from_scratch_answers():
                         == group:
                     expected[b["status"]["host"]] = expected.get(b["status"]["host"], 0) + 1
             assert placed.group_per_host(group) == expected, step
+
+
+def test_following_the_caches_change_log_answers_what_counting_from_scratch_answers(monkeypatch):
+    """The operator's way: the records follow the watch-fed cache's change log (ObjectCache.changes) instead of
+    reading every body, including when the log has forgotten old deletions and everything is read once again."""
+    from capi_libvirt.kube import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "CHANGE_LOG_SLACK", 5)  # forget deletions early: the full read is taken too
+    rng = random.Random(2028)
+    cache, placed, full_reads = cache_module.ObjectCache(), PlacedMachines(), 0
+    for step in range(1, 800):
+        name = f"m{rng.randrange(40)}"
+        held = cache.get("libvirtmachines", "ns", name)
+        if rng.random() < 0.25 and held is not None:
+            cache.delete("libvirtmachines", {**held, "metadata": {**held["metadata"], "resourceVersion": str(step)}})
+        else:
+            cache.put("libvirtmachines", body(name, rng.choice(["h1", "h2", None]), cpus=rng.randrange(1, 5),
+                                              version=step))
+        if rng.random() < 0.5 or 300 <= step < 450:
+            continue  # several changes between two looks (and a long stretch without one)
+        since, changes = cache.changes("libvirtmachines", placed.since)
+        if changes is None:
+            full_reads += 1
+            placed.refresh(list(cache.items("libvirtmachines")), record_of)
+        else:
+            placed.apply(changes, record_of)
+        placed.since = since
+        bodies = list(cache.items("libvirtmachines"))
+        assert comparable(placed.claims()) == comparable(from_scratch(bodies)), step
+        assert sorted(b["metadata"]["name"] for h in ("h1", "h2") for b in placed.on_host(h)) == \
+            sorted(b["metadata"]["name"] for b in bodies if b["status"].get("host")), step
+    assert full_reads > 0  # the forgetting happened and was survived

@@ -21,7 +21,7 @@ import yaml
 
 from capi_libvirt.api import meta
 from capi_libvirt.kube import kubeconfig
-from capi_libvirt.kube.cache import Key, ObjectCache
+from capi_libvirt.kube.cache import Change, Key, ObjectCache
 from capi_libvirt.kube.client import MERGE_PATCH, ApiError, KubeClient, RateLimit, RequestObserver, object_path
 
 CAPI_GROUP, CAPI_VERSION = meta.CAPI_GROUP, meta.CAPI_VERSION
@@ -157,6 +157,11 @@ class KubeAPI:
         if self.primed:
             return list(self.cache.items(LIBVIRT_MACHINES))
         return _items(await self._request("GET", _ours(LIBVIRT_MACHINES)))
+
+    def libvirt_machine_changes(self, since: int) -> tuple[int, list[Change] | None] | None:
+        """The LibvirtMachines changed since change number `since` (kube.cache.ObjectCache.changes); None before the
+        cache is primed: list them all instead."""
+        return self.cache.changes(LIBVIRT_MACHINES, since) if self.primed else None
 
     def cached_clusters(self) -> list[dict[str, Any]]:
         """The Clusters the watch has delivered (the orphan collector's view of which are paused)."""

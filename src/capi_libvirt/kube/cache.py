@@ -8,11 +8,15 @@ response) is ignored, and so is one of an object already seen deleted. No I/O he
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
 Key = tuple[str, str, str]  # (resource plural, namespace ("" when cluster-scoped), name)
 MAX_TOMBSTONES = 10_000
+CHANGE_LOG_SLACK = 1_000  # deleted objects the change log keeps beyond the live ones before it forgets the oldest
+
+Change = tuple[tuple[str, str], dict[str, Any] | None]  # (namespace, name), the body held now (None: gone)
 
 
 def _version(body: dict[str, Any]) -> int:
@@ -41,6 +45,11 @@ class ObjectCache:
     def __init__(self) -> None:
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self._deleted: dict[Key, int] = {}  # the version an object was deleted at, against late bodies of it
+        # Which objects changed, in the order they last did (a number each), so a reader that keeps counts over
+        # them (reconcile.placed) reads the changes since it last looked instead of every object.
+        self._sequence = 0
+        self._changed: dict[str, OrderedDict[tuple[str, str], int]] = {}
+        self._forgotten: dict[str, int] = {}  # changes up to this number may have been dropped from the log
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._objects.get(resource, {}).get((namespace, name))
@@ -54,6 +63,7 @@ class ObjectCache:
         if (held is not None and _version(held) >= version) or self._deleted.get(key, -1) >= version:
             return False
         held_of_resource[key[1:]] = without_managed_fields(body)
+        self._note(resource, key[1:])
         return True
 
     def delete(self, resource: str, body: dict[str, Any]) -> None:
@@ -61,7 +71,8 @@ class ObjectCache:
         held_of_resource = self._objects.get(resource, {})
         held = held_of_resource.get(key[1:])
         if held is None or held["metadata"].get("uid") == body["metadata"].get("uid"):
-            held_of_resource.pop(key[1:], None)
+            if held_of_resource.pop(key[1:], None) is not None:
+                self._note(resource, key[1:])
             self._deleted[key] = max(_version(body), self._deleted.pop(key, -1))
             if len(self._deleted) > MAX_TOMBSTONES:  # the oldest deletions: their late events have long arrived
                 for old in list(self._deleted)[:MAX_TOMBSTONES // 2]:
@@ -89,6 +100,34 @@ class ObjectCache:
         for body in bodies:
             self.put(resource, body)
         return dropped
+
+    def _note(self, resource: str, name: tuple[str, str]) -> None:
+        self._sequence += 1
+        log = self._changed.setdefault(resource, OrderedDict())
+        log[name] = self._sequence
+        log.move_to_end(name)
+        held = self._objects.get(resource, {})
+        while len(log) > len(held) + CHANGE_LOG_SLACK:  # forget the oldest deletions (live objects stay)
+            oldest, number = next(iter(log.items()))
+            if oldest in held:
+                log.move_to_end(oldest)  # (renumbered: a reader may see it once more, which changes nothing)
+                log[oldest] = self._sequence = self._sequence + 1
+                continue
+            del log[oldest]
+            self._forgotten[resource] = number
+
+    def changes(self, resource: str, since: int) -> tuple[int, list[Change] | None]:
+        """The number to ask from next time, and the objects of `resource` that changed after change number `since`,
+        each with its body now (None: gone); None for them when the log no longer reaches back that far (read every
+        object instead)."""
+        if since < self._forgotten.get(resource, 0):
+            return self._sequence, None
+        held, found = self._objects.get(resource, {}), []
+        for name, number in reversed(self._changed.get(resource, {}).items()):
+            if number <= since:
+                break
+            found.append((name, held.get(name)))
+        return self._sequence, found
 
     def items(self, resource: str) -> Iterator[dict[str, Any]]:
         return iter(list(self._objects.get(resource, {}).values()))

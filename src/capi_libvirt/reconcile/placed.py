@@ -42,6 +42,7 @@ class PlacedMachines:
         self._groups: dict[Group, dict[str, int]] = {}
         self._by_uid: dict[str, Record] = {}
         self.reads = 0  # bodies read into records, for the numbers (bench/scale.py)
+        self.since = 0  # the cache's change number these records are up to (ObjectCache.changes)
 
     def refresh(self, bodies: Iterable[dict[str, Any]], record_of: RecordOf) -> None:
         """Bring the records up to `bodies`, every LibvirtMachine there is now: the new and changed ones read, the
@@ -50,18 +51,28 @@ class PlacedMachines:
         for body in bodies:
             key = (body["metadata"]["namespace"], body["metadata"]["name"])
             seen.add(key)
-            held = self._held.get(key)
-            if held is not None and held[0] is body:
-                continue
-            self.reads += 1
-            record = record_of(body)
-            if held is not None:
-                self._count(key, held[0], held[1], -1)
-            self._held[key] = (body, record)
-            self._count(key, body, record, 1)
+            self._update(key, body, record_of)
         for key in self._held.keys() - seen:
-            body, record = self._held.pop(key)
-            self._count(key, body, record, -1)
+            self._update(key, None, record_of)
+
+    def apply(self, changes: Iterable[tuple[Key, dict[str, Any] | None]], record_of: RecordOf) -> None:
+        """Bring the records up to date with the machines that changed (each body as it is now; None: gone)."""
+        for key, body in changes:
+            self._update(key, body, record_of)
+
+    def _update(self, key: Key, body: dict[str, Any] | None, record_of: RecordOf) -> None:
+        held = self._held.get(key)
+        if held is not None and held[0] is body:
+            return
+        if held is not None:
+            self._count(key, held[0], held[1], -1)
+            del self._held[key]
+        if body is None:
+            return
+        self.reads += 1
+        record = record_of(body)
+        self._held[key] = (body, record)
+        self._count(key, body, record, 1)
 
     def _count(self, key: Key, body: dict[str, Any], record: Record | None, sign: int) -> None:
         if record is None:

@@ -14,7 +14,7 @@ from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import RECHECK_WAITING, Dependencies, Wait
 from capi_libvirt.reconcile.machine.identity import domain_record, owner_matches
-from capi_libvirt.reconcile.machine.placing import placed_record
+from capi_libvirt.reconcile.machine.placing import placed_now
 from capi_libvirt.reconcile.machine.state import RECHECK_IPAM, MachinePass, event
 
 
@@ -150,5 +150,5 @@ async def check_addresses(deps: Dependencies, p: MachinePass) -> None:
 
 
 async def _placed_on_host(deps: Dependencies, host: str | None) -> list[dict[str, Any]]:
-    deps.placed.refresh(await deps.kube.list_libvirt_machines(), placed_record)
+    await placed_now(deps)
     return deps.placed.on_host(host) if host else []

@@ -93,7 +93,7 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
 async def _choose(deps: Dependencies, p: MachinePass) -> placement.Placed | placement.NoHost:
     """Placement's decision for the machine, from the inventory and every other machine's record (under the lock)."""
     uid = p.body["metadata"]["uid"]
-    deps.placed.refresh(await deps.kube.list_libvirt_machines(), placed_record)
+    await placed_now(deps)
     group = placement_group(p.body)
     group_per_host = deps.placed.group_per_host(group, excluding_uid=uid) if group is not None else {}
     holding = inventory_.machine_holding(p.spec)
@@ -103,6 +103,18 @@ async def _choose(deps: Dependencies, p: MachinePass) -> placement.Placed | plac
                                 pool=p.spec.storage_pool, disk_bytes=holding.disk_gib * placement.GIB)
     claims = deps.placed.claims(excluding_uid=uid)
     return placement.choose_host(request, deps.inventory.loads(claims, p.namespace, p.spec), group_per_host)
+
+
+async def placed_now(deps: Dependencies) -> None:
+    """deps.placed brought up to date: from the machines that changed since it last looked, or, before the cache is
+    primed (or when its change log no longer reaches back), from every machine."""
+    latest = deps.kube.libvirt_machine_changes(deps.placed.since)
+    if latest is None or latest[1] is None:
+        deps.placed.refresh(await deps.kube.list_libvirt_machines(), placed_record)
+    else:
+        deps.placed.apply(latest[1], placed_record)
+    if latest is not None:
+        deps.placed.since = latest[0]
 
 
 def placed_record(body: dict[str, Any]) -> placed.Record | None:
@@ -117,7 +129,7 @@ def placed_record(body: dict[str, Any]) -> placed.Record | None:
 async def pool_room(deps: Dependencies, host: str, pool: str) -> int | None:
     """What placement may still promise in `pool` on `host` (every machine placed there counted), or None when the
     host's last probe did not see the pool."""
-    deps.placed.refresh(await deps.kube.list_libvirt_machines(), placed_record)
+    await placed_now(deps)
     return deps.inventory.pool_room(host, pool, deps.placed.host_claims(host))
 
 

@@ -8,12 +8,18 @@ modules of their own, so both workers share them once the rest is done. (The who
 
 from __future__ import annotations
 
+import logging
 import pathlib
 from collections.abc import Iterator
 
 import pytest
 
 import guest_slots
+
+# The test bed's own API client (kubernetes_asyncio; the product has its own, kube/client.py) logs every response body
+# at DEBUG, Secrets (host keys, bootstrap data) included. Tests that gather every log line of their process at DEBUG
+# to prove the operator never logs a credential (test_many_hosts, ...) would find the test bed's own reads there.
+logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
 
 pytest_plugins = ["fixtures_libvirt", "fixtures_control_plane", "fixtures_capi", "timing_report"]
 

@@ -280,7 +280,8 @@ async def test_a_host_with_machines_on_it_is_not_removed_until_they_are_gone(api
 
 
 async def test_no_private_key_in_the_logs_events_or_statuses_of_the_whole_run(api_client, inventory, collected_logs):
-    """Runs last in the module: everything the operator logged, every event, every status since the hosts came."""
+    """Runs last in the module: everything the operator logged, every event, every status since the hosts came. (The
+    test bed's own API client, which logs response bodies at DEBUG, is kept at INFO by tests/conftest.py.)"""
     tls, ssh = inventory["tls"], inventory["ssh"]
     secrets = [tls.client_dir / "clientkey.pem", ssh.ssh_key]
     key_lines = [line for path in secrets for line in path.read_text().strip().splitlines()[1:-1] if len(line) > 20]

@@ -361,7 +361,38 @@ def write(settings: Settings, runs: list[dict]) -> dict:
     settings.out.mkdir(parents=True, exist_ok=True)
     (settings.out / f"{settings.name}.json").write_text(json.dumps(results, indent=1) + "\n")
     (settings.out / f"{settings.name}.md").write_text(table(runs))
+    if runs:
+        plot(runs, settings.out / f"{settings.name}.png")
     return results
+
+
+def plot(runs: list[dict], path: pathlib.Path) -> None:
+    """Per-machine cost against N, a line per H: CPU seconds a machine, API writes a machine, and the RSS."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for hosts in sorted({r["hosts"] for r in runs}):
+        mine = sorted((r for r in runs if r["hosts"] == hosts), key=lambda r: r["machines"])
+        xs = [r["machines"] for r in mine]
+        for axis, values in zip(axes, ([r["cpu_s_per_machine"] for r in mine],
+                                       [r["api_per_machine"]["writes"] for r in mine], [r["rss_mb"] for r in mine]),
+                                strict=True):
+            axis.plot(xs, values, "o-", label=f"{hosts} host{'s' if hosts > 1 else ''}")
+    for axis, label in zip(axes, ("operator CPU s a machine's life", "API writes a machine's life", "operator RSS MB"),
+                           strict=True):
+        axis.set_xscale("log")
+        axis.set_xlabel("machines (N)")
+        axis.set_ylabel(label)
+        axis.set_ylim(bottom=0)
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+    figure.suptitle("capi-libvirt make bench-scale: cost per machine as the fleet grows")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
 
 
 def table(runs: list[dict]) -> str:

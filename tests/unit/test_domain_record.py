@@ -57,3 +57,15 @@ async def test_a_define_whose_answer_was_lost_keeps_the_record() -> None:
     assert record(b) == HOST, "the define was sent: a domain may exist there"
     await b.passes(provisioned)
     assert record(b) == HOST and len(b.host.domains) == 1
+
+
+async def test_a_record_left_naming_the_host_with_no_domain_there_is_taken_back_by_a_later_pass() -> None:
+    """The operator stopped between a placement and its define (or a take-back met a conflict): the record names the
+    host, no domain is there. The next pass that ends before a define says so again, so neither an outage nor the
+    address check (which counts a machine with a record as holding its addresses) treats a domain as there."""
+    b = await bed({**SPEC, "image": {"volume": "absent.qcow2"}})
+    await machine_reconcile.reconcile(b.deps, NS, NAME)
+    b.kube.objects[(LIBVIRT_MACHINES, NS, NAME)]["metadata"]["annotations"][RECORD] = HOST  # left so
+    await machine_reconcile.reconcile(b.deps, NS, NAME)
+    assert b.condition()["reason"] == reasons.IMAGE_NOT_FOUND
+    assert record(b) == outage.NEVER_DEFINED and b.host.domains == {}

@@ -4,6 +4,7 @@ its status and the Status message. The real API server is spoken to by every int
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 
@@ -85,3 +86,20 @@ def test_credentials_never_show_their_secrets():
     shown = repr(Credentials(server="https://127.0.0.1:6443", token="s3cret", password="pw", key_data=b"KEY"))
     assert "s3cret" not in shown and "pw" not in shown and "KEY" not in shown
     assert json.dumps(shown)
+
+
+async def test_requests_refused_together_run_the_plugin_once_and_none_breaks_another(server, tmp_path):
+    url, seen, answers = server
+    count = tmp_path / "count"
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(f"import json, pathlib\np = pathlib.Path({str(count)!r})\n"
+                      "n = int(p.read_text()) + 1 if p.exists() else 1\np.write_text(str(n))\n"
+                      "print(json.dumps({'kind': 'ExecCredential', 'status': {'token': f'token-{n}'}}))\n")
+    credentials = Credentials(server=url, exec_plugin={"command": sys.executable, "args": [str(plugin)]})
+    async with client.KubeClient(credentials) as kube:
+        assert await kube.request("GET", "/api/v1/nodes/first") == {"kind": "Thing"}  # token-1
+        answers.extend([(401, {"kind": "Status"}), (401, {"kind": "Status"}), (401, {"kind": "Status"})])
+        results = await asyncio.gather(*(kube.request("GET", f"/api/v1/nodes/n{i}") for i in range(3)))
+    assert results == [{"kind": "Thing"}] * 3
+    assert count.read_text() == "2", "one run of the plugin for the three refused requests"
+    assert sorted(auth for _, _, auth, _ in seen[4:]) == ["Bearer token-2"] * 3

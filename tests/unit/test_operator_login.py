@@ -152,3 +152,22 @@ def test_a_workload_kubeconfig_gives_inline_data_only(tmp_path):
         with pytest.raises(kubeconfig.KubeconfigError):
             kubeconfig.from_kubeconfig_data(config)
     assert not marker.exists()
+
+
+def test_what_client_go_refuses_is_refused_by_name(tmp_path, monkeypatch):
+    base = {"current-context": "x", "contexts": [{"name": "x", "context": {"cluster": "c", "user": "ghost"}}],
+            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}], "users": []}
+    monkeypatch.setenv("KUBECONFIG", str(_write(tmp_path / "a", base)))
+    with pytest.raises(kubeconfig.KubeconfigError, match="names user 'ghost'"):
+        kubeconfig.load()
+    both = {**base, "contexts": [{"name": "x", "context": {"cluster": "c"}}],
+            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", "certificate-authority": "ca",
+                                                   "certificate-authority-data": _b64("CA")}}]}
+    monkeypatch.setenv("KUBECONFIG", str(_write(tmp_path / "b", both)))
+    with pytest.raises(kubeconfig.KubeconfigError, match="both a file and data for certificate-authority"):
+        kubeconfig.load()
+    wrapped = {**both, "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443",
+                                                              "certificate-authority-data": _b64("C" * 80)[:40] + "\n"
+                                                              + _b64("C" * 80)[40:]}}]}
+    monkeypatch.setenv("KUBECONFIG", str(_write(tmp_path / "c", wrapped)))
+    assert kubeconfig.load().ca_data == b"C" * 80  # a line break in data is taken, as client-go takes it

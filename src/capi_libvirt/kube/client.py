@@ -136,6 +136,8 @@ class KubeClient:
         self._token: str | None = credentials.token
         self._token_read = -TOKEN_FILE_REREAD_S
         self._opening = asyncio.Lock()  # the first requests, all at once, make one session
+        self._closing: list[tuple[aiohttp.ClientSession, asyncio.TimerHandle]] = []  # replaced, closed later
+        self._retired: set[asyncio.Future[None]] = set()
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -144,6 +146,10 @@ class KubeClient:
         await self.close()
 
     async def close(self) -> None:
+        for old, timer in self._closing:
+            timer.cancel()
+            await old.close()
+        self._closing.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -179,28 +185,50 @@ class KubeClient:
                       params: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
         """The answer's JSON (None for an empty answer); ApiError for a status outside 2xx, asyncio.TimeoutError
         after `timeout` (REQUEST_TIMEOUT_S unless given)."""
-        if self.rate_limit is not None:
-            await self.rate_limit.wait()
-        try:
-            status, text = await self._send(method, path, body, content_type, params, timeout)
-            if status == 401 and self.credentials.exec_plugin is not None:  # the plugin's credential expired
-                self._exec = None
-                await self.close()
-                status, text = await self._send(method, path, body, content_type, params, timeout)
-        except BaseException:
-            if self.observe is not None:
-                self.observe(method, "<error>")
-            raise
-        if self.observe is not None:
-            self.observe(method, str(status))
+        status, text, used = await self._observed(method, path, body, content_type, params, timeout)
+        if status == 401 and self.credentials.exec_plugin is not None:  # the plugin's credential expired: again
+            await self._refresh_exec(used)
+            status, text, _ = await self._observed(method, path, body, content_type, params, timeout)
         if not 200 <= status <= 299:
             reason = _REASONS.get(status, "")
             raise ApiError(status, reason, _status_message(text))
         return json.loads(text) if text else None
 
+    async def _refresh_exec(self, used: ExecCredential | None) -> None:
+        """Run the exec plugin again, once for all the requests refused with the credential `used`. A new client
+        certificate needs a new session; the old one is closed once the requests in flight on it are past their
+        deadline."""
+        async with self._opening:
+            if self._exec is not used:
+                return  # another request refreshed it meanwhile
+            self._exec = await asyncio.to_thread(run_exec_plugin, self.credentials)
+            if self._exec.certificate_data and self._session is not None:
+                old, self._session = self._session, None
+                closing = asyncio.get_running_loop().call_later(
+                    REQUEST_TIMEOUT_S, lambda: self._retired.add(asyncio.ensure_future(old.close())))
+                self._closing.append((old, closing))
+
+    async def _observed(self, method: str, path: str, body: Any, content_type: str,
+                        params: Mapping[str, str] | None,
+                        timeout: float | None) -> tuple[int, bytes, ExecCredential | None]:
+        """One request, after its turn under the rate limit, counted by the observer; with the exec plugin's
+        credential it was sent with."""
+        if self.rate_limit is not None:
+            await self.rate_limit.wait()
+        try:
+            answer = await self._send(method, path, body, content_type, params, timeout)
+        except BaseException:
+            if self.observe is not None:
+                self.observe(method, "<error>")
+            raise
+        if self.observe is not None:
+            self.observe(method, str(answer[0]))
+        return answer
+
     async def _send(self, method: str, path: str, body: Any, content_type: str, params: Mapping[str, str] | None,
-                    timeout: float | None) -> tuple[int, bytes]:
+                    timeout: float | None) -> tuple[int, bytes, ExecCredential | None]:
         session = await self._open()
+        used = self._exec
         headers = {"Accept": JSON, **(await self._authorization())}
         data = None
         if body is not None:
@@ -210,7 +238,7 @@ class KubeClient:
         url = yarl.URL(self.credentials.server + path, encoded=True)  # the path's segments are escaped already
         async with session.request(method, url, data=data, params=params, headers=headers,
                                    timeout=deadline) as response:
-            return response.status, await response.read()
+            return response.status, await response.read(), used
 
 
 def _read_text(path: str) -> str:

@@ -140,7 +140,9 @@ def from_kubeconfig(context: str | None = None, paths: list[pathlib.Path] | None
     if cluster_name not in merged.entries["clusters"]:
         raise KubeconfigError(f"context {name!r} names cluster {cluster_name!r}, which the kubeconfig lacks")
     cluster, cluster_dir = merged.entries["clusters"][cluster_name]
-    user, user_dir = merged.entries["users"].get(user_name, ({}, cluster_dir)) if user_name else ({}, cluster_dir)
+    if user_name and user_name not in merged.entries["users"]:
+        raise KubeconfigError(f"context {name!r} names user {user_name!r}, which the kubeconfig lacks")
+    user, user_dir = merged.entries["users"][user_name] if user_name else ({}, cluster_dir)
     return _credentials(cluster, user, chosen.get("namespace"), files=(cluster_dir, user_dir))
 
 
@@ -165,7 +167,7 @@ def from_kubeconfig_data(config: Any) -> Credentials:
 
 def _pem(value: Any, what: str) -> bytes:
     try:
-        return base64.b64decode(str(value), validate=True)
+        return base64.b64decode("".join(str(value).split()), validate=True)  # line breaks allowed, as client-go does
     except ValueError:
         raise KubeconfigError(f"the kubeconfig's {what} is not base64") from None
 
@@ -180,6 +182,10 @@ def _credentials(cluster: dict[str, Any], user: dict[str, Any], namespace: Any,
              if key in cluster or key in user]
     if files is None and local:
         raise KubeconfigError(f"the kubeconfig names {', '.join(local)}: only inline data is taken from it")
+    both = [key for key, where in (("certificate-authority", cluster), ("client-certificate", user),
+                                   ("client-key", user)) if where.get(key) and where.get(f"{key}-data")]
+    if both:
+        raise KubeconfigError(f"the kubeconfig gives both a file and data for {', '.join(both)}")
     cluster_dir, user_dir = files or (pathlib.Path("."), pathlib.Path("."))
 
     def path(value: Any, folder: pathlib.Path) -> str | None:
@@ -224,6 +230,8 @@ def run_exec_plugin(credentials: Credentials) -> ExecCredential:
     api_version = plugin.get("apiVersion") or "client.authentication.k8s.io/v1"
     environment = dict(os.environ)
     for item in plugin.get("env") or []:
+        if not isinstance(item, dict) or "name" not in item or "value" not in item:
+            raise KubeconfigError("the kubeconfig's exec plugin has an env entry without a name and a value")
         environment[str(item["name"])] = str(item["value"])
     environment["KUBERNETES_EXEC_INFO"] = json.dumps(
         {"apiVersion": api_version, "kind": "ExecCredential", "spec": {"interactive": False}})
@@ -237,14 +245,16 @@ def run_exec_plugin(credentials: Credentials) -> ExecCredential:
         raise KubeconfigError(f"exec credential plugin {command[0]!r} exited with {done.returncode}")
     try:
         status = json.loads(done.stdout)["status"]
+        if not isinstance(status, dict):
+            raise TypeError(status)
     except (ValueError, KeyError, TypeError):
         raise KubeconfigError(f"exec credential plugin {command[0]!r} did not answer an ExecCredential") from None
     certificate, key = status.get("clientCertificateData"), status.get("clientKeyData")
     if not status.get("token") and not (certificate and key):
         raise KubeconfigError(f"exec credential plugin {command[0]!r} answered no token and no certificate")
-    return ExecCredential(token=status.get("token") or None,
-                          certificate_data=certificate.encode() if certificate else None,
-                          key_data=key.encode() if key else None)
+    return ExecCredential(token=str(status["token"]) if status.get("token") else None,
+                          certificate_data=str(certificate).encode() if certificate else None,
+                          key_data=str(key).encode() if key else None)
 
 
 def load(context: str | None = None) -> Credentials:

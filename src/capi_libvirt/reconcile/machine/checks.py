@@ -22,6 +22,7 @@ async def check_networks(deps: Dependencies, p: MachinePass) -> None:
     """Before anything is created: a missing network would otherwise leave an overlay and a domain that cannot start."""
     host = deps.hosts.get(p.host or "")
     p.domain = await host.domain_info(p.domain_uuid)
+    p.no_domain_seen = p.domain is None
     if p.domain is not None:
         if not owner_matches(domain_owner.parse_owner(p.domain.xml), p.namespace, p.name, p.domain_uuid):
             raise Wait(reasons.ADOPTION_REFUSED, f"domain {p.domain_uuid} on host {p.host} belongs to another machine; left "

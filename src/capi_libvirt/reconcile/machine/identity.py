@@ -54,7 +54,7 @@ def placement_patch(body: dict[str, Any], host: str) -> dict[str, Any]:
     host and the domain UUID, the identity annotation (the UID all names derive from, which survives a move), and the
     domain record naming the host already: the pass that places a machine goes on to define its domain there, and the
     record must say so before the define (core.outage). A pass that ends before it sent the define takes the record
-    back (`withdraw_record_ahead`), so a machine that never had a domain on a host that then fails may still move."""
+    back (`withdraw_unused_record`), so a machine that never had a domain on a host that then fails may still move."""
     finalizers = list(body["metadata"].get("finalizers") or [])
     uid = body["metadata"]["uid"]
     return {
@@ -79,13 +79,15 @@ def identity_migration_patch(body: dict[str, Any]) -> dict[str, Any] | None:
     return {"metadata": {**metadata, "resourceVersion": body["metadata"]["resourceVersion"]}}
 
 
-async def withdraw_record_ahead(deps: Dependencies, p: MachinePass) -> None:
-    """The pass placed the machine (its record naming the host ahead of the define) and ends before it sent the define:
-    the record goes back to "never defined". Guarded by the resourceVersion the pass last wrote; a conflict or an API
-    error leaves the record as it is, which only says more than happened (the machine then waits for its host)."""
-    if not p.record_ahead or p.define_sent:
+async def withdraw_unused_record(deps: Dependencies, p: MachinePass) -> None:
+    """A pass that ends without having sent a define, whose host answered that the machine has no domain there, while
+    the record names that host (written ahead by the placement, or left so by a pass that died before its define):
+    the record goes back to "never defined". Passes of a machine run one at a time, so no define of its own is in
+    flight. Guarded by the resourceVersion the pass last saw; a conflict or an API error leaves the record as it is,
+    which only says more than happened (safe: the machine waits for its host), and the next such pass tries again."""
+    if not p.no_domain_seen or p.define_sent or not p.host or domain_record(p.body) != p.host:
         return
-    p.record_ahead = False
+    p.no_domain_seen = False
     try:
         p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, {"metadata": {
             "annotations": {DOMAIN_RECORD_ANNOTATION: outage.NEVER_DEFINED},

@@ -18,7 +18,7 @@ from capi_libvirt.kube import api
 from capi_libvirt.reconcile.base import Dependencies, Paused, Wait, wait_for_hypervisor, with_backoff
 from capi_libvirt.reconcile.machine.addresses import observe_addresses, patch_workload_node, pin_leased_addresses
 from capi_libvirt.reconcile.machine.checks import check_addresses, check_networks, record_owner, resolve_addressing
-from capi_libvirt.reconcile.machine.identity import adopt_moved_machine, withdraw_record_ahead
+from capi_libvirt.reconcile.machine.identity import adopt_moved_machine, withdraw_unused_record
 from capi_libvirt.reconcile.machine.owners import (
     find_cluster,
     find_owner_machine,
@@ -75,14 +75,14 @@ async def reconcile(deps: Dependencies, namespace: str, name: str,
             async with contextlib.AsyncExitStack() as creating:
                 for phase in PHASES:
                     if cancelled():
-                        await withdraw_record_ahead(deps, p)
+                        await withdraw_unused_record(deps, p)
                         return None
                     if phase is CREATION[0] and p.domain is None:
                         await creating.enter_async_context(deps.creation_slot(p.host or ""))
                     with deps.observe.phase("LibvirtMachine", phase.__name__):
                         await phase(deps, p)
         except Exception:
-            await withdraw_record_ahead(deps, p)  # placed in this pass, ended before the define: not there after all
+            await withdraw_unused_record(deps, p)  # no domain there and no define sent: the record says so again
             raise
     except Paused:
         await _write_status(deps, p.body, p.status, None, paused=True)

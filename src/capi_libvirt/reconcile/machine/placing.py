@@ -85,7 +85,6 @@ async def choose_host(deps: Dependencies, p: MachinePass) -> None:
             # A refusal waits for the host's admin (a LibvirtHost change wakes nothing here): looked at again slowly.
             raise Wait(result.reason, result.message, RECHECK_WAITING, failure=result.reason == reasons.TENANT_NOT_ALLOWED)
         p.body = await deps.kube.patch_libvirt_machine(p.namespace, p.name, placement_patch(p.body, result.host))
-        p.record_ahead = True
         _placed_on(p, result)
     await event(deps, p.body, "Normal", reasons.PLACED, f"placed on host {p.host}")
 
@@ -109,7 +108,7 @@ async def placed_now(deps: Dependencies) -> None:
     """deps.placed brought up to date: from the machines that changed since it last looked, or, before the cache is
     primed (or when its change log no longer reaches back), from every machine."""
     latest = deps.kube.libvirt_machine_changes(deps.placed.since)
-    if latest is None or latest[1] is None:
+    if latest is None or latest[1] is None or deps.placed.since == 0:  # (a first look: whatever came before, too)
         deps.placed.refresh(await deps.kube.list_libvirt_machines(), placed_record)
     else:
         deps.placed.apply(latest[1], placed_record)

@@ -68,9 +68,9 @@ class MachinePass:
     segments: dict[address_conflicts.Segment, address_conflicts.SegmentFacts] | None = None
     # A provisioned pass that left work for later (the seed not removed yet) comes back after this many seconds.
     come_back_after: float | None = None
-    # This pass placed the machine, its domain record naming the host ahead of the define (identity.placement_patch);
-    # and whether the define has been sent since (its answer may have been lost): until then the record may be undone.
-    record_ahead: bool = False
+    # The host answered that the machine has no domain there (checks.check_networks), and whether this pass has sent
+    # the define since (its answer may have been lost): a record naming the host with neither may be taken back.
+    no_domain_seen: bool = False
     define_sent: bool = False
 
     @property

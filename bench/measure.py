@@ -82,10 +82,19 @@ def process_sample(pid: int) -> ProcessSample:
     return ProcessSample(cpu, rss_kib / 1024)
 
 
+def metric_sum(metrics_text: str, name: str) -> float:
+    """A labelled metric of the operator's, summed over its labels."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines() if line.startswith(name + "{"))
+
+
 def operator_operations(metrics_text: str) -> float:
     """capi_libvirt_host_operations_total, summed over hosts."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
-               if line.startswith("capi_libvirt_host_operations_total{"))
+    return metric_sum(metrics_text, "capi_libvirt_host_operations_total")
+
+
+def watch_events(metrics_text: str) -> float:
+    """capi_libvirt_watch_events_total, summed over resources and outcomes."""
+    return metric_sum(metrics_text, "capi_libvirt_watch_events_total")
 
 
 def running_domains(conn: libvirt.virConnect, prefix: str) -> int:

@@ -6,7 +6,7 @@ For each (H, N), on a fresh API server: the N machines are created as Cluster AP
 Machine, LibvirtMachine), spread over the H hosts by placement; all provisioned (an address in status, from the
 in-memory network's lease); the operator idles over them; all deleted and gone. Measured: time to all provisioned and
 to all deleted, each machine's latency from creation to provisioned (p50, p99), the operator's CPU and RSS, its API
-requests by kind (the bench's own taken out), its host operations, the deepest its work queue got, its idle CPU and
+requests by kind (the bench's own taken out), the watch events it took in, its host operations, the deepest its work queue got, its idle CPU and
 requests with all N provisioned, and a restart over all N (stopped as a rollout stops it, started again: until it has
 passed over every machine; its time, CPU and API requests). Per-machine figures are what "cost stays flat as the fleet grows" is judged on.
 """
@@ -125,6 +125,11 @@ class Bed:
         return self.plane.request("GET", "/metrics", accept="text/plain")
 
 
+def operator_counts(metrics_text: str) -> tuple[float, float]:
+    """The operator's host operations and watch events so far."""
+    return measure.operator_operations(metrics_text), measure.watch_events(metrics_text)
+
+
 def queue_depth(metrics_text: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
                if line.startswith("workqueue_depth{"))
@@ -166,7 +171,7 @@ class Round:
             sampling = asyncio.create_task(self._sample_depth(depths))
             try:
                 api_before = measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics))
-                ops_before = measure.operator_operations(await asyncio.to_thread(self.bed.operator_metrics))
+                ops_before, events_before = operator_counts(await asyncio.to_thread(self.bed.operator_metrics))
                 cpu_before = measure.process_sample(pid)
                 started = time.monotonic()
                 await self._all(n, lambda name: self._create(api, name))
@@ -178,12 +183,14 @@ class Round:
                 idle_sample = measure.process_sample(pid)
                 idle_api_after = measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics))
                 idle_api = measure.difference(idle_api_after, idle_api_before, {})
-                ops_before_restart = measure.operator_operations(await asyncio.to_thread(self.bed.operator_metrics))
+                ops_before_restart, events_before_restart = operator_counts(
+                    await asyncio.to_thread(self.bed.operator_metrics))
                 restart = await self._restart(n)
                 pid = self.bed.operator.pid
                 restart_api = measure.difference(
                     measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics)), idle_api_after, {})
-                ops_after_restart = measure.operator_operations(await asyncio.to_thread(self.bed.operator_metrics))
+                ops_after_restart, events_after_restart = operator_counts(
+                    await asyncio.to_thread(self.bed.operator_metrics))
                 before_deleting = measure.process_sample(pid)
                 deleting = time.monotonic()
                 await self._all(n, lambda name: self._delete(objects, name))
@@ -193,7 +200,7 @@ class Round:
                     raise TimeoutError(f"{error}; those left: {await self._left(objects)}") from None
                 deleted_s = time.monotonic() - deleting
                 cpu_after = measure.process_sample(pid)
-                ops_after = measure.operator_operations(await asyncio.to_thread(self.bed.operator_metrics))
+                ops_after, events_after = operator_counts(await asyncio.to_thread(self.bed.operator_metrics))
                 api_after = measure.api_requests(await asyncio.to_thread(self.bed.apiserver_metrics))
             finally:
                 watching.cancel()
@@ -207,6 +214,8 @@ class Round:
         # Two processes: the first provisioned the machines, the one after the restart deleted them.
         lifecycle_cpu = (after_provisioning.cpu_s - cpu_before.cpu_s) + (cpu_after.cpu_s - before_deleting.cpu_s)
         host_operations = (ops_before_restart - ops_before) + (ops_after - ops_after_restart)
+        # The restarted process counts from 0: its listing of every machine is the restart's, not a lifecycle's.
+        lifecycle_events = (events_before_restart - events_before) + (events_after - events_after_restart)
         return {
             "machines": n, "hosts": self.bed.hosts, "latency_s": self.bed.latency_s,
             "provisioned_s": provisioned_s, "deleted_s": deleted_s,
@@ -215,11 +224,12 @@ class Round:
             "cpu_s_per_machine": lifecycle_cpu / n, "rss_mb": after_provisioning.rss_mb,
             "api_per_machine": {key: value / n for key, value in lifecycle.items()},
             "host_operations_per_machine": host_operations / n,
+            "watch_events_per_machine": lifecycle_events / n,
             "max_queue_depth": max(depths, default=0.0),
             "machines_per_host": dict(sorted(collections.Counter(self.host_of.values()).items())),
             "idle": {"seconds": idle_s, "cpu_percent_of_core": 100 * (idle_sample.cpu_s - after_provisioning.cpu_s)
                      / idle_s, "api": idle_totals},
-            "restart": {**restart, "api": restart_totals, "api_by_request": {
+            "restart": {**restart, "watch_events": events_after_restart, "api": restart_totals, "api_by_request": {
                 f"{verb} {resource}": count for (verb, resource), count in sorted(restart_api.items())}},
         }
 
@@ -397,14 +407,15 @@ def plot(runs: list[dict], path: pathlib.Path) -> None:
 
 def table(runs: list[dict]) -> str:
     lines = ["| hosts | machines | all provisioned s | p50 s | p99 s | all deleted s | CPU s / machine | API writes / "
-             "machine | API reads / machine | events / machine | host ops / machine | RSS MB | max queue | idle % core | "
+             "machine | API reads / machine | events / machine | watch events / machine | host ops / machine | RSS MB | max queue | idle % core | "
              "restart: all confirmed s | restart: CPU s | restart: API writes | restart: API reads |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         api = r["api_per_machine"]
         lines.append(f"| {r['hosts']} | {r['machines']} | {r['provisioned_s']:.1f} | {r['latency_p50_s']:.2f} | "
                      f"{r['latency_p99_s']:.2f} | {r['deleted_s']:.1f} | {r['cpu_s_per_machine']:.3f} | "
                      f"{api['writes']:.2f} | {api['reads']:.2f} | {api['events']:.2f} | "
+                     f"{r.get('watch_events_per_machine', float('nan')):.1f} | "
                      f"{r['host_operations_per_machine']:.1f} | {r['rss_mb']:.0f} | {r['max_queue_depth']:.0f} | "
                      f"{r['idle']['cpu_percent_of_core']:.2f} | {r['restart']['all_confirmed_s']:.1f} | "
                      f"{r['restart']['cpu_s']:.1f} | {r['restart']['api']['writes']:.0f} | "

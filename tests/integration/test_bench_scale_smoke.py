@@ -23,6 +23,8 @@ def test_a_small_scale_round_provisions_and_deletes_every_machine_and_measures_i
     assert run["deleted_s"] > 0 and run["rss_mb"] > 20 and run["cpu_s_per_machine"] > 0, run
     # Each machine's lifecycle cost the operator API writes (placement, status) and host operations (the probe aside).
     assert run["api_per_machine"]["writes"] >= 2 and run["host_operations_per_machine"] >= 5, run
+    # and watch events: at least its LibvirtMachine's and its Machine's creation and deletion.
+    assert run["watch_events_per_machine"] >= 4 and run["restart"]["watch_events"] >= 12, run
     assert sorted(run["machines_per_host"]) == ["mem0", "mem1", "mem2"], run  # placement spread them
     assert sum(run["machines_per_host"].values()) == 12
     assert run["idle"]["seconds"] == 2.0 and run["idle"]["cpu_percent_of_core"] >= 0, run

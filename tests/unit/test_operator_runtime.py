@@ -206,7 +206,7 @@ def fake_source(observer: metrics.Observer, state: election.State) -> metrics.So
         hosts={"kvm1": types.SimpleNamespace(reachable=True), "kvm2": types.SimpleNamespace(reachable=False)},
         registry=types.SimpleNamespace(get=connections.__getitem__),
         orphans={"kvm1": inventory_.OrphanRecord(pending=2, kept=1, stray_volumes=3)})
-    return metrics.Source(observer, inventory, state)
+    return metrics.Source(observer, inventory, state, {("machines", "changed"): 4, ("machines", "unchanged"): 1})
 
 
 def body(name: str) -> dict:
@@ -251,6 +251,8 @@ def test_the_machine_reconcile_reports_outcomes_and_phases_per_host(no_other_ope
         assert value("capi_libvirt_host_connections_opened_total", host="kvm1") == 2
         assert value("capi_libvirt_host_operations_total", host="kvm1") == 7
         assert value("capi_libvirt_leader") == 1
+        assert value("capi_libvirt_watch_events_total", resource="machines", outcome="changed") == 4
+        assert value("capi_libvirt_watch_events_total", resource="machines", outcome="unchanged") == 1
         assert [value("capi_libvirt_orphans", host="kvm1", state=state)
                 for state in ("pending", "kept", "stray_volume")] == [2, 1, 3]
     finally:

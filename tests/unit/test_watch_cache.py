@@ -64,6 +64,10 @@ def test_watch_events_say_whether_they_changed_anything() -> None:
     assert cache.apply("machines", "MODIFIED", body("a", 4))
     assert cache.apply("machines", "DELETED", body("a", 5))
     assert cache.get("machines", "ns", "a") is None
+    assert cache.events == {("machines", "changed"): 3, ("machines", "unchanged"): 1}, "counted for the metric"
+    cache.put("machines", body("b", 1))
+    cache.replace_all("machines", [], "9")
+    assert sum(cache.events.values()) == 4, "a write's response and a LIST are no watch events"
 
 
 def test_a_list_says_which_held_objects_it_dropped_and_their_late_events_stay_ignored() -> None:

@@ -50,6 +50,8 @@ class ObjectCache:
         self._sequence = 0
         self._changed: dict[str, OrderedDict[tuple[str, str], int]] = {}
         self._forgotten: dict[str, int] = {}  # changes up to this number may have been dropped from the log
+        # Watch events taken in, by (resource, "changed" or "unchanged": the echo of a write or an older body).
+        self.events: dict[tuple[str, str], int] = {}
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._objects.get(resource, {}).get((namespace, name))
@@ -82,8 +84,12 @@ class ObjectCache:
         """A watch event (ADDED, MODIFIED, DELETED, or None for a listed object); True when the cache changed."""
         if event_type == "DELETED":
             self.delete(resource, body)
-            return True
-        return self.put(resource, body)
+            changed = True
+        else:
+            changed = self.put(resource, body)
+        counted = (resource, "changed" if changed else "unchanged")
+        self.events[counted] = self.events.get(counted, 0) + 1
+        return changed
 
     def replace_all(self, resource: str, bodies: list[dict[str, Any]], list_version: str | None) -> list[Key]:
         """A fresh LIST of the resource: its objects, and none of those held that it no longer has (older than the

@@ -288,7 +288,7 @@ def _configure_kopf(settings: kopf.OperatorSettings) -> None:
 def _start_runtime(runtime: Runtime, state: election.State, observer: metrics.Observer) -> Runtime:
     """The shared state's metrics, and the background tasks: the machine workers and the host prober."""
     deps = runtime.deps
-    runtime.metrics = metrics.Source(observer, deps.inventory, state)
+    runtime.metrics = metrics.Source(observer, deps.inventory, state, deps.kube.cache.events)
     metrics.attach(runtime.metrics)
     runtime.prober = asyncio.create_task(_probe_while_active(deps, state, runtime.namespaces,
                                                              runtime.orphan_interval_s))

@@ -4,7 +4,8 @@ Counters and the histogram are recorded as things happen: by the machine reconci
 reconcile's `Dependencies.observe`: phase durations, each pass's outcome) and by the handlers around the other
 reconciles (`reconcile_pass`). The gauges (machines per host and phase, host reachability and connections, leader)
 are read at scrape time from the running operators' state, so they cannot drift from it; so are the orphans per host
-and state (reconcile.orphans), whose removals are counted as they happen.
+and state (reconcile.orphans), whose removals are counted as they happen, and the watch events taken in (counted by
+kube.cache as it applies them).
 
 Label values are bounded: kinds, phase names, condition reasons and exception class names, host names. Never a
 message, a URI or anything from a Secret.
@@ -69,6 +70,7 @@ ORPHANS = f"{PREFIX}_orphans"
 HOST_REACHABLE = f"{PREFIX}_host_reachable"
 HOST_CONNECTIONS = f"{PREFIX}_host_connections_opened"
 HOST_OPERATIONS = f"{PREFIX}_host_operations"
+WATCH_EVENTS = f"{PREFIX}_watch_events"
 LEADER = f"{PREFIX}_leader"
 NAMES = [f"{PREFIX}_reconciles_total", f"{PREFIX}_reconcile_duration_seconds", f"{PREFIX}_reconcile_errors_total",
          f"{PREFIX}_reconcile_pass_duration_seconds", f"{PREFIX}_build_info", f"{PREFIX}_libvirt_call_duration_seconds",
@@ -76,7 +78,7 @@ NAMES = [f"{PREFIX}_reconciles_total", f"{PREFIX}_reconcile_duration_seconds", f
          "workqueue_queue_duration_seconds", "workqueue_work_duration_seconds", "workqueue_retries_total",
          f"{PREFIX}_image_import_bytes_total", f"{PREFIX}_image_import_duration_seconds",
          MACHINES, HOST_REACHABLE, f"{HOST_CONNECTIONS}_total", f"{HOST_OPERATIONS}_total", LEADER, ORPHANS,
-         f"{PREFIX}_orphans_removed_total"]
+         f"{PREFIX}_orphans_removed_total", f"{WATCH_EVENTS}_total"]
 
 MACHINE = "LibvirtMachine"
 SUCCESS, WAITING, FAILED, PAUSED, ERROR = "success", "waiting", "failed", "paused", "error"
@@ -192,6 +194,7 @@ class Source:
     observer: Observer
     inventory: inventory_.Inventory
     state: election.State
+    watch_events: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)  # kube.cache's count
 
 
 class StateCollector(Collector):
@@ -221,6 +224,11 @@ class StateCollector(Collector):
                 for host, record in sorted(source.inventory.orphans.items()):
                     for state, count in orphans_reconcile.status_counts(record).items():
                         orphans.add_metric([host, state], count)
+        events = CounterMetricFamily(WATCH_EVENTS, "Watch events the operator took in, by resource (plural) and "
+                                     "outcome: changed (the object changed), unchanged (the echo of its own write, "
+                                     "or a body older than the one held).", labels=["resource", "outcome"])
+        for labels, count in sorted(self._watch_events().items()):
+            events.add_metric(list(labels), count)
         leader = GaugeMetricFamily(LEADER, "1 when this replica does the work (it leads, or runs standalone), "
                                    "0 while it stands by.")
         for labels, count in sorted(self._machine_counts().items()):
@@ -230,7 +238,14 @@ class StateCollector(Collector):
             opened.add_metric([name], connections)
             operations.add_metric([name], calls)
         leader.add_metric([], max((1 if s.state.active else 0 for s in self.sources), default=0))
-        return iter([machines, reachable, opened, operations, leader, orphans])
+        return iter([machines, reachable, opened, operations, leader, orphans, events])
+
+    def _watch_events(self) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for source in self.sources:
+            for labels, count in list(source.watch_events.items()):
+                counts[labels] = counts.get(labels, 0) + count
+        return counts
 
     def _machine_counts(self) -> dict[tuple[str, str], int]:
         counts: dict[tuple[str, str], int] = {}

@@ -226,6 +226,7 @@ class Round:
             "host_operations_per_machine": host_operations / n,
             "watch_events_per_machine": lifecycle_events / n,
             "max_queue_depth": max(depths, default=0.0),
+            "queue_depth_each_second": depths,  # from the first create to the last machine gone, restart included
             "machines_per_host": dict(sorted(collections.Counter(self.host_of.values()).items())),
             "idle": {"seconds": idle_s, "cpu_percent_of_core": 100 * (idle_sample.cpu_s - after_provisioning.cpu_s)
                      / idle_s, "api": idle_totals},
@@ -377,13 +378,14 @@ def write(settings: Settings, runs: list[dict]) -> dict:
 
 
 def plot(runs: list[dict], path: pathlib.Path) -> None:
-    """Per-machine cost against N, a line per H: CPU seconds a machine, API writes a machine, and the RSS."""
+    """Per-machine cost against N, a line per H: CPU seconds a machine, API writes a machine, and the RSS; and the
+    work queue's depth over time at the largest N."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 3, figsize=(13, 4))
+    figure, (*axes, queue) = plt.subplots(1, 4, figsize=(17, 4))
     for hosts in sorted({r["hosts"] for r in runs}):
         mine = sorted((r for r in runs if r["hosts"] == hosts), key=lambda r: r["machines"])
         xs = [r["machines"] for r in mine]
@@ -399,6 +401,14 @@ def plot(runs: list[dict], path: pathlib.Path) -> None:
         axis.set_ylim(bottom=0)
         axis.grid(True, alpha=0.3)
         axis.legend()
+    largest = max(r["machines"] for r in runs)
+    for r in sorted((r for r in runs if r["machines"] == largest), key=lambda r: r["hosts"]):
+        depths = r.get("queue_depth_each_second") or []
+        queue.plot(range(len(depths)), depths, label=f"{r['hosts']} host{'s' if r['hosts'] > 1 else ''}")
+    queue.set_xlabel(f"seconds from the first create (N = {largest})")
+    queue.set_ylabel("work queue depth")
+    queue.grid(True, alpha=0.3)
+    queue.legend()
     figure.suptitle("capi-libvirt make bench-scale: cost per machine as the fleet grows")
     figure.tight_layout()
     figure.savefig(path, dpi=100)

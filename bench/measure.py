@@ -9,6 +9,7 @@ apart: the targets exclude them.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import pathlib
 import re
@@ -50,14 +51,17 @@ def difference(after: dict[Key, float], before: dict[Key, float], own: dict[Key,
 
 
 def split(requests: dict[Key, float]) -> dict[str, float]:
-    """reads, writes and watches; apart from them events, and the host prober's status writes (every 30 s per host,
-    with or without machines: not part of a machine's lifecycle)."""
-    totals = {"reads": 0.0, "writes": 0.0, "watches": 0.0, "events": 0.0, "host_probes": 0.0}
+    """reads, writes and watches; apart from them events, the host prober's status writes (every 30 s per host,
+    with or without machines: not part of a machine's lifecycle) and Leases: the benches run the operator
+    --standalone, which holds no Lease, so those are kube-apiserver's own identity Leases (one renewal every 10 s)."""
+    totals = {"reads": 0.0, "writes": 0.0, "watches": 0.0, "events": 0.0, "host_probes": 0.0, "apiserver_leases": 0.0}
     for (verb, resource), count in requests.items():
         if resource.startswith("events"):
             totals["events"] += count
         elif resource == "libvirthosts/status":
             totals["host_probes"] += count
+        elif resource == "leases":
+            totals["apiserver_leases"] += count
         elif verb in READ_VERBS:
             totals["reads"] += count
         elif verb in WRITE_VERBS:
@@ -95,6 +99,22 @@ def operator_operations(metrics_text: str) -> float:
 def watch_events(metrics_text: str) -> float:
     """capi_libvirt_watch_events_total, summed over resources and outcomes."""
     return metric_sum(metrics_text, "capi_libvirt_watch_events_total")
+
+
+def last_start(qemu_log_dir: pathlib.Path, name_prefix: str, n: int, since_wall: float) -> float | None:
+    """The wall-clock time libvirtd started the last of the N domains whose names begin with `name_prefix`, from the
+    "starting up" line it writes in each domain's QEMU log as it launches QEMU, counting starts at or after
+    `since_wall` only; None unless exactly N domains started. Both contenders' "all running" come from it: polling
+    libvirt for running domains answers late while the guests just started load the host's cores (QEMU under TCG), by
+    tens of seconds, which would bill that load's delay to whoever is polled."""
+    starts = []
+    for path in qemu_log_dir.glob(f"{name_prefix}*.log"):
+        stamps = [datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=datetime.UTC).timestamp()
+                  for line in path.read_text(errors="replace").splitlines() if ": starting up " in line]
+        stamps = [stamp for stamp in stamps if stamp >= since_wall - 0.001]
+        if stamps:
+            starts.append(max(stamps))
+    return max(starts) if len(starts) == n else None
 
 
 def running_domains(conn: libvirt.virConnect, prefix: str) -> int:

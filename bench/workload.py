@@ -63,6 +63,13 @@ async def idle_cost(bed: testbed.Bed, seconds: float) -> dict:
             "api_totals": measure.split(requests)}
 
 
+def started_running(bed: testbed.Bed, domain_prefix: str, n: int, started_wall: float, seen_s: float) -> float:
+    """Seconds from the round's start until libvirtd started the last of its N domains (their QEMU logs,
+    measure.last_start); `seen_s`, the contender's own view, when the logs do not say."""
+    last = measure.last_start(bed.workdir / "libvirt-logs" / "qemu", domain_prefix, n, started_wall)
+    return seen_s if last is None else last - started_wall
+
+
 class Ours:
     """Rounds through the operator: the bench plays Cluster API with its own API client, counting its requests."""
 
@@ -94,7 +101,7 @@ class Ours:
             tracker = Tracker(prefix)
             watching = asyncio.create_task(self._watch(objects, listed["metadata"]["resourceVersion"], tracker))
             try:
-                started = time.monotonic()
+                started, started_wall = time.monotonic(), time.time()
                 await asyncio.gather(*(self._create(api, f"{prefix}{i}") for i in range(n)))
                 domain_prefix = f"{naming.PREFIX}-{testbed.NAMESPACE}-{prefix}"  # capi-bench-rK-
                 running = await asyncio.to_thread(measure.wait_until, lambda: measure.running_domains(
@@ -121,7 +128,8 @@ class Ours:
             operator_api = measure.difference(after_api, before_api, self.own)
             await self._remove_the_rest(api, prefix, n)
         await asyncio.to_thread(conn.close)
-        return Round(n=n, running_s=running - started, provisioned_s=provisioned and provisioned - started,
+        return Round(n=n, running_s=started_running(self.bed, domain_prefix, n, started_wall, running - started),
+                     provisioned_s=provisioned and provisioned - started,
                      unprovisioned=unprovisioned, unprovisioned_why=why, delete_s=done - deleting, cpu_s=after_cpu.cpu_s - before_cpu.cpu_s,
                      rss_mb=rss,
                      api={f"{verb} {resource}": count for (verb, resource), count in sorted(operator_api.items())},
@@ -249,7 +257,7 @@ class Floor:
             pool = conn.storagePoolLookupByName(host.pool_name)
             pool_dir = ET.fromstring(pool.XMLDesc()).findtext("./target/path")
             base = pool.storageVolLookupByName(testbed.BASE_VOLUME)
-            started = time.monotonic()
+            started, started_wall = time.monotonic(), time.time()
             macs = list(threads.map(lambda args: self._create(conn, pool, pool_dir, base, spec, *args),
                                     zip(names, uids, strict=True)))
             running = time.monotonic()
@@ -263,8 +271,9 @@ class Floor:
             list(threads.map(lambda args: self._delete(conn, *args), zip(names, uids, strict=True)))
             done = measure.wait_until(lambda: measure.host_clean(conn, host.pool_name, {testbed.BASE_VOLUME}),
                                       ROUND_TIMEOUT_S)
-        return Round(n=n, running_s=running - started, provisioned_s=provisioned and provisioned - started,
-                     unprovisioned=len(unleased), unprovisioned_why=[f"no lease for {mac}" for mac in unleased],
+        domain_prefix = f"{naming.PREFIX}-{testbed.NAMESPACE}-f{self.round}-"
+        return Round(n=n, running_s=started_running(self.bed, domain_prefix, n, started_wall, running - started),
+                     provisioned_s=provisioned and provisioned - started, unprovisioned=len(unleased), unprovisioned_why=[f"no lease for {mac}" for mac in unleased],
                      delete_s=done - deleting)
 
     @staticmethod

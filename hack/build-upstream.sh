@@ -13,7 +13,8 @@
 # `operator` the Cluster API Operator, beside it. Programs of one module
 # are built by one `go build` (they share its compilation and link side by side). Each build prints one line when it
 # starts and one when it ends; its output (`go: downloading ...`) goes to out/logs/build-<name>.log, whose end is
-# printed if it fails. Each build's seconds land in out/timing/setup.tsv (hack/timed.sh, tests/timing_report.py).
+# printed if it fails. Each build's seconds and CPU seconds land in out/timing/setup.tsv (hack/timed.sh,
+# tests/timing_report.py).
 set -euo pipefail
 
 group=${1:-all}
@@ -46,12 +47,14 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 logs="$repo/out/logs"
 timing="${CAPI_LIBVIRT_TIMING_DIR:-$repo/out/timing}"
 mkdir -p "$logs" "$timing"
+source "$repo/hack/children-cpu.sh"
 
 # build NAME WHAT CMD...: run one build quietly (its output in out/logs/build-NAME.log), say when it starts and ends,
-# record its seconds as upstream/NAME in setup.tsv, and show the end of its log if it fails.
+# record its seconds and CPU seconds as upstream/NAME in setup.tsv, and show the end of its log if it fails.
 build() {
   local name=$1 what=$2; shift 2
-  local output="$logs/build-$name.log" started=$SECONDS rc=0
+  local output="$logs/build-$name.log" started=$SECONDS rc=0 cpu_before cpu
+  children_cpu_ticks cpu_before
   log "$name: building $what"
   # A subshell in the foreground: `set -e` holds inside it (it would not in a command tested with ||), and Ctrl-C
   # reaches the build (a background job of a script ignores SIGINT).
@@ -59,14 +62,15 @@ build() {
   ( set -e; "$@" ) >"$output" 2>&1
   rc=$?
   set -e
+  cpu_seconds_since "$cpu_before" cpu
   if [ "$rc" -ne 0 ]; then
     log "$name: FAILED ($rc) after $((SECONDS - started)) s; the end of $output:"
     tail -n 40 "$output" >&2
-    printf 'upstream/%s\t%s\tfailed\n' "$name" "$((SECONDS - started))" >>"$timing/setup.tsv"
+    printf 'upstream/%s\t%s\tfailed\t%s\n' "$name" "$((SECONDS - started))" "$cpu" >>"$timing/setup.tsv"
     exit "$rc"
   fi
-  log "$name: built in $((SECONDS - started)) s"
-  printf 'upstream/%s\t%s\tbuilt\n' "$name" "$((SECONDS - started))" >>"$timing/setup.tsv"
+  log "$name: built in $((SECONDS - started)) s ($cpu s of CPU)"
+  printf 'upstream/%s\t%s\tbuilt\t%s\n' "$name" "$((SECONDS - started))" "$cpu" >>"$timing/setup.tsv"
 }
 
 # go_build_in_scratch MODULE VERSION LDFLAGS OUTDIR PACKAGES... [-- REPLACES...]: a throw-away module requiring

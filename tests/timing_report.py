@@ -1,12 +1,24 @@
-"""Where `make test`'s time goes: a pytest plugin that times every test module and counts the guests it booted, and the
-report that puts it beside the set-up steps (out/timing/setup.tsv, written by hack/timed.sh and the build scripts).
+"""Where `make test`'s time goes: a pytest plugin that times every test module, counts the guests it booted and the CPU
+its processes used, and the report that puts it beside the set-up steps (out/timing/setup.tsv, written by
+hack/timed.sh and the build scripts: each step's wall and CPU seconds).
 
-Guests are counted from the outside, never by the tests themselves: a thread samples /proc once a second for QEMU
-processes, and a QEMU belongs to this pytest process when its parent libvirtd was started by it (its environment names
-the same xdist worker, or none). Each is classed by its base image: `node` (the Kubernetes node image), `minimal` (the
-minimal image), `ipxe` (the near-free iPXE guest) or `other` (mostly the integration tier's domains on empty disks,
-which boot nothing). It is charged to the module running when it appeared.
+Guests and CPU are measured from the outside, never by the tests themselves: a thread samples /proc once a second.
+A process belongs to this pytest process when its environment names the same xdist worker (or, without xdist, a
+test of this process), or when it runs in the network namespace of a libvirtd that belongs to it: libvirt daemonizes
+QEMU and clears its environment, but each test host's libvirtd has a namespace of its own. The environment, command
+line and namespace of a process are read once (again only when it execs another program); its stat every second.
+
+Each QEMU of ours is a guest, classed by its base image: `node` (the Kubernetes node image), `minimal` (the minimal
+image), `ipxe` (the near-free iPXE guest) or `other` (mostly the integration tier's domains on empty disks, which boot
+nothing). It is counted in the module running when it appeared, and so are its guest-seconds.
 The peak of Linux guests (node and minimal) running at once on the machine is kept too: the budget of 2 cores.
+
+CPU seconds (user + system) are charged to the module running when they were spent, by kind of program (cpu_kind):
+the growth of each process's utime + stime between two samples, from /proc/<pid>/stat, and this pytest process's own
+from getrusage (the operator most tests run in their event loop, and this sampler, included). A process is charged
+from its start at the first sample that sees it, so what it spends after the last sample before it ends is lost, and
+a process that lives less than a sample (a kubectl, a qemu-img) is not counted at all; nor is a container's process
+(the operator image's, a pod of podman's), whose environment is its image's and whose namespace is not a libvirtd's.
 
 What a guest's boot spent, seen from inside, comes from the tests that boot each image anyway: they read
 guest_agent.boot_profile from one booted guest and hand it to record_boot_profile (out/timing/boot-<image>.txt).
@@ -27,15 +39,17 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import resource
 import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
 
 import pytest
 
-from devenv import base_image, guest_image
+from devenv import base_image, guest_image, paths
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TIMING_DIR = pathlib.Path(os.environ.get("CAPI_LIBVIRT_TIMING_DIR", REPO / "out" / "timing"))
@@ -45,6 +59,7 @@ PROGRESS_LOG = TIMING_DIR / "progress.log"
 LONG_MODULE_S = 20.0  # a module that took longer says when it ended
 LINUX_KINDS = ("node", "minimal")
 APPEND = os.environ.get("CAPI_LIBVIRT_TIMING_APPEND") == "1"  # add to the earlier run's files instead of starting anew
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")  # the unit of /proc/<pid>/stat's times
 
 
 def record_boot_profile(image: str, text: str) -> None:
@@ -99,6 +114,7 @@ class ModuleTiming:
     test_seconds: float = 0.0  # setup + call + teardown of its tests
     guests: dict[str, int] = field(default_factory=dict)  # kind -> QEMU processes started
     guest_seconds: dict[str, float] = field(default_factory=dict)  # kind -> their lifetime, sampled
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # CPU kind -> CPU seconds spent while it ran
     peak_linux_guests: int = 0  # on the whole machine, while it ran
 
 
@@ -117,21 +133,44 @@ def guest_kind(cmdline: str) -> str:
     return "other"
 
 
-def processes(program: bytes) -> dict[int, tuple[str, int]]:
-    """pid -> (command line, network namespace inode) of every process of `program` on the machine."""
-    found: dict[int, tuple[str, int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = pathlib.Path(entry.path, "cmdline").read_bytes()
-            if program not in raw.split(b"\0", 1)[0]:
-                continue
-            netns = os.stat(f"{entry.path}/ns/net").st_ino
-        except (OSError, ValueError):
-            continue
-        found[int(entry.name)] = (raw.replace(b"\0", b" ").decode(errors="replace"), netns)
-    return found
+def cpu_kind(argv: list[str]) -> str:
+    """The kind of program a process of ours runs, from its command line, for its CPU seconds: `qemu` (the guests),
+    `operator` (ours as a process of its own), `kube-apiserver` and `etcd` (the test bed's), `libvirt` (the test hosts'
+    libvirtd and virtlogd), `capi` (the other programs of the cache's bin: the Cluster API managers,
+    cluster-autoscaler, cert-manager, the Cluster API Operator, clusterctl) or `other`. This pytest process itself is
+    `pytest`."""
+    program = os.path.basename(argv[0])
+    if program.startswith("qemu-system"):
+        return "qemu"
+    if program.startswith("python") and any(arg == "capi_libvirt" or os.path.basename(arg) in ("capi-libvirt", "kopf")
+                                            for arg in argv[1:3]):
+        return "operator"  # python -m capi_libvirt, or its console script, or kopf's
+    if program.startswith("kube-apiserver"):
+        return "kube-apiserver"
+    if program == "etcd" or program.startswith("etcd-"):
+        return "etcd"
+    if program in ("libvirtd", "virtlogd"):
+        return "libvirt"
+    if argv[0].startswith(f"{paths.bin_dir()}/"):
+        return "capi"
+    return "other"
+
+
+@dataclass(frozen=True)
+class ProcessStat:
+    """What the sampler reads of a process every second: /proc/<pid>/stat."""
+
+    program: str  # its comm: the program it runs, as the kernel names it (an exec changes it)
+    started: int  # clock ticks after boot
+    cpu_ticks: int  # utime + stime so far
+
+
+def process_stat(pid: int) -> ProcessStat:
+    raw = pathlib.Path(f"/proc/{pid}/stat").read_bytes()
+    before, _, after = raw.rpartition(b")")  # the comm may hold spaces and parentheses
+    fields = after.split()  # fields[0] is the stat's third field, the state
+    return ProcessStat(program=before.partition(b"(")[2].decode(errors="replace"), started=int(fields[19]),
+                       cpu_ticks=int(fields[11]) + int(fields[12]))
 
 
 def started_by(pid: int) -> str | None:
@@ -146,23 +185,51 @@ def started_by(pid: int) -> str | None:
     return "main" if any(item.startswith(b"PYTEST_CURRENT_TEST=") for item in environ) else None
 
 
-def netns_owners() -> dict[int, str | None]:
-    """network namespace inode -> the pytest process that started the libvirtd in it. libvirt daemonizes QEMU (its
-    parent is init), but a QEMU runs in its libvirtd's namespace, and each test host has a namespace of its own."""
-    return {netns: started_by(pid) for pid, (_, netns) in processes(b"libvirtd").items()}
+@dataclass
+class SeenProcess:
+    """One program run by one process, as first seen: what it is and whose; then its CPU at the last sample."""
+
+    stat: ProcessStat
+    kind: str  # cpu_kind's
+    guest: str | None  # a QEMU's guest kind (guest_kind)
+    libvirtd: bool
+    netns: int  # its network namespace's inode (0: not readable)
+    started_by: str | None
+    ours: bool = False
+    counted_in: str | None = None  # a guest of ours: the module it was counted in
+    cpu_ticks: int = 0  # utime + stime at the last sample
 
 
-class GuestSampler:
-    """The once-a-second look at /proc, charging each new QEMU of ours to the module that runs."""
+def look_at(pid: int, stat: ProcessStat) -> SeenProcess:
+    """What process `pid` runs and who started it (OSError: it has ended)."""
+    argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode(errors="replace").split("\0")
+    try:
+        netns = os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        netns = 0
+    kind = cpu_kind(argv)
+    return SeenProcess(stat=stat, kind=kind, guest=guest_kind(" ".join(argv)) if kind == "qemu" else None,
+                       libvirtd=os.path.basename(argv[0]) == "libvirtd", netns=netns, started_by=started_by(pid))
+
+
+def belongs(process: SeenProcess, worker: str, libvirtd_netns: set[int]) -> bool:
+    """Whether `process` belongs to the pytest process `worker`, whose libvirtds run in the namespaces
+    `libvirtd_netns`."""
+    return process.started_by == worker or (process.netns != 0 and process.netns in libvirtd_netns)
+
+
+class ProcessSampler:
+    """The once-a-second look at /proc: each new QEMU of ours counted as a guest of the module that runs, the CPU of
+    each process of ours charged to it."""
 
     def __init__(self, timings: dict[str, ModuleTiming]) -> None:
         self.timings = timings
         self.current: str | None = None
-        self.known: dict[int, tuple[str, str]] = {}  # pid -> (module, kind), ours only
-        self.foreign: set[int] = set()
+        self.seen: dict[int, SeenProcess] = {}  # pid -> what it runs, every process on the machine but this one
+        self.own_cpu_s = own_cpu_seconds()
         self.peak_linux = 0
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, name="timing-report-guests", daemon=True)
+        self.thread = threading.Thread(target=self.run, name="timing-report-processes", daemon=True)
         self.lock = threading.Lock()
 
     def run(self) -> None:
@@ -173,38 +240,89 @@ class GuestSampler:
                 pass
 
     def sample(self) -> None:
-        me = worker_id()
-        qemus = processes(b"qemu-system")
-        linux_now = sum(1 for cmdline, _ in qemus.values() if guest_kind(cmdline) in LINUX_KINDS)
-        owners: dict[int, str | None] | None = None
+        stats = current_stats()
+        new = self.look_at_new(stats)
+        if new:
+            me = worker_id()
+            libvirtd_netns = {p.netns for p in self.seen.values() if p.libvirtd and p.started_by == me}
+            for pid in new:
+                self.seen[pid].ours = belongs(self.seen[pid], me, libvirtd_netns)
+        own_cpu_s, self.own_cpu_s = self.own_cpu_s, own_cpu_seconds()
+        linux_now = sum(1 for p in self.seen.values() if p.guest in LINUX_KINDS)
         with self.lock:
             self.peak_linux = max(self.peak_linux, linux_now)
             module = self.current
             if module is not None:
                 timing = self.timings[module]
                 timing.peak_linux_guests = max(timing.peak_linux_guests, linux_now)
-            for pid, (cmdline, netns) in qemus.items():
-                if pid in self.foreign:
-                    continue
-                if pid not in self.known:
-                    owners = netns_owners() if owners is None else owners
-                    if module is None or owners.get(netns) != me:
-                        self.foreign.add(pid)
-                        continue
-                    kind = guest_kind(cmdline)
-                    self.known[pid] = (module, kind)
-                    guests = self.timings[module].guests
-                    guests[kind] = guests.get(kind, 0) + 1
-                owner, kind = self.known[pid]
-                seconds = self.timings[owner].guest_seconds
-                seconds[kind] = round(seconds.get(kind, 0.0) + SAMPLE_S, 1)
+                add_cpu(timing.cpu_seconds, "pytest", self.own_cpu_s - own_cpu_s)
+            for pid, process in self.seen.items():
+                if process.ours:
+                    self.charge(process, stats[pid], module, is_new=pid in new)
+
+    def look_at_new(self, stats: dict[int, ProcessStat]) -> set[int]:
+        """Forget the processes that ended; look at those that started or exec'd another program since the last
+        sample, and return their pids."""
+        for pid in self.seen.keys() - stats.keys():
+            del self.seen[pid]
+        new = set()
+        for pid, stat in stats.items():
+            known = self.seen.get(pid)
+            if known is not None and known.stat.started == stat.started and known.stat.program == stat.program:
+                continue
+            try:
+                process = look_at(pid, stat)
+            except OSError:
+                continue
+            if known is not None and known.stat.started == stat.started:
+                process.cpu_ticks = known.cpu_ticks  # the same process exec'd: what it spent before was charged
+            self.seen[pid] = process
+            new.add(pid)
+        return new
+
+    def charge(self, process: SeenProcess, stat: ProcessStat, module: str | None, is_new: bool) -> None:
+        """Charge a process of ours to `module` (its CPU since the last sample; a new guest, counted); under the
+        lock."""
+        cpu_ticks, process.cpu_ticks = process.cpu_ticks, stat.cpu_ticks
+        if module is not None:
+            add_cpu(self.timings[module].cpu_seconds, process.kind, (stat.cpu_ticks - cpu_ticks) / CLOCK_TICKS_PER_S)
+            if is_new and process.guest is not None:
+                process.counted_in = module
+                guests = self.timings[module].guests
+                guests[process.guest] = guests.get(process.guest, 0) + 1
+        if process.counted_in is not None and process.guest is not None:
+            seconds = self.timings[process.counted_in].guest_seconds
+            seconds[process.guest] = round(seconds.get(process.guest, 0.0) + SAMPLE_S, 1)
+
+
+def current_stats() -> dict[int, ProcessStat]:
+    """pid -> stat of every process on the machine but this one."""
+    stats = {}
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != me:
+            try:
+                stats[int(entry.name)] = process_stat(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue  # ended since the scan
+    return stats
+
+
+def own_cpu_seconds() -> float:
+    """This pytest process's CPU seconds so far, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def add_cpu(cpu_seconds: dict[str, float], kind: str, seconds: float) -> None:
+    cpu_seconds[kind] = round(cpu_seconds.get(kind, 0.0) + seconds, 3)
 
 
 class TimingReport:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.timings: dict[str, ModuleTiming] = {}
-        self.sampler = GuestSampler(self.timings)
+        self.sampler = ProcessSampler(self.timings)
         self.session_started = time.time()
         # The xdist controller runs no test: it only merges what its workers wrote (known at session start, once
         # xdist has registered its distributing session, "dsession").
@@ -241,7 +359,8 @@ class TimingReport:
                                                        PROGRESS_LOG.stat().st_size),
                                                  daemon=True)
                 self.follower.start()
-        self.sampler.thread.start()
+        if not self.controller:
+            self.sampler.thread.start()
 
     @pytest.hookimpl
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
@@ -282,7 +401,8 @@ class TimingReport:
         if self.follower is not None:
             self.follower.join(timeout=5)
         self.sampler.stop.set()
-        self.sampler.thread.join(timeout=5)
+        if self.sampler.thread.ident is not None:
+            self.sampler.thread.join(timeout=5)
         if self.controller or (not self.timings and hasattr(self.config, "workerinput")):
             return  # the controller ran no test; an idle worker has nothing to say
         TIMING_DIR.mkdir(parents=True, exist_ok=True)
@@ -307,8 +427,17 @@ class Report:
     markdown: str
 
 
-def read_setup() -> list[tuple[str, float, str]]:
-    """(step, seconds, how it ended) of this run's set-up, in the order they ended."""
+class SetupStep(NamedTuple):
+    """A line of setup.tsv: a step of hack/timed.sh, or an upstream build inside one (`upstream/<name>`)."""
+
+    name: str
+    seconds: float
+    result: str  # ok, failed; built for an upstream build
+    cpu_seconds: float | None  # None in a file written before the steps recorded it
+
+
+def read_setup() -> list[SetupStep]:
+    """This run's set-up steps, in the order they ended."""
     path = TIMING_DIR / "setup.tsv"
     if not path.exists():
         return []
@@ -316,8 +445,24 @@ def read_setup() -> list[tuple[str, float, str]]:
     for line in path.read_text().splitlines():
         parts = line.split("\t")
         if len(parts) >= 3:
-            steps.append((parts[0], float(parts[1]), parts[2]))
+            cpu_seconds = float(parts[3]) if len(parts) >= 4 else None
+            steps.append(SetupStep(parts[0], float(parts[1]), parts[2], cpu_seconds))
     return steps
+
+
+def cpu_text(cpu_seconds: float | None) -> str:
+    return "-" if cpu_seconds is None else f"{cpu_seconds:.0f}"
+
+
+def module_cpu_s(module: dict[str, Any]) -> float:
+    """A module's CPU seconds, all kinds (none in a file written before modules recorded them)."""
+    return sum(module.get("cpu_seconds", {}).values())
+
+
+def cpu_by_kind_text(cpu_seconds: dict[str, float]) -> str:
+    """CPU seconds by kind, most first, those under half a second left out: `qemu 812, pytest 40`."""
+    shown = sorted(((s, kind) for kind, s in cpu_seconds.items() if s >= 0.5), reverse=True)
+    return ", ".join(f"{kind} {s:.0f}" for s, kind in shown) or "-"
 
 
 def setup_wall_s(tests_started: float) -> str:
@@ -342,13 +487,20 @@ def write_report(ended: float, commit: str) -> Report:
     wall_s = ended - min((w["started"] for w in workers), default=ended)
     modules = sorted((m for w in workers for m in w["modules"]), key=lambda m: -(m["ended"] - m["started"]))
     setup = read_setup()
-    setup_s = sum(seconds for step, seconds, _ in setup if "/" not in step)
+    steps = [step for step in setup if "/" not in step.name]  # without the upstream builds inside them
+    setup_s = sum(step.seconds for step in steps)
+    setup_cpu = [step.cpu_seconds for step in steps if step.cpu_seconds is not None]
+    setup_cpu_text = f"{sum(setup_cpu):.0f} CPU s" if setup_cpu else "CPU not recorded"
     setup_wall = setup_wall_s(min((w["started"] for w in workers), default=time.time()))
     boot_lines: list[str] = []
     guests: dict[str, int] = {}
+    tests_cpu: dict[str, float] = {}
     for m in modules:
         for kind, n in m["guests"].items():
             guests[kind] = guests.get(kind, 0) + n
+        for kind, cpu_s in m.get("cpu_seconds", {}).items():
+            tests_cpu[kind] = tests_cpu.get(kind, 0.0) + cpu_s
+    cores = os.cpu_count() or 1
     peak = max((w["peak_linux_guests"] for w in workers), default=0)
 
     def guests_text(m: dict[str, object]) -> str:
@@ -357,19 +509,24 @@ def write_report(ended: float, commit: str) -> Report:
         return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "-"
 
     lines = [f"# make test: where the time went (commit {commit})", "",
-             f"Set-up: {setup_wall} wall ({setup_s:.0f} s of steps, side by side); tests: {wall_s:.0f} s wall on {len(workers)} pytest process(es); "
+             f"Set-up: {setup_wall} wall ({setup_s:.0f} s of steps, side by side; {setup_cpu_text}); "
+             f"tests: {wall_s:.0f} s wall on {len(workers)} pytest process(es), {sum(tests_cpu.values()):.0f} CPU s "
+             f"of the {cores * wall_s:.0f} its {cores} cores had ({cpu_by_kind_text(tests_cpu)}); "
              f"guests booted: {', '.join(f'{n} {k}' for k, n in sorted(guests.items())) or 'none'}; "
              f"at most {peak} Linux guests ran at once.", "",
              "## Set-up (make test's prerequisites; a step that found all of it in the cache takes a second or two)", "",
-             "| step | seconds | result |", "|---|---|---|"]
-    lines += [f"| {step} | {seconds:.0f} | {how} |" for step, seconds, how in setup]
-    lines += ["", "## Test modules, longest first (wall time from the first setup to the last teardown)", "",
-              "| module | worker | wall s | tests | failed | guests booted | guest-seconds | peak Linux guests |",
-              "|---|---|---|---|---|---|---|---|"]
+             "| step | seconds | CPU s | result |", "|---|---|---|---|"]
+    lines += [f"| {step.name} | {step.seconds:.0f} | {cpu_text(step.cpu_seconds)} | {step.result} |" for step in setup]
+    lines += ["", "## Test modules, longest first (wall time from the first setup to the last teardown; CPU seconds "
+              "of its worker's processes while it ran)", "",
+              "| module | worker | wall s | CPU s | CPU s by kind | tests | failed | guests booted | guest-seconds "
+              "| peak Linux guests |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for m in modules:
         guest_s = ", ".join(f"{kind} {s:.0f}" for kind, s in sorted(m["guest_seconds"].items())) or "-"
-        lines.append(f"| {m['module']} | {m['worker']} | {m['ended'] - m['started']:.0f} | {m['tests']} | "
-                     f"{m['failed']} | {guests_text(m)} | {guest_s} | {m['peak_linux_guests']} |")
+        lines.append(f"| {m['module']} | {m['worker']} | {m['ended'] - m['started']:.0f} | {module_cpu_s(m):.0f} | "
+                     f"{cpu_by_kind_text(m.get('cpu_seconds', {}))} | {m['tests']} | {m['failed']} | "
+                     f"{guests_text(m)} | {guest_s} | {m['peak_linux_guests']} |")
     for profile in sorted(TIMING_DIR.glob("boot-*.txt")):
         image = profile.stem.removeprefix("boot-")
         text = profile.read_text()
@@ -380,9 +537,10 @@ def write_report(ended: float, commit: str) -> Report:
     TIMING_DIR.mkdir(parents=True, exist_ok=True)
     (TIMING_DIR / "report.md").write_text(markdown)
     summary = [lines[2]]
-    summary += [f"  set-up {step}: {seconds:.0f} s ({how})" for step, seconds, how in setup if seconds >= 5]
-    summary += [f"  {m['ended'] - m['started']:6.0f} s  {m['module']} [{m['worker']}] ({guests_text(m)})"
-                for m in modules[:15]]
+    summary += [f"  set-up {step.name}: {step.seconds:.0f} s, {cpu_text(step.cpu_seconds)} CPU s ({step.result})"
+                for step in setup if step.seconds >= 5]
+    summary += [f"  {m['ended'] - m['started']:6.0f} s {module_cpu_s(m):6.0f} CPU s  {m['module']} [{m['worker']}] "
+                f"({guests_text(m)})" for m in modules[:15]]
     summary += boot_lines
     return Report(summary, markdown)
 

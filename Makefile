@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export CAPI_LIBVIRT_CACHE ?= $(HOME)/.cache/capi-libvirt
 
-.PHONY: help system-deps venv trixie-root upstream upstream-control-plane upstream-kubernetes upstream-rest upstream-operator guest-image guest-image-minimal \
+.PHONY: help system-deps venv debian-root trixie-root upstream upstream-control-plane upstream-kubernetes upstream-rest upstream-operator guest-image guest-image-minimal \
 	guest-image-node prerequisites manifests lint lint-checks lock lock-check image test test-whole-cluster test-fast bench bench-scale bench-scale-chaos run demo clean \
 	release-manifests templates reference docs test-other-pythons
 
@@ -81,13 +81,18 @@ upstream-kubernetes: system-deps
 upstream-control-plane: system-deps
 	@$(TIMED) upstream-control-plane hack/build-upstream.sh control-plane
 
+# The bookworm minbase root (hack/debian-root.sh, cached) the guest images and the operator image's base stand-in start
+# from: debootstrapped once, before them, rather than by each beside the others.
+debian-root: system-deps
+	@$(TIMED) debian-root hack/debian-root.sh
+
 # Both flavors: the minimal image, and the Kubernetes node image (it carries the kubelet and kubeadm of `upstream`).
 guest-image: guest-image-minimal guest-image-node
 
-guest-image-minimal: system-deps
+guest-image-minimal: debian-root
 	@$(TIMED) guest-image-minimal hack/build-guest-image.sh minimal
 
-guest-image-node: system-deps upstream-kubernetes
+guest-image-node: debian-root upstream-kubernetes
 	@$(TIMED) guest-image-node hack/build-guest-image.sh node
 
 # The operator image from the Dockerfile, with buildah (no Docker engine); the base image is a local stand-in when no

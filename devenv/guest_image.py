@@ -5,9 +5,10 @@ beside it (direct kernel boot). `node`: a Kubernetes node image (containerd, kub
 `kubeadm join`) on a partitioned qcow2 that boots itself through extlinux, so a machine needs no kernelBoot.
 
 The script keeps the minimal image under paths.guest_image_dir()/<recipe-hash>/, the hash being the start of the
-sha256 of the script itself, and the node image under node-<recipe-hash>/, whose hash also covers the Kubernetes
-version (the script's, hack/image-archive.py's and api/pod_network.py's bytes, then `flavor=node` and
-`kubernetes=<version>` lines). This module hashes the same way, so
+sha256 of the script itself and hack/debian-root.sh (the root both flavors start from), and the node image under
+node-<recipe-hash>/, whose hash also covers the Kubernetes version (the script's, hack/debian-root.sh's,
+hack/image-archive.py's and api/pod_network.py's bytes, then `flavor=node` and `kubernetes=<version>` lines). This
+module hashes the same way, so
 both agree on which image belongs to the current recipe. The script is found through $CAPI_LIBVIRT_GUEST_IMAGE_SCRIPT,
 else at hack/build-guest-image.sh of the source tree this package is loaded from (an editable install or a checkout on
 PYTHONPATH).
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 SCRIPT_ENV = "CAPI_LIBVIRT_GUEST_IMAGE_SCRIPT"
 SCRIPT_IN_REPO = pathlib.Path("hack") / "build-guest-image.sh"
+ROOT_SCRIPT = "debian-root.sh"  # beside the script: the Debian root both flavors start from
 MARKER = "READY"  # the script writes it last; a folder without it is not an image
 HASH_LENGTH = 16  # hex digits; the script cuts its sha256sum to the same length
 MINIMAL = "minimal"
@@ -92,11 +94,12 @@ def check_flavor(flavor: str) -> None:
 
 
 def recipe_hash(script: pathlib.Path, flavor: str = MINIMAL, kubernetes_version: str | None = None) -> str:
-    """The same hash the script computes: `sha256sum SCRIPT | cut -c1-16` for minimal; for node, of the script, the
-    image-archive.py beside it and the product's api/pod_network.py (the pod network's image references), followed
-    by `flavor=node` and `kubernetes=VERSION` lines (default: paths.KUBERNETES_VERSION, as the script's)."""
+    """The same hash the script computes: `cat SCRIPT debian-root.sh | sha256sum | cut -c1-16` for minimal (the
+    debian-root.sh beside it); for node, of those two, the image-archive.py beside them and the product's
+    api/pod_network.py (the pod network's image references), followed by `flavor=node` and `kubernetes=VERSION` lines
+    (default: paths.KUBERNETES_VERSION, as the script's)."""
     check_flavor(flavor)
-    data = script.read_bytes()
+    data = script.read_bytes() + (script.parent / ROOT_SCRIPT).read_bytes()
     if flavor == NODE:
         data += (script.parent / "image-archive.py").read_bytes()
         data += pathlib.Path(pod_network.__file__).read_bytes()

@@ -3,9 +3,9 @@
 #
 #   hack/build-guest-image.sh [--folder] [minimal|node]      (default: minimal)
 #
-# minimal: a debootstrapped bookworm root file system with cloud-init and the QEMU guest agent, as a compressed qcow2
-#   whose whole disk is the ext4 root (/dev/vda), plus the kernel and initrd beside it for direct kernel boot.
-# node: a Kubernetes node image in the manner of image-builder's: the same base plus containerd, runc, the CNI
+# minimal: a bookworm root file system with cloud-init and the QEMU guest agent, as a compressed qcow2 whose whole
+#   disk is the ext4 root (/dev/vda), plus the kernel and initrd beside it for direct kernel boot.
+# node: a Kubernetes node image in the manner of image-builder's: the same root plus containerd, runc, the CNI
 #   plugins, kubelet and kubeadm (from $CAPI_LIBVIRT_CACHE/bin, built by hack/build-upstream.sh), configured as a
 #   kubeadm-based node (a kubelet that waits for `kubeadm init` or `join`, containerd on the systemd cgroup driver, a
 #   bridge CNI network), with every image `kubeadm config images list` names already in containerd's store: the
@@ -14,11 +14,14 @@
 #   run time. keepalived is installed (not enabled) for a control-plane endpoint held as a virtual IP. It boots from
 #   its own disk: an MBR disk with one bootable ext4 partition labelled root, syslinux's MBR and extlinux in
 #   /boot/extlinux. No file besides the disk.
+# Both start from hack/debian-root.sh's cached root of bookworm's minbase and the guest packages (made once, shared by
+# the two flavors); the node flavor installs its own packages on top.
 #
 # Each image lands in $CAPI_LIBVIRT_CACHE/images/ (default cache ~/.cache/capi-libvirt): minimal in <recipe-hash>/,
-# node in node-<recipe-hash>/. The minimal recipe hash is the start of the sha256 of this very file; the node one is
-# that of this file, hack/image-archive.py and src/capi_libvirt/api/pod_network.py (the pod network's images) followed
-# by the lines `flavor=node` and `kubernetes=$KUBERNETES_VERSION`,
+# node in node-<recipe-hash>/. The minimal recipe hash is the start of the sha256 of this very file and
+# hack/debian-root.sh; the node one is that of this file, hack/debian-root.sh, hack/image-archive.py and
+# src/capi_libvirt/api/pod_network.py (the pod network's images) followed by the lines `flavor=node` and
+# `kubernetes=$KUBERNETES_VERSION`,
 # so a new Kubernetes version builds a new image. Any change to the recipe below builds new images; an unchanged recipe only checks the
 # cache. src/capi_libvirt/devenv/guest_image.py computes the same hashes. `--folder` prints the folder of the current
 # recipe and builds nothing.
@@ -41,7 +44,6 @@ for arg in "$@"; do
   esac
 done
 
-suite=bookworm
 # python3-cffi-backend must be named: cloud-init needs it, and minbase does not pull it in.
 packages=systemd-sysv,udev,dbus,kmod,linux-image-cloud-amd64,initramfs-tools,cloud-init,python3-cffi-backend
 packages+=,qemu-guest-agent,netbase,iproute2
@@ -72,6 +74,7 @@ log() { printf '[build-guest-image] %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
 script=$(readlink -f "${BASH_SOURCE[0]}")
+debian_root="$(dirname "$script")/debian-root.sh"
 image_archive="$(dirname "$script")/image-archive.py"
 images="$CAPI_LIBVIRT_CACHE/images"
 # The pod network's images carry the references the flavors' flannel manifest names (src/capi_libvirt/api/pod_network.py).
@@ -80,11 +83,11 @@ pod_network="$repo/src/capi_libvirt/api/pod_network.py"
 read -r flannel_version flannel_image cni_plugin_image < <(PYTHONPATH="$repo/src" python3 -c \
   'from capi_libvirt.api import pod_network as p; print(p.FLANNEL_VERSION, p.FLANNEL_IMAGE, p.CNI_PLUGIN_IMAGE)')
 if [ "$flavor" = node ]; then
-  recipe_hash=$({ cat "$script" "$image_archive" "$pod_network"; printf 'flavor=node\nkubernetes=%s\n' "$KUBERNETES_VERSION"; } \
+  recipe_hash=$({ cat "$script" "$debian_root" "$image_archive" "$pod_network"; printf 'flavor=node\nkubernetes=%s\n' "$KUBERNETES_VERSION"; } \
     | sha256sum | cut -c1-16)
   out="$images/node-$recipe_hash"
 else
-  recipe_hash=$(sha256sum "$script" | cut -c1-16)
+  recipe_hash=$(cat "$script" "$debian_root" | sha256sum | cut -c1-16)
   out="$images/$recipe_hash"
 fi
 
@@ -126,7 +129,7 @@ if [ "$flavor" = node ]; then
     printf '  %s\n' "${missing[@]}" >&2
     exit 1
   fi
-  [ "$(id -u)" -eq 0 ] || die "the node image needs root (debootstrap, loop devices and a mount for extlinux)"
+  [ "$(id -u)" -eq 0 ] || die "the node image needs root (chroot, loop devices and a mount for extlinux)"
 fi
 
 mkdir -p "$images"
@@ -139,8 +142,8 @@ if [ -f "$out/$marker" ]; then
   exit 0
 fi
 
-# unmount_below DIR: debootstrap mounts /proc and /sys inside the root, and the node flavor mounts its partition for
-# extlinux; an interrupted run may leave them mounted, and removing the folder must never walk into them.
+# unmount_below DIR: the node flavor mounts its partition for extlinux; an interrupted run may leave it mounted, and
+# removing the folder must never walk into it.
 unmount_below() {
   local dir=$1 target
   findmnt -rn -o TARGET | awk -v d="$dir/" 'index($0, d) == 1' | sort -r | while read -r target; do
@@ -177,8 +180,8 @@ done
 
 # interruptible CMD...: run a long step as a job of its own process group (job control on for that one start) with
 # its output in the build log, and wait for it. bash runs a trap only once a foreground command has ended; `wait`
-# returns at once instead, so an interrupt ends the whole group (debootstrap's dpkg children included) before the
-# build folder is removed.
+# returns at once instead, so an interrupt ends the whole group (apt's dpkg children included) before the build folder
+# is removed.
 step_pgid=
 interruptible() {
   set -m
@@ -199,7 +202,7 @@ end_running_step() {
   [ -n "$step_pgid" ] || return 0
   kill -TERM -- "-$step_pgid" 2>/dev/null || true
   wait "$step_pgid" 2>/dev/null || true
-  # Whatever of the group outlived its leader (a dpkg run by debootstrap) must not write into a folder being removed.
+  # Whatever of the group outlived its leader (a dpkg run by apt) must not write into a folder being removed.
   kill -KILL -- "-$step_pgid" 2>/dev/null || true
 }
 
@@ -224,13 +227,15 @@ root="$work/root"
 build_log="$work/build.log"
 
 started=$SECONDS
-include=$packages
-[ "$flavor" = node ] && include+=",$node_packages"
-log "debootstrap $suite ($flavor) into $root (a minute or two)"
-interruptible debootstrap --variant=minbase --include="$include" "$suite" "$root" "$DEBIAN_MIRROR"
-unmount_below "$root"
+log "the Debian root with the $flavor packages into $root"
+if [ "$flavor" = node ]; then
+  interruptible "$debian_root" --into "$root" "$packages" "$node_packages"
+else
+  interruptible "$debian_root" --into "$root" "$packages"
+fi
+suite=$(sed -n 's/^VERSION_CODENAME=//p' "$root/etc/os-release")
 
-log "configuring the image (debootstrap took $((SECONDS - started)) s)"
+log "configuring the image (the root took $((SECONDS - started)) s)"
 if [ "$flavor" = node ]; then
   echo 'LABEL=root / ext4 defaults,errors=remount-ro 0 1' >"$root/etc/fstab"
 else
@@ -240,7 +245,7 @@ fi
 : >"$root/etc/machine-id"
 rm -f "$root/var/lib/dbus/machine-id"
 echo debian >"$root/etc/hostname"
-# debootstrap copies the build machine's resolver; a guest must not inherit it.
+# The root comes with the build machine's resolver (for apt); a guest must not inherit it.
 rm -f "$root/etc/resolv.conf"
 
 mkdir -p "$root/etc/systemd/network"
@@ -519,7 +524,8 @@ else
 fi
 
 # Trim what a guest never needs to save space in the image.
-rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/var/log/*.log
+rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin "$root"/var/lib/apt/lists/* "$root"/var/log/*.log \
+  "$root"/var/log/apt/*
 
 log "making the file system and the qcow2 disk ($((SECONDS - started)) s so far)"
 if [ "$flavor" = node ]; then

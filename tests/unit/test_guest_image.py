@@ -20,9 +20,11 @@ SCRIPT = REPO / "hack" / "build-guest-image.sh"
 
 @pytest.fixture
 def cache(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
-    """An empty cache and a recipe script (and image tool) of our own, so the folders are known and nothing real is touched."""
+    """An empty cache and a recipe script (and its root and image tool) of our own, so the folders are known and nothing
+    real is touched."""
     script = tmp_path / "build-guest-image.sh"
     script.write_text("#!/usr/bin/env bash\n# a recipe\n")
+    (tmp_path / gi.ROOT_SCRIPT).write_text("#!/usr/bin/env bash\n# its root\n")
     (tmp_path / "image-archive.py").write_text("# its image tool\n")
     monkeypatch.setenv("CAPI_LIBVIRT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(gi.SCRIPT_ENV, str(script))
@@ -35,15 +37,17 @@ def finish(folder: pathlib.Path, *files: str) -> None:
         (folder / name).write_bytes(b"x")
 
 
-def test_minimal_hash_is_the_scripts_sha256() -> None:
-    assert gi.recipe_hash(SCRIPT) == hashlib.sha256(SCRIPT.read_bytes()).hexdigest()[:16]
+def test_minimal_hash_is_the_sha256_of_the_script_and_its_root() -> None:
+    root = SCRIPT.parent / "debian-root.sh"
+    assert gi.recipe_hash(SCRIPT) == hashlib.sha256(SCRIPT.read_bytes() + root.read_bytes()).hexdigest()[:16]
     assert gi.recipe_hash(SCRIPT, gi.MINIMAL) == gi.recipe_hash(SCRIPT)
 
 
-def test_node_hash_covers_the_script_its_image_tool_the_pod_network_and_the_kubernetes_version() -> None:
+def test_node_hash_covers_the_script_its_root_its_image_tool_the_pod_network_and_the_kubernetes_version() -> None:
+    root = SCRIPT.parent / "debian-root.sh"
     tool = SCRIPT.parent / "image-archive.py"
     pod_network = SCRIPT.parent.parent / "src" / "capi_libvirt" / "api" / "pod_network.py"
-    expected = hashlib.sha256(SCRIPT.read_bytes() + tool.read_bytes() + pod_network.read_bytes()
+    expected = hashlib.sha256(SCRIPT.read_bytes() + root.read_bytes() + tool.read_bytes() + pod_network.read_bytes()
                               + b"flavor=node\nkubernetes=v1.35.4\n").hexdigest()[:16]
     assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.4") == expected
     assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.5") != expected

@@ -97,7 +97,7 @@ guest-image-node: debian-root upstream-kubernetes
 
 # The operator image from the Dockerfile, with buildah (no Docker engine); the base image is a local stand-in when no
 # registry serves it (hack/make-base-image.sh). Tagged as config/manager names it; prints the reference and size.
-image: system-deps
+image: debian-root
 	@$(TIMED) image hack/build-image.sh
 
 # Debian 13's libvirt and QEMU, in a root file system the newer-libvirt test host runs its daemons from (cached).

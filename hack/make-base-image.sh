@@ -17,12 +17,13 @@
 # Debian's (/usr/local/share/ca-certificates: an egress proxy's), with an /etc/pip.conf pointing pip at the system's
 # bundle. The image carries the label io.capi-libvirt.stand-in=<recipe hash>.
 #
-# Cached: the root file system is debootstrapped once per recipe (the sha256 of this file, the image name and what it
-# takes from this host) into $CAPI_LIBVIRT_CACHE/image/base-<hash>/rootfs.tar (default cache ~/.cache/capi-libvirt);
+# Cached: the root file system is made once per recipe (the sha256 of this file, hack/debian-root.sh, the image name
+# and what it takes from this host), from hack/debian-root.sh's cached bookworm minbase root, into
+# $CAPI_LIBVIRT_CACHE/image/base-<hash>/rootfs.tar (default cache ~/.cache/capi-libvirt);
 # an image already in containers-storage with the current recipe's label returns at once, and a fresh
 # containers-storage re-imports the tarball in about a second. An image of that name without the label (a real one,
 # pulled) is left alone. The build happens in a temporary folder renamed into place once complete, so an interrupted
-# build leaves nothing that looks finished. Needs root (debootstrap, chroot) and podman. Prints the image name.
+# build leaves nothing that looks finished. Needs root (chroot) and podman. Prints the image name.
 set -euo pipefail
 
 : "${CAPI_LIBVIRT_CACHE:=$HOME/.cache/capi-libvirt}"
@@ -32,7 +33,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 script="$here/$(basename "${BASH_SOURCE[0]}")"
 repo=$(dirname "$here")
-suite=bookworm
+debian_root="$here/debian-root.sh"
 label=io.capi-libvirt.stand-in
 
 log() { printf '[make-base-image] %s\n' "$*" >&2; }
@@ -52,9 +53,10 @@ case "$image" in
 esac
 command -v podman >/dev/null || die "podman is missing (hack/install-system-deps.sh, or apt-get install podman buildah)"
 
-# The recipe: this file, the image name, and what it takes from this host (mirrors, apt settings, local CAs).
+# The recipe: this file, the root's, the image name, and what it takes from this host (mirrors, apt settings, local
+# CAs).
 recipe=$({
-  cat "$script"
+  cat "$script" "$debian_root"
   printf 'image=%s\nmirror=%s\nsecurity=%s\n' "$image" "$DEBIAN_MIRROR" "$DEBIAN_SECURITY_MIRROR"
   cat /etc/apt/apt.conf.d/99artifact-registry 2>/dev/null || true
   apt-config dump | grep -E '^Acquire::(https?|ftp)::Proxy' || true
@@ -79,20 +81,18 @@ if podman image exists "$image"; then
 fi
 
 if [ ! -f "$out/READY" ]; then
-  [ "$(id -u)" -eq 0 ] || die "building the base image needs root (debootstrap, chroot)"
-  command -v debootstrap >/dev/null || die "debootstrap is missing (apt-get install debootstrap)"
+  [ "$(id -u)" -eq 0 ] || die "building the base image needs root (chroot)"
   mkdir -p "$CAPI_LIBVIRT_CACHE/image"
   tmp=$(mktemp -d "$CAPI_LIBVIRT_CACHE/image/.base-$recipe.XXXXXX")
-  # Mounts (debootstrap's /proc and /sys, ours) live in private mount namespaces (unshare -m) and vanish with them, so
+  # Mounts (hack/debian-root.sh's /proc and /sys, ours) live in private mount namespaces (unshare -m) and vanish with them, so
   # removing the folder from here never reaches into a mounted /proc.
   trap 'rm -rf "$tmp"' EXIT
   root="$tmp/rootfs"
   started=$SECONDS
 
-  log "debootstrap $suite (minbase) into $root (a minute or two)"
-  unshare --mount --propagation private \
-    debootstrap --variant=minbase "$suite" "$root" "$DEBIAN_MIRROR" >"$tmp/debootstrap.log" 2>&1 \
-    || { tail -n 30 "$tmp/debootstrap.log" >&2; die "debootstrap failed"; }
+  log "the Debian minbase root into $root"
+  "$debian_root" --into "$root"
+  suite=$(sed -n 's/^VERSION_CODENAME=//p' "$root/etc/os-release")
 
   # The official image's apt sources (deb822, with -updates and -security), on this host's mirror.
   rm -f "$root/etc/apt/sources.list"

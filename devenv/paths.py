@@ -7,7 +7,7 @@ import pathlib
 
 # Upstream versions the test bed runs; hack/build-upstream.sh builds the same ones (keep them in step).
 KUBERNETES_VERSION = os.environ.get("KUBERNETES_VERSION", "v1.35.4")
-ETCD_VERSION = os.environ.get("ETCD_VERSION", "v3.6.16")
+ETCD_VERSION = os.environ.get("ETCD_VERSION", "v3.6.6")
 CLUSTER_API_VERSION = os.environ.get("CLUSTER_API_VERSION", "v1.12.8")
 KUSTOMIZE_VERSION = os.environ.get("KUSTOMIZE_VERSION", "v5.8.1")
 # A pseudo-version: the Go module proxy serves no tagged cluster-autoscaler release.

@@ -61,9 +61,9 @@ node_disk_size=4G          # sparse: room for container images and logs
 partition_start_sectors=2048   # 1 MiB
 pause_version=3.10.1       # kubeadm 1.35's sandbox image (constants.PauseVersion); containerd's sandbox_image
 sandbox_image="registry.k8s.io/pause:$pause_version"
-: "${NODE_ETCD_VERSION:=v3.6.6}"    # kubeadm 1.35's etcd (constants.SupportedEtcdVersion), as hack/build-upstream.sh
+: "${ETCD_VERSION:=v3.6.6}"    # kubeadm 1.35's etcd (constants.SupportedEtcdVersion), as hack/build-upstream.sh
 : "${COREDNS_VERSION:=v1.13.1}"     # kubeadm 1.35's CoreDNS (constants.CoreDNSVersion), as hack/build-upstream.sh
-etcd_image="registry.k8s.io/etcd:${NODE_ETCD_VERSION#v}-0"
+etcd_image="registry.k8s.io/etcd:${ETCD_VERSION#v}-0"
 coredns_image="registry.k8s.io/coredns/coredns:$COREDNS_VERSION"
 pod_subnet=100.96.0.0/24   # the bridge stand-in's: not a private range; every node may use the same one
 # extlinux (syslinux 6.04) reads ext4, but not these newer features of bookworm's mke2fs.
@@ -98,7 +98,7 @@ fi
 
 kubelet_binary="$CAPI_LIBVIRT_CACHE/bin/kubelet-$KUBERNETES_VERSION"
 kubeadm_binary="$CAPI_LIBVIRT_CACHE/bin/kubeadm-$KUBERNETES_VERSION"
-etcd_binary="$CAPI_LIBVIRT_CACHE/bin/etcd-$NODE_ETCD_VERSION"
+etcd_binary="$CAPI_LIBVIRT_CACHE/bin/etcd-$ETCD_VERSION"
 coredns_binary="$CAPI_LIBVIRT_CACHE/bin/coredns-$COREDNS_VERSION"
 flanneld_binary="$CAPI_LIBVIRT_CACHE/bin/flanneld-$flannel_version"
 install_conf_binary="$CAPI_LIBVIRT_CACHE/bin/flannel-install-conf-$flannel_version"

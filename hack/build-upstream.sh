@@ -21,10 +21,10 @@ group=${1:-all}
 case "$group" in control-plane|kubernetes|rest|operator|all) ;; *) echo "usage: $0 [control-plane|kubernetes|rest|operator|all]" >&2; exit 2 ;; esac
 
 : "${KUBERNETES_VERSION:=v1.35.4}"
-: "${ETCD_VERSION:=v3.6.16}"
 # The control-plane images of the node image carry what kubeadm $KUBERNETES_VERSION asks for (`kubeadm config images
-# list`): its etcd (constants.SupportedEtcdVersion, image tag 3.6.6-0) and CoreDNS (constants.CoreDNSVersion).
-: "${NODE_ETCD_VERSION:=v3.6.6}"
+# list`): its etcd (constants.SupportedEtcdVersion, image tag 3.6.6-0) and CoreDNS (constants.CoreDNSVersion). The test
+# bed's own etcd is the same build.
+: "${ETCD_VERSION:=v3.6.6}"
 : "${COREDNS_VERSION:=v1.13.1}"
 : "${CLUSTER_API_VERSION:=v1.12.8}"
 : "${KUSTOMIZE_VERSION:=v5.8.1}"
@@ -191,7 +191,6 @@ build_single() {  # build_single OUTPUT BUILDER ARGS...: a builder that leaves o
   rm -rf "$out"
 }
 etcd_build() { go_build_in_scratch go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "" "$1" go.etcd.io/etcd/server/v3; }
-node_etcd_build() { go_build_in_scratch go.etcd.io/etcd/server/v3 "$NODE_ETCD_VERSION" "" "$1" go.etcd.io/etcd/server/v3; }
 coredns_build() { go_install "$COREDNS_VERSION" "" "$1" github.com/coredns/coredns; }
 kustomize_build() { go_install "$KUSTOMIZE_VERSION" "" "$1" sigs.k8s.io/kustomize/kustomize/v5; }
 operator_build() { go_install "$CLUSTER_API_OPERATOR_VERSION" "" "$1" sigs.k8s.io/cluster-api-operator/cmd; }
@@ -237,10 +236,10 @@ agnhost_build() {
     -- "${replaces[@]}"
 }
 
-# What the node image's images carry besides the Kubernetes commands: etcd and CoreDNS at the versions kubeadm asks for
-# (the test bed's own etcd, $ETCD_VERSION, may differ), and flannel.
+# What the node image's images carry besides the Kubernetes commands: etcd and CoreDNS at the versions kubeadm asks for,
+# and flannel.
 build_node_image_inputs() {
-  local etcd="$bin/etcd-$NODE_ETCD_VERSION" coredns="$bin/coredns-$COREDNS_VERSION"
+  local coredns="$bin/coredns-$COREDNS_VERSION"
   local flanneld="$bin/flanneld-$flannel_version" install_conf="$bin/flannel-install-conf-$flannel_version"
   local cni_plugin="$bin/flannel-cni-plugin-$flannel_cni_plugin_source" out
   if [ ! -x "$flanneld" ] || [ ! -x "$install_conf" ]; then
@@ -254,8 +253,7 @@ build_node_image_inputs() {
   ln -sfn "$cni_plugin" "$bin/flannel-cni-plugin"
   [ -x "$bin/agnhost-$KUBERNETES_VERSION" ] || build agnhost "agnhost of Kubernetes $KUBERNETES_VERSION for the node image (a few minutes on 2 cores, once)" \
     build_single "$bin/agnhost-$KUBERNETES_VERSION" agnhost_build
-  [ -x "$etcd" ] || build node-etcd "etcd $NODE_ETCD_VERSION for the node image (a minute or two on 2 cores, once)" \
-    build_single "$etcd" node_etcd_build
+  build_etcd
   [ -x "$coredns" ] || build coredns "CoreDNS $COREDNS_VERSION for the node image (a few minutes on 2 cores, once)" \
     build_single "$coredns" coredns_build
 }

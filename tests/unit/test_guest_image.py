@@ -60,7 +60,7 @@ def test_node_hash_follows_kubernetes_version_of_the_environment(monkeypatch: py
     assert gi.recipe_hash(SCRIPT, gi.NODE) == gi.recipe_hash(SCRIPT, gi.NODE, "v9.9.9")
 
 
-@pytest.mark.parametrize("variable", ["NODE_ETCD_VERSION", "COREDNS_VERSION"])
+@pytest.mark.parametrize("variable", ["ETCD_VERSION", "COREDNS_VERSION"])
 def test_script_and_upstream_build_agree_on_the_control_plane_images_versions(variable: str) -> None:
     pattern = re.compile(r'^: "\$\{' + variable + r':=(v[0-9.]+)\}"', re.M)
     assert pattern.search(SCRIPT.read_text()).group(1) == \

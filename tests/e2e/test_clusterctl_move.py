@@ -15,12 +15,15 @@ restarted); the target management cluster is made while the worker joins:
   creates;
 - libvirt reports no lifecycle event at all (define, undefine, start, stop, ...) from before the move until the
   Cluster is deleted on the target: the domain keeps its UUID, name, libvirt ID and state, the pool its volumes;
-- on the target: the same providerID, a new UID, the identity annotation naming the source's UID; the LibvirtMachine's
-  status rebuilt (host, domainUUID, addresses, ready, provisioned) by the running manager; the Machine Running with the
+- before the move: the source's LibvirtMachine carries the identity annotation naming its own UID (placement wrote
+  it), its domain's UUID is derived from that UID, and its overlay is in the pool;
+- on the target: the same providerID, a new UID, the finalizer and the identity annotation naming the source's UID
+  (copied); the LibvirtMachine's status rebuilt (host, domainUUID, addresses, ready, provisioned) by the running manager; the Machine Running with the
   same Node (the same object: its UID unchanged); the LibvirtHost Ready and the Secret owned by the target's host; the
   domain's owner metadata rewritten in place to name the target management cluster (for its orphan collector);
 - on the source: no Cluster, Machine, LibvirtCluster or LibvirtMachine left; the LibvirtHost and its Secret stay (move
-  never deletes global objects); no event of our manager says it placed or defined anything;
+  never deletes global objects); our manager released the LibvirtMachine clusterctl deleted for move with a
+  DeletedForMove event, and no event of it says it placed, defined or deleted anything;
 - deleting the Cluster on the target shuts the domain down and undefines it once (no other event) and removes every
   volume.
 """
@@ -41,6 +44,7 @@ from kubernetes_asyncio import client, config
 
 from capi_libvirt.api import meta, templates
 from capi_libvirt.core import naming
+from capi_libvirt.reconcile.machine import FINALIZER
 from devenv import base_image, clusterctl_repository, management_cluster, node_joins, workload_cluster
 from devenv import control_plane as cp
 from devenv import remote_access as ra
@@ -50,7 +54,7 @@ from guests import host_state, owner_of
 from kubeadm_workers import create, worker_objects
 
 from prereq import require
-from waiting import Clock, wait_for
+from waiting import EVENT_POSTED_S, Clock, Pending, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -236,9 +240,13 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
             node = source.plane.request("GET", f"/api/v1/nodes/{machine['status']['nodeRef']['name']}")
             source_host = source.plane.request("GET", f"{INFRA}/libvirthosts/{HOST}")
             before = host_state(host)
-            domain_uuid = infra["status"]["domainUUID"]
-            source_reasons = event_reasons(source.plane, infra["metadata"]["uid"])
+            domain_uuid, source_uid = infra["status"]["domainUUID"], infra["metadata"]["uid"]
+            source_reasons = event_reasons(source.plane, source_uid)
             assert list(before["domains"]) == [domain_uuid] and before["domains"][domain_uuid][2] == 1, before
+            assert infra["metadata"]["annotations"][naming.IDENTITY_ANNOTATION] == source_uid  # written by placement
+            assert domain_uuid == naming.domain_uuid(source_uid)
+            assert naming.overlay_volume_name(NAMESPACE, infra["metadata"]["name"], source_uid) in before["volumes"], \
+                before
 
             cluster_namespace(target_bed.plane)
             with running(target_bed.operator(tmp_path / "target-pod")), DomainEvents(host.uri) as events:
@@ -258,7 +266,12 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
                 assert get(source.plane, f"{INFRA}/libvirthosts/{HOST}")["metadata"]["uid"] == \
                     source_host["metadata"]["uid"]
                 assert get(source.plane, f"{SECRETS}/{HOST}") is not None
-                since = event_reasons(source.plane, infra["metadata"]["uid"]) - source_reasons
+
+                def released_for_move() -> collections.Counter[str] | Pending:
+                    since = event_reasons(source.plane, source_uid) - source_reasons
+                    return since if since["DeletedForMove"] else Pending(reasons=dict(since))
+                since = await asyncio.to_thread(wait_for, "the source's DeletedForMove event", released_for_move,
+                                                EVENT_POSTED_S)
                 assert not {"Placed", "DomainDefined", "Deleted"} & set(since), f"the source's manager: {since}"
 
                 # The target: the same machine, adopted by the manager that was already running.
@@ -271,11 +284,13 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
                         (status.get("initialization") or {}).get("provisioned") else None
                 copy = await asyncio.to_thread(wait_for, "the moved LibvirtMachine adopted", adopted, ADOPT_DEADLINE_S)
                 clock.mark("LibvirtMachine adopted on the target (status rebuilt)")
-                assert copy["metadata"]["uid"] != infra["metadata"]["uid"]
+                assert copy["metadata"]["uid"] != source_uid
+                assert FINALIZER in copy["metadata"]["finalizers"]
                 assert copy["spec"]["providerID"] == infra["spec"]["providerID"] == \
                     f"libvirt://{HOST}/{domain_uuid}"
-                assert copy["metadata"]["annotations"][naming.IDENTITY_ANNOTATION] == infra["metadata"]["uid"]
+                assert copy["metadata"]["annotations"][naming.IDENTITY_ANNOTATION] == source_uid
                 assert copy["status"]["host"] == HOST and copy["status"]["domainUUID"] == domain_uuid
+                assert copy["status"]["initialization"] == {"provisioned": True}
                 assert copy["status"]["addresses"] == infra["status"]["addresses"]
                 assert not {"Placed", "DomainDefined"} & set(event_reasons(target_bed.plane, copy["metadata"]["uid"]))
 
@@ -303,7 +318,7 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
                 await asyncio.to_thread(wait_for, "the domain's owner metadata naming the target",
                                         lambda: owner_of(host, domain_uuid).management_cluster == target_id,
                                         ADOPT_DEADLINE_S)
-                assert owner_of(host, domain_uuid).uid == infra["metadata"]["uid"]
+                assert owner_of(host, domain_uuid).uid == source_uid
                 assert host_state(host) == before, "same domain (UUID, name, libvirt ID, state) and volumes"
                 assert events.events == [], "no define, undefine, start or stop during the move and the adoption"
 

@@ -35,8 +35,8 @@ def ipxe_qcow2(folder: pathlib.Path, name: str = BASE_VOLUME) -> pathlib.Path:
     return target
 
 
-def upload_base(conn: libvirt.virConnect, pool_name: str, image: pathlib.Path, volume_name: str = BASE_VOLUME) -> None:
-    """The qcow2 image as the volume `volume_name` of the pool."""
+def upload_base(conn: libvirt.virConnect, pool_name: str, image: pathlib.Path, volume_name: str = BASE_VOLUME) -> str:
+    """The qcow2 image as the volume `volume_name` of the pool; returns that name."""
     pool = conn.storagePoolLookupByName(pool_name)
     volume = ET.Element("volume", type="file")
     ET.SubElement(volume, "name").text = volume_name
@@ -45,3 +45,4 @@ def upload_base(conn: libvirt.virConnect, pool_name: str, image: pathlib.Path, v
     created = pool.createXML(ET.tostring(volume, encoding="unicode"), 0)
     with image.open("rb") as source:
         base_image.upload(conn, created, source, image.stat().st_size)
+    return volume_name

@@ -27,13 +27,13 @@ TIERS = ("unit", "integration", "e2e")
 
 # The modules that boot guests of the cached Linux images (the node image, the minimal image), with the most they run
 # at once: each holds that many guest slots for its run. iPXE guests cost almost nothing and are not counted (chaos,
-# host outages, the integration tier).
+# host outages, the Cluster API Operator's machine, the integration tier).
 LINUX_GUEST_MODULES = {
     "test_autoscaler": 2, "test_bridged_addresses": 2, "test_remote_hosts": 2,
     "test_whole_cluster": 2, "test_control_plane_rollout": 2, "test_clusterctl_move": 1,
     "test_clusterctl_init": 1, "test_guest_boot": 1, "test_ipam_pools": 1, "test_machine_crash_consistency": 1,
     "test_machine_lifecycle": 1, "test_machine_shape": 1, "test_operator_image": 1, "test_no_spoofing": 1,
-    "test_newer_libvirt": 1, "test_capi_operator": 1,
+    "test_newer_libvirt": 1,
 }
 # Run one after the other on one worker, first, in this order: the modules that take both slots (another worker's
 # Linux module would only wait for them), then the clusterctl move bed (one node guest, 270 s), then the whole cluster

@@ -33,9 +33,11 @@ def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
 
 
 def host_access(spec: dict) -> dict:
-    """A LibvirtHost's spec.access that allows exactly what `spec` (a machine_spec) uses: its base image, networks,
-    bridges and the folders of its kernel and initrd (tenants may use nothing of a host that is not listed)."""
-    folders = {str(pathlib.PurePosixPath(spec["kernelBoot"][key]).parent) + "/" for key in ("kernel", "initrd")}
+    """A LibvirtHost's spec.access that allows exactly what `spec` (a machine_spec, or devenv.ipxe_image's) uses: its
+    base image, networks, bridges and the folders of its kernel and initrd if it boots one (tenants may use nothing of
+    a host that is not listed)."""
+    boot = spec.get("kernelBoot") or {}
+    folders = {str(pathlib.PurePosixPath(boot[key]).parent) + "/" for key in ("kernel", "initrd") if key in boot}
     return {"images": [spec["image"]["volume"]],
             "networks": [nic["network"] for nic in spec["interfaces"] if nic.get("network")],
             "bridges": [nic["bridge"] for nic in spec["interfaces"] if nic.get("bridge")],

@@ -2,8 +2,8 @@
 the Cluster API Operator in tests/e2e/test_capi_operator.py), proven the same way: what a user applies (the host and
 its credentials, a bootstrap Secret, LibvirtCluster, LibvirtMachineTemplate, Cluster, a MachineDeployment of one),
 Cluster API's controllers making the Machine and the LibvirtMachine, our manager (the pod of the installed
-Deployment) provisioning it over qemu+ssh, the guest running its bootstrap data; then scaled to 0 and deleted, the
-host clean. Plain requests to the API server (these tests drive it synchronously)."""
+Deployment) provisioning it over qemu+ssh (and, for a Linux guest, the guest running its bootstrap data); then scaled
+to 0 and deleted, the host clean. Plain requests to the API server (these tests drive it synchronously)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ import shutil
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+import libvirt
+
 from capi_libvirt.api import meta, templates
 from capi_libvirt.core import naming
-from devenv import base_image, capi_objects, pod_runner
 from devenv import control_plane as cp
+from devenv import pod_runner
 from devenv import remote_access as ra
 from devenv.libvirt_host import LibvirtHost
 from guests import host_access, host_objects
@@ -77,20 +79,21 @@ def condition(document: dict, kind: str) -> str | None:
 
 
 @contextlib.contextmanager
-def ssh_host_with_image(names: Names, subnet: str, link: int, guest_image) -> Iterator[tuple[ra.RemoteAccess, str]]:
-    """A libvirt host reached over qemu+ssh (its own network namespace and link), the cached guest image uploaded
-    into its pool as the base volume: (the access, the volume's name)."""
+def ssh_host_with_image(names: Names, subnet: str, link: int, upload: Callable[[libvirt.virConnect, str], str]
+                        ) -> Iterator[tuple[ra.RemoteAccess, str]]:
+    """A libvirt host reached over qemu+ssh (its own network namespace and link), its base volume put into its pool by
+    `upload(connection, pool name)`, which returns the volume's name: (the access, the volume's name)."""
     for program in ("/usr/sbin/sshd", "ssh", "openssl", "ssh-keygen", "libvirtd", "qemu-system-x86_64"):
         require(shutil.which(program) is not None, f"{program} (make test installs it)")
     with ra.RemoteAccess(LibvirtHost(names.host, subnet), link_index=link) as access:
         with access.host.connect() as conn:
-            volume = base_image.upload_base_image(conn, access.host.pool_name, guest_image)
+            volume = upload(conn, access.host.pool_name)
         yield access, volume
 
 
 def create_objects(plane: cp.LocalControlPlane, names: Names, access: ra.RemoteAccess, spec: dict,
-                   marker: str) -> None:
-    """The host and its credentials, then what a user applies: bootstrap Secret, LibvirtCluster,
+                   user_data: str) -> None:
+    """The host and its credentials, then what a user applies: bootstrap Secret (`user_data`), LibvirtCluster,
     LibvirtMachineTemplate, Cluster, MachineDeployment (1 replica)."""
     plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": names.namespace}})
@@ -112,7 +115,7 @@ def create_objects(plane: cp.LocalControlPlane, names: Names, access: ra.RemoteA
     plane.request("POST", f"/api/v1/namespaces/{names.namespace}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
         "metadata": {"name": names.secret, "labels": {meta.CLUSTER_NAME_LABEL: names.cluster}},
-        "data": {"value": base64.b64encode(capi_objects.marker_user_data(marker).encode()).decode(),
+        "data": {"value": base64.b64encode(user_data.encode()).decode(),
                  "format": base64.b64encode(b"cloud-config").decode()}})
     # The endpoint is only data here (no control plane, nothing connects to it): the test API server's own.
     plane.request("POST", f"{INFRA}/namespaces/{names.namespace}/libvirtclusters", {
@@ -137,7 +140,7 @@ def create_objects(plane: cp.LocalControlPlane, names: Names, access: ra.RemoteA
 
 @dataclasses.dataclass(frozen=True)
 class Provisioned:
-    """The MachineDeployment's Machine and its LibvirtMachine, provisioned and booted."""
+    """The MachineDeployment's Machine and its LibvirtMachine, provisioned."""
 
     machine: dict
     infra: dict
@@ -159,11 +162,10 @@ class Provisioned:
                 naming.serial_log_file_name(*args)]
 
 
-def provisioned_machine(plane: cp.LocalControlPlane, names: Names, pod: pod_runner.PodmanPod, host,
-                        marker: str) -> Provisioned:
+def provisioned_machine(plane: cp.LocalControlPlane, names: Names, pod: pod_runner.PodmanPod, host) -> Provisioned:
     """Cluster API's MachineSet makes the one Machine; our manager (in `pod`) provisions its LibvirtMachine: owned by
-    that Machine, its providerID on both, an address on the host's network; the Machine Provisioned; the bootstrap
-    marker on the guest's console."""
+    that Machine, its providerID on both, an address on the host's network (the guest's DHCP lease); the Machine
+    Provisioned."""
     def machine() -> dict | None:
         found = items(plane, f"{CAPI}/namespaces/{names.namespace}/machines")
         return found[0] if len(found) == 1 else None
@@ -192,11 +194,15 @@ def provisioned_machine(plane: cp.LocalControlPlane, names: Names, pod: pod_runn
         return current if (current.get("status") or {}).get("phase") == "Provisioned" else None
     current = wait_for("the Machine Provisioned", machine_provisioned, 120)
     assert current["spec"]["providerID"] == body["spec"]["providerID"]
-    serial_log = pathlib.Path(host.pool_dir) / result.host_names()[2]
+    return result
+
+
+def bootstrap_ran(host, machine: Provisioned, marker: str) -> None:
+    """The Linux guest ran its bootstrap data (capi_objects.marker_user_data): the marker on its console."""
+    serial_log = pathlib.Path(host.pool_dir) / machine.host_names()[2]
     wait_for("the bootstrap marker on the console",
              lambda: serial_log.exists() and marker in serial_log.read_text(errors="replace"),
              PROVISION_DEADLINE_S, 2.0)
-    return result
 
 
 def scale(plane: cp.LocalControlPlane, names: Names, replicas: int) -> None:

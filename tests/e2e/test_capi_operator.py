@@ -16,7 +16,13 @@ What is proved:
   accepts every one of them: it becomes ready, leads through the Lease the operator named, and runs with the settings
   (its first log line says them);
 - Cluster API's core manager, run from what the operator installed, and our manager provision a MachineDeployment's
-  Machine on a libvirt host over qemu+ssh (the guest runs its bootstrap data); scaled to 0, nothing is left on the host.
+  Machine on a libvirt host over qemu+ssh: the LibvirtMachine owned by the Machine, its providerID on both, its
+  address the DHCP lease the host's network gave the guest, the Machine Provisioned; scaled to 0, nothing is left on
+  the host.
+
+The guest is Debian's iPXE image (devenv/ipxe_image.py): it boots in a second and takes a lease, so "provisioned" is
+real, but it runs no operating system, so nothing runs its bootstrap data here. That a Linux guest provisioned over
+qemu+ssh from an installed provider boots and runs its bootstrap data is tests/e2e/test_clusterctl_init.py's proof.
 
 Stand-ins, and why: no kubelet runs pods here, so the test bed starts each Deployment's pod itself (our manager under
 podman, Cluster API's core manager as a process with the Deployment's args, devenv/capi_controller.py) and writes the
@@ -29,7 +35,6 @@ from __future__ import annotations
 
 import pathlib
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -38,7 +43,7 @@ import yaml
 from capi_libvirt.api import meta, release
 from devenv import capi_controller as capi
 from devenv import capi_operator as op
-from devenv import clusterctl_repository, paths, pod_runner
+from devenv import clusterctl_repository, ipxe_image, paths, pod_runner
 from devenv import control_plane as cp
 from devenv.autoscaling import MANAGEMENT_CLUSTER, KubeControllerManager
 from devenv.cert_manager import NAMESPACE as CERT_MANAGER_NAMESPACE
@@ -46,7 +51,6 @@ from devenv.cert_manager import WEBHOOK_SERVICE as CERT_MANAGER_WEBHOOK
 from devenv.cert_manager import LocalCertManager
 from devenv.management_cluster import OPERATOR, OPERATOR_PORTS
 from devenv.service_address import ServiceAddress, webhook_services
-from guests import machine_spec
 from installed_provider import (
     Names,
     condition,
@@ -215,13 +219,16 @@ def bed(init_repository: clusterctl_repository.Repository,
 
 
 @pytest.fixture(scope="module")
-def ssh_host(guest_image):
-    with ssh_host_with_image(NAMES, SUBNET, LINK, guest_image) as found:
+def ssh_host(tmp_path_factory: pytest.TempPathFactory):
+    require(ipxe_image.IPXE_ISO.exists(), f"{ipxe_image.IPXE_ISO} (Debian's ipxe package, make system-deps)")
+    image = ipxe_image.ipxe_qcow2(tmp_path_factory.mktemp("ipxe"))
+    with ssh_host_with_image(NAMES, SUBNET, LINK,
+                             lambda conn, pool: ipxe_image.upload_base(conn, pool, image)) as found:
         yield found
 
 
 def test_the_operator_installs_our_provider_with_its_manager_settings_and_a_machine_is_provisioned(
-        bed: OperatorBed, operator_image: str, ssh_host, guest_image, tmp_path: pathlib.Path) -> None:
+        bed: OperatorBed, operator_image: str, ssh_host, tmp_path: pathlib.Path) -> None:
     plane = bed.plane
     started = time.monotonic()
     ours = bed.install_ours()
@@ -239,7 +246,6 @@ def test_the_operator_installs_our_provider_with_its_manager_settings_and_a_mach
     assert set(args) >= WRITTEN_ARGS, (sorted(WRITTEN_ARGS - set(args)), args)
     assert args[0] == "run", args  # the subcommand stays first
 
-    marker = f"marker-op-{uuid.uuid4().hex[:10]}"
     pod = pod_runner.PodmanPod(plane, OUR_NAMESPACE, OUR_DEPLOYMENT, tmp_path / "pod",
                                port_map={port: cp.free_port() for port in OPERATOR_PORTS},
                                name=f"pod-{tmp_path.name}-{OUR_DEPLOYMENT}")
@@ -258,9 +264,10 @@ def test_the_operator_installs_our_provider_with_its_manager_settings_and_a_mach
 
         access, volume = ssh_host
         host = access.host
-        create_objects(plane, NAMES, access, machine_spec(host, guest_image, volume), marker)
-        machine = provisioned_machine(plane, NAMES, pod, host, marker)
-        print(f"[operator] a Machine of the MachineDeployment provisioned and booted after "
+        create_objects(plane, NAMES, access, ipxe_image.machine_spec(host.pool_name, host.network_name, volume),
+                       "#cloud-config\n")
+        machine = provisioned_machine(plane, NAMES, pod, host)
+        print(f"[operator] a Machine of the MachineDeployment provisioned after "
               f"{time.monotonic() - started:.1f}s")
         scaled_to_zero_leaves_nothing(plane, NAMES, host, machine)
         delete_everything(plane, NAMES)

@@ -36,8 +36,9 @@ from collections.abc import Iterator
 import pytest
 
 from capi_libvirt.api import meta, release
-from devenv import capi_controller as capi
 from devenv import (
+    base_image,
+    capi_objects,
     clusterctl_init,
     clusterctl_repository,
     management_cluster,
@@ -45,11 +46,13 @@ from devenv import (
     pod_runner,
     service_address,
 )
+from devenv import capi_controller as capi
 from devenv import control_plane as cp
 from devenv.libvirt_host import LibvirtHost
 from guests import machine_spec
 from installed_provider import (
     Names,
+    bootstrap_ran,
     condition,
     create_objects,
     delete_everything,
@@ -107,7 +110,8 @@ def installed(management: management_cluster.ManagementCluster) -> clusterctl_in
 
 @pytest.fixture(scope="module")
 def ssh_host(guest_image):
-    with ssh_host_with_image(NAMES, SUBNET, LINK, guest_image) as found:
+    with ssh_host_with_image(NAMES, SUBNET, LINK,
+                             lambda conn, pool: base_image.upload_base_image(conn, pool, guest_image)) as found:
         yield found
 
 
@@ -236,8 +240,10 @@ def test_a_machine_deployment_is_provisioned_through_what_clusterctl_installed(
     try:
         pod.start()
         pod.wait_ready()
-        create_objects(plane, NAMES, access, machine_spec(host, guest_image, volume), marker)
-        machine = provisioned_machine(plane, NAMES, pod, host, marker)
+        create_objects(plane, NAMES, access, machine_spec(host, guest_image, volume),
+                       capi_objects.marker_user_data(marker))
+        machine = provisioned_machine(plane, NAMES, pod, host)
+        bootstrap_ran(host, machine, marker)
         body, domain_uuid = machine.infra, machine.domain_uuid
         print(f"\n[init] a Machine of the MachineDeployment provisioned and booted after "
               f"{time.monotonic() - started:.1f}s")

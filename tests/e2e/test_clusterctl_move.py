@@ -22,8 +22,7 @@ restarted); the target management cluster is made while the worker joins:
   same Node (the same object: its UID unchanged); the LibvirtHost Ready and the Secret owned by the target's host; the
   domain's owner metadata rewritten in place to name the target management cluster (for its orphan collector);
 - on the source: no Cluster, Machine, LibvirtCluster or LibvirtMachine left; the LibvirtHost and its Secret stay (move
-  never deletes global objects); our manager released the LibvirtMachine clusterctl deleted for move with a
-  DeletedForMove event, and no event of it says it placed, defined or deleted anything;
+  never deletes global objects); no event of our manager says it placed, defined or deleted anything;
 - deleting the Cluster on the target shuts the domain down and undefines it once (no other event) and removes every
   volume.
 """
@@ -54,7 +53,7 @@ from guests import host_state, owner_of
 from kubeadm_workers import create, worker_objects
 
 from prereq import require
-from waiting import EVENT_POSTED_S, Clock, Pending, wait_for
+from waiting import Clock, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -267,11 +266,9 @@ async def test_clusterctl_move_hands_running_machines_to_another_management_clus
                     source_host["metadata"]["uid"]
                 assert get(source.plane, f"{SECRETS}/{HOST}") is not None
 
-                def released_for_move() -> collections.Counter[str] | Pending:
-                    since = event_reasons(source.plane, source_uid) - source_reasons
-                    return since if since["DeletedForMove"] else Pending(reasons=dict(since))
-                since = await asyncio.to_thread(wait_for, "the source's DeletedForMove event", released_for_move,
-                                                EVENT_POSTED_S)
+                # No DeletedForMove event is awaited: clusterctl strips the finalizers right after its delete, so
+                # whether our manager saw the deletion first is a race (the event is tests/unit/test_move.py's claim).
+                since = event_reasons(source.plane, source_uid) - source_reasons
                 assert not {"Placed", "DomainDefined", "Deleted"} & set(since), f"the source's manager: {since}"
 
                 # The target: the same machine, adopted by the manager that was already running.

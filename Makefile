@@ -63,16 +63,17 @@ lock-check: venv
 	 && diff -q requirements.lock $$tmp/requirements.lock && diff -q requirements-dev.lock $$tmp/requirements-dev.lock \
 	 || { echo "requirements*.lock are out of date with pyproject.toml: run \`make lock\`"; exit 1; }
 
-# The upstream programs (hack/build-upstream.sh): the Kubernetes commands first, since the node image needs kubelet and
-# kubeadm; the rest while the node image is made. `upstream-control-plane` is only what `make run`/`make demo` use.
-upstream: upstream-rest upstream-operator
+# The upstream programs (hack/build-upstream.sh), in three steps side by side from the start: the Kubernetes commands
+# with what the node image needs besides (etcd among them), the rest, and the Cluster API Operator. Each waits on the
+# network (module downloads) and links on one core at times; beside each other they keep both cores busy, and the
+# set-up ends when all of its CPU work is done whatever the order. `upstream-control-plane` is only what
+# `make run`/`make demo` use.
+upstream: upstream-kubernetes upstream-rest upstream-operator
 
-upstream-rest: upstream-kubernetes
+upstream-rest: system-deps
 	@$(TIMED) upstream-rest hack/build-upstream.sh rest
 
-# The Cluster API Operator: a step of its own, after the Kubernetes build (not to slow it) and beside the rest (whose
-# second core otherwise only has the node image to make).
-upstream-operator: upstream-kubernetes
+upstream-operator: system-deps
 	@$(TIMED) upstream-operator hack/build-upstream.sh operator
 
 upstream-kubernetes: system-deps

@@ -8,8 +8,8 @@
 #
 # `control-plane` is what `make run` and `make demo` need: etcd, kube-apiserver, kubeadm (its phases make the API
 # server's certificates) and Cluster API's module (its CRDs). `kubernetes` builds what the node image needs first
-# (kubelet and kubeadm, with the other Kubernetes commands in the same `go build`), so the Makefile can start the node
-# image while `rest` builds the others (etcd, kustomize, Cluster API, cluster-autoscaler, cert-manager, helm) and
+# (kubelet and kubeadm, with the other Kubernetes commands in the same `go build`, then etcd, CoreDNS, flannel and
+# agnhost), while `rest` builds the others (kustomize, Cluster API, cluster-autoscaler, cert-manager, helm) and
 # `operator` the Cluster API Operator, beside it. Programs of one module
 # are built by one `go build` (they share its compilation and link side by side). Each build prints one line when it
 # starts and one when it ends; its output (`go: downloading ...`) goes to out/logs/build-<name>.log, whose end is
@@ -275,8 +275,6 @@ ln -sfn "$(module_field "sigs.k8s.io/cluster-api-operator@$CLUSTER_API_OPERATOR_
 }
 
 build_rest_group() {
-build_etcd
-
 kustomize="$bin/kustomize-$KUSTOMIZE_VERSION"
 # the tests check config/ builds with it
 [ -x "$kustomize" ] || build kustomize "kustomize $KUSTOMIZE_VERSION (under a minute, once)" \

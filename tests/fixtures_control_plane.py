@@ -130,8 +130,11 @@ async def operator_running(control_plane: cp.LocalControlPlane, hosts: dict[str,
         assert task.done()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def running_operator(control_plane: cp.LocalControlPlane) -> AsyncIterator[None]:
-    """The operator with no libvirt host: for what needs only the API server."""
+    """The operator with no libvirt host: for what needs only the API server. For the module that asks for it only: an
+    operator left running for the rest of the worker's session would reconcile the next modules' LibvirtMachines too
+    and, knowing none of their hosts, mark them `HostUnreachable` ("not a configured host") beside their own
+    operator (seen in test_machine_lifecycle, cold run at 9d6961c)."""
     async with operator_running(control_plane, hosts={}):
         yield

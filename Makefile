@@ -157,13 +157,12 @@ lint-checks:
 	$(BIN)/hadolint Dockerfile
 
 # Set-up (side by side, SETUP_JOBS at once) and lint, then every tier. pytest runs on PYTEST_WORKERS processes
-# (pytest-xdist; guest slots hold the Linux guests to two at once on 2 cores, tests/conftest.py). Three, on 2 cores:
-# most modules wait (on API servers, guests booting, timers) more than they compute, and with two workers the first
-# run used 1,479 of the 2,418 CPU seconds its cores had (cold run at 9d6961c). Then the whole cluster, alone, in a pytest process of its own: its control-plane VM takes most of the
+# (pytest-xdist; tests/conftest.py keeps the guest-booting modules on one of them, so at most two guests boot at once
+# on 2 cores). Then the whole cluster, alone, in a pytest process of its own: its control-plane VM takes most of the
 # 2 cores under TCG, so nothing else may run beside it, not even the first run's shared beds, which live as long as
 # the process that made them (docs/book/src/development/tiers.md). Both run even if the first fails, and `make test` fails if either
 # did. At the end it prints where the time went, for both runs; out/timing/report.md has all of it.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 2
 WHOLE_CLUSTER_TEST := tests/e2e/test_whole_cluster.py
 CONTROL_PLANE_ROLLOUT_TEST := tests/e2e/test_control_plane_rollout.py
 test:

@@ -1,8 +1,8 @@
 """Test bed wiring: tier markers are mandatory, the fixtures of the real parts are loaded as plugins, the timing report
-(tests/timing_report.py) is on, and under pytest-xdist (`make test` runs `-n 3`) each module runs whole on one worker.
+(tests/timing_report.py) is on, and under pytest-xdist (`make test` runs `-n 2`) each module runs whole on one worker.
 Linux guests (1 vCPU each under TCG) are held to what 2 cores carry by guest slots (tests/guest_slots.py) that every
 module booting them takes for its run, on whichever worker. The modules that boot two at once run first, as one group
-on one worker, beside the API-server and iPXE tiers on the others; the modules that boot one at a time come last, as
+on one worker, beside the API-server and iPXE tiers on the other; the modules that boot one at a time come last, as
 modules of their own, so both workers share them once the rest is done. (The whole cluster is not among them in
 `make test`: the Makefile runs it after them, alone.)"""
 
@@ -44,7 +44,7 @@ LINUX_GUEST_MODULES = {
 LINUX_GUESTS_GROUP = "linux-guests"
 LINUX_GROUP_ORDER = ("test_autoscaler", "test_remote_hosts", "test_bridged_addresses",
                      "test_clusterctl_move", "test_whole_cluster", "test_control_plane_rollout")
-# Scheduled first: the group, the run's critical path; everything else fills in on the other workers, and the
+# Scheduled first: the group, the run's critical path; everything else fills in on the other worker, and the
 # one-guest modules come last, for whichever worker is free. On its own worker beside the group (CI at 51c42f1 and
 # 8fb79cc), and first in the group beside the API-server tier (6c404fb), the whole cluster's control-plane VM's API
 # server was starved: kubeadm init took 400-800 s instead of 124 s and failed on 10-second request timeouts.

@@ -95,8 +95,9 @@ async def _cordon(workload_api: client.ApiClient, node: str, cordoned: bool) -> 
 async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: client.ApiClient, plane,
                                        flavor_documents: list[dict], cluster: str, namespace: str,
                                        workload_kubeconfig: pathlib.Path, host, base_volume: str, memo,
-                                       clock: Clock) -> str:
-    """The module docstring's run; returns its phases."""
+                                       clock: Clock, scale_down_requested: asyncio.Event | None = None) -> str:
+    """The module docstring's run; returns its phases. `scale_down_requested` is set once the Pods are deleted, for
+    a caller that runs something else beside the scale-down's wait (other machines may come and go meanwhile)."""
     objects = client.CustomObjectsApi(api)
     core = client.CoreV1Api(workload_api)
     bind_autoscaler_roles(plane, namespace)
@@ -184,6 +185,8 @@ async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: clie
 
         await wait_until("the Pods deleted", pods_deleted, 300.0, interval=3.0)
         phases.mark("Pods deleted (scale-down requested)")
+        if scale_down_requested is not None:
+            scale_down_requested.set()
         new_infra = new["spec"]["infrastructureRef"]["name"]
 
         async def scaled_down():
@@ -216,8 +219,12 @@ async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: clie
                              interval=3.0)
     for node_name in cordoned:
         await _cordon(workload_api, node_name, False)
-    # The provider's inventory agrees: the machine is no longer counted on the host.
-    probe = await memo.runtime.deps.inventory.probe(host.name)
-    counted = probe.probe.machines
-    assert counted == len(await libvirt_machines(api, namespace)), (counted, probe.probe)
+    # The provider's inventory agrees: the machine is no longer counted on the host (once the host's domains and
+    # the LibvirtMachines are the same count: a machine made beside the scale-down may be between the two).
+    async def inventory_agrees():
+        counted = (await memo.runtime.deps.inventory.probe(host.name)).probe.machines
+        made = len(await libvirt_machines(api, namespace))
+        return True if counted == made else Pending(counted_on_host=counted, libvirt_machines=made)
+
+    await wait_until("the provider's inventory counting the host's machines", inventory_agrees, 120.0, interval=2.0)
     return f"{phases.report()}\n  cluster-autoscaler started again after exiting: {restarts} time(s)"

@@ -1,5 +1,5 @@
-"""Day 2 on a whole cluster (tests/e2e/test_whole_cluster.py): a MachineDeployment rollout (to a new
-LibvirtMachineTemplate, or from a changed ClusterClass variable) and a rollout of the control-plane machine (the
+"""Day 2 on a whole cluster (tests/e2e/test_whole_cluster.py): a MachineDeployment rollout (from a changed
+ClusterClass variable, to the new LibvirtMachineTemplate the topology controller writes) and a rollout of the control-plane machine (the
 KubeadmControlPlane's `spec.rollout.after`), each waiting on 1-second snapshots of the Machines and the workload Nodes
 and asserting the order Cluster API promises (the new machine serves before the old one is deleted; for the control
 plane, etcd then runs on the new machine only), the control plane's while the endpoint is asked every second and its
@@ -117,39 +117,10 @@ def _node_of(machine: dict) -> str | None:
     return ((machine.get("status") or {}).get("nodeRef") or {}).get("name")
 
 
-async def _new_template(objects: client.CustomObjectsApi, namespace: str, name: str, changes: dict) -> str:
-    """A copy `<name>-v2` of the LibvirtMachineTemplate `name` with `changes` in its machine spec (templates are
-    immutable, so a new shape is a new template); its name."""
-    old = await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachinetemplates",
-                                                     name)
-    spec = old["spec"]
-    spec["template"]["spec"].update(changes)
-    await objects.create_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachinetemplates", {
-        "apiVersion": meta.API_VERSION, "kind": "LibvirtMachineTemplate",
-        "metadata": {"name": f"{name}-v2", "namespace": namespace}, "spec": spec})
-    return f"{name}-v2"
-
-
-def a_new_template(api: client.ApiClient, namespace: str, deployment: str,
-                   memory_mib: int) -> Callable[[], Awaitable[None]]:
-    """The change that rolls a MachineDeployment of our own: a new LibvirtMachineTemplate of `memory_mib`, and the
-    MachineDeployment pointed at it."""
-    objects = client.CustomObjectsApi(api)
-
-    async def change() -> None:
-        name = await _new_template(objects, namespace, deployment, {"memoryMiB": memory_mib})
-        await objects.patch_namespaced_custom_object(
-            meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machinedeployments", deployment,
-            {"spec": {"template": {"spec": {"infrastructureRef": {"name": name}}}}},
-            _content_type="application/merge-patch+json")
-
-    return change
-
-
 async def roll_the_workers(api: client.ApiClient, workload_api: client.ApiClient, namespace: str, deployment: str,
                            change: Callable[[], Awaitable[None]], memory_mib: int, host: LibvirtHost,
                            base_volume: str, clock: Clock) -> str:
-    """`change` made (a new template, or a ClusterClass variable), the MachineDeployment `deployment` rolls: a new
+    """`change` made (a ClusterClass variable), the MachineDeployment `deployment` rolls: a new
     Machine joins, of `memory_mib`, and its Node is Ready while the old Machine is not yet being deleted, then the old
     Machine, its Node and its VM go, leaving nothing on the host. Returns the phases."""
     def of_deployment(found: list[dict]) -> list[dict]:

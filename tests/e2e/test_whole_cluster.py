@@ -10,14 +10,19 @@ provider's repository, one after the other on one libvirt host:
   and a Service through kube-proxy and CoreDNS (tests/pod_network_checks.py). What a joined node proves
   (tests/node_proofs.py): both NoCloud ISOs gone once the nodeRefs are set; both boots read with `capi-libvirt
   console-log` (kubeadm init, kubeadm join); the worker's kubelet CSR, posted with its own bootstrap token, approved
-  and signed; the worker rebooted without its seed Ready again, cloud-init off. Day 2 on it (tests/day2_rollouts.py):
-  the MachineDeployment rolls to a new LibvirtMachineTemplate; cluster-autoscaler scales the autoscaler flavor's
-  MachineDeployment of the same cluster 0 -> 1 -> 0 (tests/autoscaling_proofs.py). Then a join broken on purpose (a wrong token secret)
-  shows kubeadm's refusal on its console and never makes a Node; `clusterctl describe cluster` is printed, and the
-  Cluster is deleted with that machine still in flight.
+  and signed; the worker rebooted without its seed Ready again, cloud-init off. Day 2 on it: cluster-autoscaler
+  scales the autoscaler flavor's MachineDeployment of the same cluster 0 -> 1 -> 0 (tests/autoscaling_proofs.py).
+  Beside the scale-down, a join broken on purpose (a wrong token secret) shows kubeadm's refusal on its console and
+  never makes a Node; `clusterctl describe cluster` is printed, and the Cluster is deleted with that machine still in
+  flight.
 - the clusterclass flavor: clusterctl adds the ClusterClass from its own file in the repository; Cluster API's
   topology controller makes the control plane, the MachineDeployment and their templates; the same proofs of a
-  running cluster; changing the Cluster's `workerMemoryMiB` variable rolls the workers to a new template.
+  running cluster but the pod network's pods (proven once, above: the same flannel from the same kind of
+  ClusterResourceSet; both Nodes Ready need its CNI configuration); then day 2 (tests/day2_rollouts.py): changing the
+  Cluster's `workerMemoryMiB` variable makes the topology controller write a new LibvirtMachineTemplate and point
+  the MachineDeployment at it, and the workers roll to it, the new worker serving before the old one goes. This is
+  the MachineDeployment rollout's one proof: a rollout to a template a user wrote runs the same Cluster API code
+  from the MachineDeployment on.
 
 Deleting each Cluster leaves nothing on the host; a test that fails clears its cluster off the host before the
 next one starts (whole_cluster_bed.cleared_on_failure). Reads of the workload API server retry while it does not answer
@@ -47,7 +52,6 @@ from clusterctl_cli import clusterctl
 from day2_rollouts import (
     CONTROL_PLANE_LABEL,
     DEPLOYMENT_LABEL,
-    a_new_template,
     roll_the_workers,
     workload_read,
 )
@@ -63,6 +67,7 @@ from pod_network_checks import prove_the_pod_network
 from whole_cluster_bed import (
     API_SERVER_LIVENESS_FAILURES,
     PORT,
+    READINESS_PERIOD_S,
     ROLLED_WORKER_MEMORY_MIB,
     WORKER_MEMORY_MIB,
     WORKERS_DEADLINE_S,
@@ -90,9 +95,12 @@ CLUSTERCLASS_KINDS = ["ClusterClass", "LibvirtClusterTemplate", "KubeadmControlP
                       "ClusterResourceSet"]
 
 
-async def _running_cluster(api_client, namespace: str, cluster: str, kubeconfig_path, clock: Clock) -> None:
+async def _running_cluster(api_client, namespace: str, cluster: str, kubeconfig_path, clock: Clock, *,
+                           pod_network: bool) -> None:
     """The control plane up behind the endpoint, both Nodes Ready as their Machines, the control plane's static pods,
-    the ClusterResourceSet applied and the pod network proven, the Cluster Available."""
+    the ClusterResourceSet applied, the pod network proven if `pod_network` (once is enough: both flavors apply the
+    same flannel through the same ClusterResourceSet, and a Node is Ready only once its CNI configuration is there),
+    the Cluster Available."""
     await control_plane_up(api_client, namespace, cluster, kubeconfig_path, clock)
     workload = client.Configuration()
     await config.load_kube_config(config_file=str(kubeconfig_path), client_configuration=workload)
@@ -110,15 +118,20 @@ async def _running_cluster(api_client, namespace: str, cluster: str, kubeconfig_
         assert static == ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"], static
         [api_server] = [p for p in pods.items if p.metadata.labels.get("component") == "kube-apiserver"]
         probe = api_server.spec.containers[0].liveness_probe
-        assert probe.failure_threshold == API_SERVER_LIVENESS_FAILURES, probe  # the bed's kubeadm patch applied
+        assert probe.failure_threshold == API_SERVER_LIVENESS_FAILURES, probe  # the bed's kubeadm patches applied
+        [scheduler] = [p for p in pods.items if p.metadata.labels.get("component") == "kube-scheduler"]
+        for pod in (api_server, scheduler):
+            readiness = pod.spec.containers[0].readiness_probe
+            assert readiness.period_seconds == READINESS_PERIOD_S, readiness
         [resource_set] = await list_objects(api_client, namespace, templates.ADDONS_GROUP, meta.CAPI_VERSION,
                                             "clusterresourcesets")
         applied = [c for c in resource_set["status"]["conditions"] if c["type"] == "ResourcesApplied"]
         assert [c["status"] for c in applied] == ["True"], resource_set["status"]
-        [worker_node] = [n.metadata.name for n in nodes if n.metadata.name not in control_plane_nodes]
-        answers = await prove_the_pod_network(workload_api, control_plane_nodes[0], worker_node, clock)
-        print(f"\n[numbers] {cluster}: the pod network (flannel from the flavor's ClusterResourceSet):\n" +
-              "\n".join(f"  {what}: answered by {who}" for what, who in answers.items()))
+        if pod_network:
+            [worker_node] = [n.metadata.name for n in nodes if n.metadata.name not in control_plane_nodes]
+            answers = await prove_the_pod_network(workload_api, control_plane_nodes[0], worker_node, clock)
+            print(f"\n[numbers] {cluster}: the pod network (flannel from the flavor's ClusterResourceSet):\n" +
+                  "\n".join(f"  {what}: answered by {who}" for what, who in answers.items()))
     await cluster_available(api_client, namespace, clock)
 
 
@@ -161,7 +174,7 @@ async def _report_and_delete(tmp_path, repository, control_plane, api_client, na
     await delete_the_cluster(api_client, namespace, cluster, host, base_volume)
 
 
-async def test_default_flavor_makes_a_whole_cluster_whose_workers_roll_and_deleting_it_leaves_nothing(
+async def test_default_flavor_makes_a_whole_cluster_that_autoscales_and_deleting_it_leaves_nothing(
         control_plane, capi_controller, kubeadm_bootstrap_controller, kubeadm_control_plane_controller, api_client,
         namespace, cluster_host, cluster_base_volume, repository, tmp_path):
     endpoint = str(cluster_host.reserved_addresses[0])
@@ -174,32 +187,36 @@ async def test_default_flavor_makes_a_whole_cluster_whose_workers_roll_and_delet
                     cleared_on_failure(api_client, namespace, CLUSTER, cluster_host, cluster_base_volume)):
             clock = Clock()
             await apply(api_client, control_plane, documents)
-            await _running_cluster(api_client, namespace, CLUSTER, kubeconfig_path, clock)
+            await _running_cluster(api_client, namespace, CLUSTER, kubeconfig_path, clock, pod_network=True)
             workload = client.Configuration()
             await config.load_kube_config(config_file=str(kubeconfig_path), client_configuration=workload)
             async with client.ApiClient(workload) as workload_api:
                 workers = f"{CLUSTER}-md-0"
                 await _seeds_boots_and_a_reboot(api_client, workload_api, control_plane.kubeconfig_path, namespace,
                                                 workers, cluster_host, clock)
-                workers_rolled = await roll_the_workers(
-                    api_client, workload_api, namespace, workers,
-                    a_new_template(api_client, namespace, workers, ROLLED_WORKER_MEMORY_MIB),
-                    ROLLED_WORKER_MEMORY_MIB, cluster_host, cluster_base_volume, clock)
-                print(f"\n[numbers] MachineDeployment rollout to a new LibvirtMachineTemplate ({WORKER_MEMORY_MIB} -> "
-                      f"{ROLLED_WORKER_MEMORY_MIB} MiB):\n{workers_rolled}")
                 (tmp_path / "autoscaler").mkdir()
                 autoscaler_flavor = generated_objects(tmp_path / "autoscaler", repository, "autoscaler", CLUSTER,
                                                       namespace, cluster_host, cluster_base_volume, endpoint)
-                autoscaled = await autoscale_from_zero_and_back(
-                    api_client, workload_api, control_plane, autoscaler_flavor, CLUSTER, namespace, kubeconfig_path,
-                    cluster_host, cluster_base_volume, memo, clock)
+                # The broken join boots beside the scale-down's wait (its unneeded time, the drain, the deletion),
+                # not after it: every minute of a whole cluster keeps its control-plane VM busy on the 2 cores.
+                scale_down_requested = asyncio.Event()
+
+                async def broken_join_once_scaling_down() -> str:
+                    await scale_down_requested.wait()
+                    refusal = await broken_join_is_visible_on_the_console(
+                        api_client, workload_api, control_plane.kubeconfig_path, namespace, CLUSTER, documents,
+                        cluster_host)
+                    clock.mark("a broken join's refusal read on its console")
+                    return refusal
+
+                async with asyncio.TaskGroup() as day2:
+                    autoscaling = day2.create_task(autoscale_from_zero_and_back(
+                        api_client, workload_api, control_plane, autoscaler_flavor, CLUSTER, namespace,
+                        kubeconfig_path, cluster_host, cluster_base_volume, memo, clock, scale_down_requested))
+                    broken = day2.create_task(broken_join_once_scaling_down())
                 print(f"\n[numbers] cluster-autoscaler 0 -> {AUTOSCALED} -> 0 (the autoscaler flavor's "
-                      f"MachineDeployment, sized from the template's capacity):\n{autoscaled}")
-                refusal = await broken_join_is_visible_on_the_console(
-                    api_client, workload_api, control_plane.kubeconfig_path, namespace, CLUSTER, documents,
-                    cluster_host)
-                clock.mark("a broken join's refusal read on its console")
-                print(f"\n[console-log] the broken join, as `capi-libvirt console-log` shows it:\n{refusal}")
+                      f"MachineDeployment, sized from the template's capacity):\n{autoscaling.result()}")
+                print(f"\n[console-log] the broken join, as `capi-libvirt console-log` shows it:\n{broken.result()}")
             await _report_and_delete(tmp_path, repository, control_plane, api_client, namespace, CLUSTER, "default",
                                      clock, relay, cluster_host, cluster_base_volume)
 
@@ -218,7 +235,7 @@ async def test_clusterclass_flavor_makes_a_whole_cluster_whose_worker_variable_r
                     cleared_on_failure(api_client, namespace, CLASS_CLUSTER, cluster_host, cluster_base_volume)):
             clock = Clock()
             await apply(api_client, control_plane, documents)
-            await _running_cluster(api_client, namespace, CLASS_CLUSTER, kubeconfig_path, clock)
+            await _running_cluster(api_client, namespace, CLASS_CLUSTER, kubeconfig_path, clock, pod_network=False)
             [deployment] = await list_objects(api_client, namespace, meta.CAPI_GROUP, meta.CAPI_VERSION,
                                               "machinedeployments")
             assert deployment["metadata"]["labels"]["topology.cluster.x-k8s.io/deployment-name"] == "md-0"

@@ -40,6 +40,10 @@ case "$group" in control-plane|kubernetes|rest|operator|all) ;; *) echo "usage: 
 bin="$CAPI_LIBVIRT_CACHE/bin"
 mkdir -p "$bin"
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false" CGO_ENABLED=0
+# The Go toolchain's own garbage collector runs a quarter as often (GOGC=400; the compiler allocates heavily): building
+# client-go v0.35.8 from an empty build cache, two pairs on 2026-12-06, took 147 and 165 CPU s instead of 170 and 195
+# (13-15 % less), its largest process 660 MB instead of 570. The build cache's keys do not include GOGC.
+export GOGC="${CAPI_LIBVIRT_BUILD_GOGC:-400}"
 
 log() { printf '[build-upstream] %s\n' "$*" >&2; }
 

@@ -95,9 +95,10 @@ async def _cordon(workload_api: client.ApiClient, node: str, cordoned: bool) -> 
 async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: client.ApiClient, plane,
                                        flavor_documents: list[dict], cluster: str, namespace: str,
                                        workload_kubeconfig: pathlib.Path, host, base_volume: str, memo,
-                                       clock: Clock, scale_down_requested: asyncio.Event | None = None) -> str:
-    """The module docstring's run; returns its phases. `scale_down_requested` is set once the Pods are deleted, for
-    a caller that runs something else beside the scale-down's wait (other machines may come and go meanwhile)."""
+                                       clock: Clock, scaled_to_zero: asyncio.Event | None = None) -> str:
+    """The module docstring's run; returns its phases. `scaled_to_zero` is set once cluster-autoscaler has set the
+    MachineDeployment's replicas to 0, for a caller that runs something else beside the drain and the deletion that
+    follow (another machine of the cluster may then be made, not yet on the host)."""
     objects = client.CustomObjectsApi(api)
     core = client.CoreV1Api(workload_api)
     bind_autoscaler_roles(plane, namespace)
@@ -185,14 +186,14 @@ async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: clie
 
         await wait_until("the Pods deleted", pods_deleted, 300.0, interval=3.0)
         phases.mark("Pods deleted (scale-down requested)")
-        if scale_down_requested is not None:
-            scale_down_requested.set()
         new_infra = new["spec"]["infrastructureRef"]["name"]
 
         async def scaled_down():
             keep_it_running()
             if (await deployment())["spec"].get("replicas") == 0:
                 phases.mark("replicas 0 (cluster-autoscaler scaled down)")
+                if scaled_to_zero is not None:
+                    scaled_to_zero.set()
             left = of_autoscaled(await machines(api, namespace))
             if not left:
                 phases.mark("the Machine gone")
@@ -219,12 +220,11 @@ async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: clie
                              interval=3.0)
     for node_name in cordoned:
         await _cordon(workload_api, node_name, False)
-    # The provider's inventory agrees: the machine is no longer counted on the host (once the host's domains and
-    # the LibvirtMachines are the same count: a machine made beside the scale-down may be between the two).
-    async def inventory_agrees():
-        counted = (await memo.runtime.deps.inventory.probe(host.name)).probe.machines
-        made = len(await libvirt_machines(api, namespace))
-        return True if counted == made else Pending(counted_on_host=counted, libvirt_machines=made)
-
-    await wait_until("the provider's inventory counting the host's machines", inventory_agrees, 120.0, interval=2.0)
+    # The provider's inventory agrees: the machine is no longer counted on the host, and each domain it counts is a
+    # LibvirtMachine's that exists (a machine made beside the scale-down may have no domain yet).
+    probe = (await memo.runtime.deps.inventory.probe(host.name)).probe
+    owners = {(owner_namespace, owner) for owner_namespace, owner, _, _ in probe.machine_domains}
+    existing = {(namespace, m["metadata"]["name"]) for m in await libvirt_machines(api, namespace)}
+    assert probe.machines == len(owners) and (namespace, new_infra) not in owners and owners <= existing, \
+        (probe.machines, owners, existing)
     return f"{phases.report()}\n  cluster-autoscaler started again after exiting: {restarts} time(s)"

@@ -1,10 +1,10 @@
-"""Day 2 on a whole cluster (tests/e2e/test_whole_cluster.py): a MachineDeployment rollout (from a changed
-ClusterClass variable, to the new LibvirtMachineTemplate the topology controller writes) and a rollout of the control-plane machine (the
-KubeadmControlPlane's `spec.rollout.after`), each waiting on 1-second snapshots of the Machines and the workload Nodes
-and asserting the order Cluster API promises (the new machine serves before the old one is deleted; for the control
-plane, etcd then runs on the new machine only), the control plane's while the endpoint is asked every second and its
-failed answers counted; and the workload reads those snapshots are made of, which say what they saw (a Pending) while
-the workload API server does not answer through the endpoint."""
+"""Day 2 on a whole cluster (tests/e2e/test_whole_cluster.py): a MachineDeployment rollout (from a changed ClusterClass
+variable, to the new LibvirtMachineTemplate the topology controller writes) and a rollout of the control-plane
+machine (the KubeadmControlPlane's `spec.rollout.after`), each waiting on 1-second snapshots of the Machines and the
+workload Nodes and asserting the order Cluster API promises (the new machine serves before the old one is deleted;
+for the control plane, etcd then runs on the new machine only), the control plane's while the endpoint is asked
+every second and its failed answers counted; and the workload reads those snapshots are made of, which say what they
+saw (a Pending) while the workload API server does not answer through the endpoint."""
 
 from __future__ import annotations
 

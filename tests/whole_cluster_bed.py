@@ -41,7 +41,7 @@ RESERVED = 4  # the subnet's last addresses, out of DHCP; the endpoint is the fi
 PORT = 6443
 CONTROL_PLANE_CPUS, CONTROL_PLANE_MEMORY_MIB = 2, 2048  # kubeadm init's preflight minimums
 WORKER_CPUS, WORKER_MEMORY_MIB = 1, 1024
-ROLLED_WORKER_MEMORY_MIB = 1280  # the day-2 template's, or the ClusterClass variable's new value
+ROLLED_WORKER_MEMORY_MIB = 1280  # the ClusterClass variable's new value (day 2)
 DISK_GIB = 6
 KUBEADM_WAIT_S = 1200
 # kubeadm's waits, from 1-5 minutes to 20 (API calls and etcd calls: 10): under TCG on 2 cores the control-plane VM's

@@ -12,7 +12,7 @@ provider's repository, one after the other on one libvirt host:
   console-log` (kubeadm init, kubeadm join); the worker's kubelet CSR, posted with its own bootstrap token, approved
   and signed; the worker rebooted without its seed Ready again, cloud-init off. Day 2 on it: cluster-autoscaler
   scales the autoscaler flavor's MachineDeployment of the same cluster 0 -> 1 -> 0 (tests/autoscaling_proofs.py).
-  Beside the scale-down, a join broken on purpose (a wrong token secret) shows kubeadm's refusal on its console and
+  Beside the scale-down's drain and deletion, a join broken on purpose (a wrong token secret) shows kubeadm's refusal on its console and
   never makes a Node; `clusterctl describe cluster` is printed, and the Cluster is deleted with that machine still in
   flight.
 - the clusterclass flavor: clusterctl adds the ClusterClass from its own file in the repository; Cluster API's
@@ -197,12 +197,13 @@ async def test_default_flavor_makes_a_whole_cluster_that_autoscales_and_deleting
                 (tmp_path / "autoscaler").mkdir()
                 autoscaler_flavor = generated_objects(tmp_path / "autoscaler", repository, "autoscaler", CLUSTER,
                                                       namespace, cluster_host, cluster_base_volume, endpoint)
-                # The broken join boots beside the scale-down's wait (its unneeded time, the drain, the deletion),
-                # not after it: every minute of a whole cluster keeps its control-plane VM busy on the 2 cores.
-                scale_down_requested = asyncio.Event()
+                # The broken join boots beside the scale-down's drain and deletion, not after them: every minute of
+                # a whole cluster keeps its control-plane VM busy on the 2 cores. Not earlier: a fourth TCG guest
+                # beside the control plane and two running workers starves its API server.
+                scaled_to_zero = asyncio.Event()
 
                 async def broken_join_once_scaling_down() -> str:
-                    await scale_down_requested.wait()
+                    await scaled_to_zero.wait()
                     refusal = await broken_join_is_visible_on_the_console(
                         api_client, workload_api, control_plane.kubeconfig_path, namespace, CLUSTER, documents,
                         cluster_host)
@@ -212,7 +213,7 @@ async def test_default_flavor_makes_a_whole_cluster_that_autoscales_and_deleting
                 async with asyncio.TaskGroup() as day2:
                     autoscaling = day2.create_task(autoscale_from_zero_and_back(
                         api_client, workload_api, control_plane, autoscaler_flavor, CLUSTER, namespace,
-                        kubeconfig_path, cluster_host, cluster_base_volume, memo, clock, scale_down_requested))
+                        kubeconfig_path, cluster_host, cluster_base_volume, memo, clock, scaled_to_zero))
                     broken = day2.create_task(broken_join_once_scaling_down())
                 print(f"\n[numbers] cluster-autoscaler 0 -> {AUTOSCALED} -> 0 (the autoscaler flavor's "
                       f"MachineDeployment, sized from the template's capacity):\n{autoscaling.result()}")

@@ -6,8 +6,8 @@ place of the in-cluster ServiceAccount), and its status ConfigMap and leader Lea
 
 A second MachineDeployment of the cluster, the autoscaler flavor's (`<cluster>-autoscaled`: min 0 / max 1, no
 replicas, no capacity annotations), is sized at zero from LibvirtMachineTemplate.status.capacity. The cluster's own
-worker is cordoned, so a Pending Pod that needs most of a 1-CPU machine can only run on a new one: cluster-autoscaler
-scales 0 -> 1, the VM joins through the endpoint, the Pod runs there; once the Pod is deleted the Node is unneeded and
+MachineDeployment is scaled to 0 first (its worker drained and deleted), so a Pending Pod that needs most of a 1-CPU
+machine can only run on a new one (the control plane is tainted): cluster-autoscaler scales 0 -> 1, the VM joins through the endpoint, the Pod runs there; once the Pod is deleted the Node is unneeded and
 it scales back to 0, Cluster API drains and deletes the Node, and the VM leaves nothing on the host. One machine, not
 two as on the test API server: a third and fourth TCG guest beside the control-plane VM on 2 cores starve its API
 server.
@@ -84,14 +84,6 @@ def pod(name: str) -> client.V1Pod:
             resources=client.V1ResourceRequirements(requests={"cpu": POD_CPU, "memory": POD_MEMORY}))]))
 
 
-async def _cordon(workload_api: client.ApiClient, node: str, cordoned: bool) -> None:
-    async def patched():
-        return await workload_read(client.CoreV1Api(workload_api).patch_node(
-            node, {"spec": {"unschedulable": cordoned}}, _request_timeout=10))
-
-    await wait_until(f"node {node} {'cordoned' if cordoned else 'uncordoned'}", patched, 300.0, interval=3.0)
-
-
 async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: client.ApiClient, plane,
                                        flavor_documents: list[dict], cluster: str, namespace: str,
                                        workload_kubeconfig: pathlib.Path, host, base_volume: str, memo,
@@ -124,13 +116,23 @@ async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: clie
     await workload_write(f"the workload cluster's {AUTOSCALER_NAMESPACE} namespace", lambda: core.create_namespace(
         client.V1Namespace(metadata=client.V1ObjectMeta(name=AUTOSCALER_NAMESPACE)), _request_timeout=10),
         done_if=(409,))
-    others = [m for m in await machines(api, namespace)
-              if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == f"{cluster}-md-0"]
-    cordoned = [m["status"]["nodeRef"]["name"] for m in others]
-    for node in cordoned:
-        await _cordon(workload_api, node, True)
-
     phases = Clock()
+    # The cluster's own workers scaled to 0 first (drained, deleted, their VMs gone), so a Pending Pod can only run
+    # on a new machine; and the idle worker's VM (0.6 of a host core under TCG on 2026-12-06, beside the control
+    # plane's 1.1) no longer slows the new machine's boot and join.
+    own = f"{cluster}-md-0"
+    await objects.patch_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, namespace, "machinedeployments",
+                                                 own, {"spec": {"replicas": 0}},
+                                                 _content_type="application/merge-patch+json")
+
+    async def own_workers_gone():
+        left = [m["metadata"]["name"] for m in await machines(api, namespace)
+                if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == own]
+        return True if not left else Pending(machines=left)
+
+    await wait_until(f"{own} scaled to 0, its Machines drained and gone", own_workers_gone, SCALE_DOWN_DEADLINE_S,
+                     interval=2.0)
+    phases.mark(f"{own} scaled to 0 (its worker drained, deleted, its VM gone)")
     autoscaler = autoscaling.ClusterAutoscaler(plane, workload_kubeconfig, [namespace], AUTOSCALER_NAMESPACE,
                                                timings={**autoscaling.AUTOSCALER_TIMINGS, **LEADER_ELECTION},
                                                management_kubeconfig=plane.kubeconfig_for(AUTOSCALER_USER))
@@ -218,8 +220,6 @@ async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: clie
                          "cluster-autoscaler", AUTOSCALER_NAMESPACE, _request_timeout=10)):
             await wait_until("its status ConfigMap and Lease read", lambda read=read: workload_read(read()), 120.0,
                              interval=3.0)
-    for node_name in cordoned:
-        await _cordon(workload_api, node_name, False)
     # The provider's inventory agrees: the machine is no longer counted on the host, and each domain it counts is a
     # LibvirtMachine's that exists (a machine made beside the scale-down may have no domain yet).
     probe = (await memo.runtime.deps.inventory.probe(host.name)).probe

@@ -84,6 +84,12 @@ def pod(name: str) -> client.V1Pod:
             resources=client.V1ResourceRequirements(requests={"cpu": POD_CPU, "memory": POD_MEMORY}))]))
 
 
+def unmet_conditions(pod: client.V1Pod) -> list[tuple[str, str | None]]:
+    """A Pod's conditions that are not True, with their messages (the scheduler's says which Nodes it could not use
+    and why: a taint, too little CPU), for a timeout's "last seen"."""
+    return [(c.type, (c.message or c.reason or "")[:300]) for c in pod.status.conditions or [] if c.status != "True"]
+
+
 async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: client.ApiClient, plane,
                                        flavor_documents: list[dict], cluster: str, namespace: str,
                                        workload_kubeconfig: pathlib.Path, host, base_volume: str, memo,
@@ -170,7 +176,8 @@ async def autoscale_from_zero_and_back(api: client.ApiClient, workload_api: clie
             if len(on_new) == N:
                 return on_new
             return Pending(machines=[(m["metadata"]["name"], (m.get("status") or {}).get("phase")) for m in found],
-                           pods=[(p.metadata.name, p.status.phase, p.spec.node_name) for p in pods.items])
+                           pods=[(p.metadata.name, p.status.phase, p.spec.node_name, unmet_conditions(p))
+                                 for p in pods.items])
 
         await wait_until(f"{N} Pod(s) running on {N} new machine(s)", scaled_up, SCALE_UP_DEADLINE_S, interval=2.0)
         phases.mark(f"{N} Pod(s) running on the new machine(s)")

@@ -18,14 +18,14 @@ from __future__ import annotations
 import pytest
 from kubernetes_asyncio import client
 
-from autoscaling_proofs import bind_autoscaler_roles, pod
+from autoscaling_proofs import bind_autoscaler_roles, pod, unmet_conditions
 from capi_libvirt.api import meta, templates
 from devenv import autoscaling, node_joins, workload_cluster
 from guests import provider_objects
 from kubeadm_workers import WORKER_MEMORY_MIB, assert_joined_by_kubelet, by_kind, create, is_ready, worker_objects
 
 from fixtures_control_plane import AUTOSCALER_USER, operator_running
-from waiting import Clock, wait_until
+from waiting import Clock, Pending, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
@@ -111,9 +111,10 @@ async def test_cluster_autoscaler_scales_a_machine_deployment_from_zero_to_n_and
 async def run_scale_up(api, namespace, deployment, clock: Clock, autoscaler) -> None:
     objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
 
-    async def progress():
+    async def progress() -> bool | Pending:
         autoscaler.check_alive()
-        if (await deployment())["spec"].get("replicas") == N:
+        replicas = (await deployment())["spec"].get("replicas")
+        if replicas == N:
             clock.mark(f"replicas {N} (cluster-autoscaler scaled up)")
         machines = (await objects.list_namespaced_custom_object(meta.CAPI_GROUP, meta.CAPI_VERSION, namespace,
                                                                 "machines"))["items"]
@@ -123,13 +124,23 @@ async def run_scale_up(api, namespace, deployment, clock: Clock, autoscaler) -> 
                                                              "libvirtmachines"))["items"]
         if len([m for m in infra if m.get("status", {}).get("initialization", {}).get("provisioned")]) == N:
             clock.mark(f"{N} VMs provisioned")
-        nodes = [n for n in (await core.list_node()).items if is_ready(n)]
-        if len(nodes) == N:
+        all_nodes = (await core.list_node()).items
+        if len([n for n in all_nodes if is_ready(n)]) == N:
             clock.mark(f"{N} Nodes Ready")
         pods = (await core.list_namespaced_pod(namespace)).items
         if len([p for p in pods if p.spec.node_name]) == N:
             clock.mark(f"{N} Pods scheduled")
-        return len([p for p in pods if p.status.phase == "Running"]) == N
+        if len([p for p in pods if p.status.phase == "Running"]) == N:
+            return True
+        # A timeout's "last seen": how far each part got, so a stall names its stage.
+        return Pending(
+            phases=list(clock.marks), replicas=replicas,
+            machines=[(m["metadata"]["name"], m.get("status", {}).get("phase")) for m in machines],
+            libvirt_machines=[(m["metadata"]["name"], [(c["type"], c["status"], c.get("reason"))
+                                                       for c in m.get("status", {}).get("conditions", [])])
+                              for m in infra],
+            nodes=[(n.metadata.name, is_ready(n), [t.key for t in n.spec.taints or []]) for n in all_nodes],
+            pods=[(p.metadata.name, p.status.phase, p.spec.node_name, unmet_conditions(p)) for p in pods])
 
     await wait_until(f"{N} Pods running on {N} new machines", progress, SCALE_UP_DEADLINE_S, interval=1.0)
     clock.mark(f"{N} Pods running")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +20,10 @@ from prereq import require
 # The session host's subnet; tests that start hosts of their own pick others (each host has its own namespace, so
 # overlapping would work too, but distinct subnets keep logs unambiguous).
 SESSION_SUBNET = "192.168.122.0/24"
+# What makes the name of a test's libvirt host its pytest process's own, fixed (a run killed earlier is cleared at the
+# next start) yet apart from the hosts of the pytest processes beside it: `make test` runs the other Pythons' pytest
+# beside the main run's xdist workers (gw0, gw1), and the whole cluster's pytest after them.
+RUN_SUFFIX = os.environ.get("PYTEST_XDIST_WORKER") or f"py{sys.version_info.major}{sys.version_info.minor}"
 
 def require_libvirt_host_prerequisites() -> None:
     require(os.geteuid() == 0, "root (libvirt hosts create network namespaces)")
@@ -27,12 +32,11 @@ def require_libvirt_host_prerequisites() -> None:
 
 @pytest.fixture(scope="session")
 def libvirt_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LibvirtHost]:
-    """A started libvirt host for the whole session (one per xdist worker); a fixed name per worker, so a run killed
-    earlier is cleared at start. Its logs (libvirtd, virtlogd, guests' QEMU and serial logs) stay in pytest's temporary
-    folder after the run."""
+    """A started libvirt host for the whole session (one per xdist worker); a fixed name per worker (RUN_SUFFIX), so
+    a run killed earlier is cleared at start. Its logs (libvirtd, virtlogd, guests' QEMU and serial logs) stay in
+    pytest's temporary folder after the run."""
     require_libvirt_host_prerequisites()
-    name = f"pytest-session-{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ \
-        else "pytest-session"
+    name = f"pytest-session-{RUN_SUFFIX}"
     with LibvirtHost(name, SESSION_SUBNET, log_dir=tmp_path_factory.mktemp("libvirt-host-logs")) as host:
         yield host
 

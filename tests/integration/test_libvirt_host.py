@@ -11,7 +11,7 @@ import pytest
 
 from devenv.libvirt_host import LibvirtHost, process_alive
 
-from fixtures_libvirt import require_libvirt_host_prerequisites
+from fixtures_libvirt import RUN_SUFFIX, require_libvirt_host_prerequisites
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -37,7 +37,8 @@ def test_daemon_answers_with_active_pool_and_network(libvirt_host: LibvirtHost) 
 
 def test_two_hosts_side_by_side_keep_their_own_pool_network_and_daemons() -> None:
     require_libvirt_host_prerequisites()
-    with LibvirtHost("pytest-side-a", "192.168.130.0/24") as a, LibvirtHost("pytest-side-b", "192.168.131.0/24") as b:
+    with LibvirtHost(f"pytest-side-a-{RUN_SUFFIX}", "192.168.130.0/24") as a, \
+            LibvirtHost(f"pytest-side-b-{RUN_SUFFIX}", "192.168.131.0/24") as b:
         assert a.uri != b.uri and a.netns != b.netns
         with a.connect() as conn_a, b.connect() as conn_b:
             # A pool or network defined on one host is not seen by the other: their definitions live apart.
@@ -58,7 +59,7 @@ def test_two_hosts_side_by_side_keep_their_own_pool_network_and_daemons() -> Non
 
 def test_stop_leaves_no_namespace_process_or_folder_behind() -> None:
     require_libvirt_host_prerequisites()
-    host = LibvirtHost("pytest-stop", "192.168.132.0/24")
+    host = LibvirtHost(f"pytest-stop-{RUN_SUFFIX}", "192.168.132.0/24")
     host.start()
     pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True,
                                            check=True).stdout.split()]

@@ -145,3 +145,42 @@ async def test_after_a_relist_every_machine_is_looked_at_since_a_listed_change_s
     await handlers.libvirt_machine_event(event={"type": "MODIFIED", "object": deleting}, memo=memo)
     assert ("ns", "m1") in queued, "its deletion's own event came after the LIST had it: ignored, so the relist queues it"
     await runtime.machines.stop()
+
+
+async def test_a_deleted_machine_that_held_room_on_a_host_wakes_the_machines_waiting_for_one_once_per_burst(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine waiting for a host (InsufficientCapacity, QuotaExceeded) decides again once a deletion frees room on
+    one, not at its 30-second recheck: one wake for a burst of deletions, none for a machine that held no room (never
+    placed) or lives on elsewhere (deleted by clusterctl move)."""
+    monkeypatch.setattr(handlers, "WAKE_UNPLACED_AFTER_S", 0.05)
+    kube = FakeKube(listed=[])
+    runtime = runtime_with(kube)
+    wakes: list[bool] = []
+    runtime.wake_unplaced = lambda: wakes.append(True)  # type: ignore[method-assign]
+    memo = kopf.Memo(runtime=runtime)
+
+    def placed(name: str, version: int, **annotations: str) -> dict:
+        return {**body(name, version), "status": {"host": "kvm1"},
+                "metadata": {**body(name, version)["metadata"], "annotations": annotations}}
+
+    async def deleted(machine: dict) -> None:
+        await handlers.libvirt_machine_event(event={"type": "ADDED", "object": machine}, memo=memo)
+        await handlers.libvirt_machine_event(event={"type": "DELETED", "object": machine}, memo=memo)
+
+    await deleted(body("never-placed", 1))
+    await deleted(placed("moved", 2, **{handlers.machine_reconcile.DELETE_FOR_MOVE_ANNOTATION: ""}))
+    await asyncio.sleep(0.1)
+    assert wakes == [], "no room was freed"
+    for i in range(5):
+        await deleted(placed(f"scaled-down-{i}", 10 + i))
+    assert wakes == [], "not yet: the burst's deletions are gathered first"
+    await asyncio.sleep(0.1)
+    assert wakes == [True]
+    await deleted(placed("later", 20))
+    await asyncio.sleep(0.1)
+    assert wakes == [True, True]
+    runtime.closing = True
+    await deleted(placed("while-stopping", 21))
+    await asyncio.sleep(0.1)
+    assert wakes == [True, True]
+    await runtime.machines.stop()

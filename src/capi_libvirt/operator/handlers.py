@@ -49,6 +49,9 @@ HOSTS = kinds.LIBVIRT_HOST.plural
 EXIT_TIMEOUT_S = 50  # SIGKILL after this long exiting (kopf's ultimate exit); below the Deployment's grace period
 RELIST_DELAY_S = 1.0  # after kopf's listing of a kind begins: let it end before reading the kind ourselves
 RELIST_ATTEMPTS = 6  # 1 + 2 + 4 + ... seconds apart: an API server coming back
+# A deleted machine's room on its host wakes the machines waiting for a host this long after the deletion is seen, once
+# for every deletion in between (a MachineDeployment scaled down deletes many at once): one look over the cache each.
+WAKE_UNPLACED_AFTER_S = 1.0
 
 
 class Runtime:
@@ -76,6 +79,7 @@ class Runtime:
         self.metrics: metrics.Source | None = None
         self.relists: dict[str, asyncio.Task] = {}  # a cached kind -> its pending relist (relisted)
         self.closing = False  # the operator stops: no new background work
+        self.unplaced_wake: asyncio.TimerHandle | None = None  # wake_unplaced_soon's pending call
 
     def relisted(self, plural: str) -> None:
         """kopf lists `plural` (at its start, or because its watch lost track: a "410 Gone" after an API server
@@ -153,6 +157,17 @@ class Runtime:
                 namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
                 self.deps.failures.pop((namespace, name), None)
                 self.machines.add((namespace, name))
+
+    def wake_unplaced_soon(self) -> None:
+        """wake_unplaced in WAKE_UNPLACED_AFTER_S, once for all the calls until then: a deleted machine no longer
+        counts on its host, so a machine waiting for room there decides again instead of waiting out its recheck."""
+        if self.unplaced_wake is None and not self.closing:
+            self.unplaced_wake = asyncio.get_running_loop().call_later(WAKE_UNPLACED_AFTER_S, self._wake_unplaced_now)
+
+    def _wake_unplaced_now(self) -> None:
+        self.unplaced_wake = None
+        if not self.closing:
+            self.wake_unplaced()
 
     async def reconcile_machine(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
@@ -354,10 +369,13 @@ async def libvirt_machine_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any)
     if not runtime.deps.kube.cache.apply(api.LIBVIRT_MACHINES, event["type"], body):
         return  # the echo of our own write
     if event["type"] == "DELETED":
-        if machine_reconcile.DELETE_FOR_MOVE_ANNOTATION in (body["metadata"].get("annotations") or {}):
+        moved = machine_reconcile.DELETE_FOR_MOVE_ANNOTATION in (body["metadata"].get("annotations") or {})
+        if moved:
             runtime.deps.moved_away.update(orphans.moved_away_keys(body))  # lives on in the move target: not an orphan
         runtime.machines.forget(key)
         runtime.deps.observe.machine_gone(*key)
+        if not moved and machine_reconcile.recorded_host(body) is not None:
+            runtime.wake_unplaced_soon()  # its room on its host is free: placement stopped counting it just now
     else:
         runtime.machines.add(key)
 

@@ -151,36 +151,44 @@ async def test_a_deleted_machine_that_held_room_on_a_host_wakes_the_machines_wai
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A machine waiting for a host (InsufficientCapacity, QuotaExceeded) decides again once a deletion frees room on
     one, not at its 30-second recheck: one wake for a burst of deletions, none for a machine that held no room (never
-    placed) or lives on elsewhere (deleted by clusterctl move)."""
-    monkeypatch.setattr(handlers, "WAKE_UNPLACED_AFTER_S", 0.05)
+    placed) or lives on elsewhere (deleted by clusterctl move), none once the operator stops."""
+    monkeypatch.setattr(handlers, "WAKE_UNPLACED_AFTER_S", 0.01)
     kube = FakeKube(listed=[])
     runtime = runtime_with(kube)
     wakes: list[bool] = []
-    runtime.wake_unplaced = lambda: wakes.append(True)  # type: ignore[method-assign]
+    woken = asyncio.Event()
+
+    def wake_unplaced() -> None:
+        wakes.append(True)
+        woken.set()
+    runtime.wake_unplaced = wake_unplaced  # type: ignore[method-assign]
     memo = kopf.Memo(runtime=runtime)
 
     def placed(name: str, version: int, **annotations: str) -> dict:
         return {**body(name, version), "status": {"host": "kvm1"},
                 "metadata": {**body(name, version)["metadata"], "annotations": annotations}}
 
-    async def deleted(machine: dict) -> None:
+    async def deleted(machine: dict) -> None:  # (the handler never yields to the loop: a burst is one step of it)
         await handlers.libvirt_machine_event(event={"type": "ADDED", "object": machine}, memo=memo)
         await handlers.libvirt_machine_event(event={"type": "DELETED", "object": machine}, memo=memo)
 
+    async def pending_wake_ran() -> None:
+        await asyncio.wait_for(woken.wait(), 5)
+        woken.clear()
+        assert runtime.unplaced_wake is None
+
     await deleted(body("never-placed", 1))
     await deleted(placed("moved", 2, **{handlers.machine_reconcile.DELETE_FOR_MOVE_ANNOTATION: ""}))
-    await asyncio.sleep(0.1)
-    assert wakes == [], "no room was freed"
+    assert runtime.unplaced_wake is None and wakes == [], "no room was freed"
     for i in range(5):
         await deleted(placed(f"scaled-down-{i}", 10 + i))
-    assert wakes == [], "not yet: the burst's deletions are gathered first"
-    await asyncio.sleep(0.1)
+    assert runtime.unplaced_wake is not None and wakes == [], "not yet: the burst's deletions are gathered first"
+    await pending_wake_ran()
     assert wakes == [True]
     await deleted(placed("later", 20))
-    await asyncio.sleep(0.1)
+    await pending_wake_ran()
     assert wakes == [True, True]
     runtime.closing = True
     await deleted(placed("while-stopping", 21))
-    await asyncio.sleep(0.1)
-    assert wakes == [True, True]
+    assert runtime.unplaced_wake is None and wakes == [True, True]
     await runtime.machines.stop()

@@ -15,6 +15,7 @@ import pytest
 from capi_libvirt.kube import api
 from capi_libvirt.kube.cache import ObjectCache
 from capi_libvirt.operator import handlers
+from capi_libvirt.operator import runtime as runtime_module
 from capi_libvirt.operator.config import OperatorConfig
 
 pytestmark = pytest.mark.unit
@@ -48,7 +49,7 @@ class Observer:
 
 @pytest.fixture(autouse=True)
 def no_delay(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handlers, "RELIST_DELAY_S", 0.0)
+    monkeypatch.setattr(runtime_module, "RELIST_DELAY_S", 0.0)
 
 
 def dependencies(kube: FakeKube) -> handlers.machine_reconcile.Dependencies:
@@ -152,7 +153,7 @@ async def test_a_deleted_machine_that_held_room_on_a_host_wakes_the_machines_wai
     """A machine waiting for a host (InsufficientCapacity, QuotaExceeded) decides again once a deletion frees room on
     one, not at its 30-second recheck: one wake for a burst of deletions, none for a machine that held no room (never
     placed) or lives on elsewhere (deleted by clusterctl move), none once the operator stops."""
-    monkeypatch.setattr(handlers, "WAKE_UNPLACED_AFTER_S", 0.01)
+    monkeypatch.setattr(runtime_module, "WAKE_UNPLACED_AFTER_S", 0.01)
     kube = FakeKube(listed=[])
     runtime = runtime_with(kube)
     wakes: list[bool] = []

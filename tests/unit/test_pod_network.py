@@ -36,10 +36,18 @@ def test_every_flavor_applies_flannel_to_its_own_cluster(flavor: str) -> None:
     network = json.loads(flannel_config["data"]["net-conf.json"])
     assert [network["Network"]] == cluster["spec"]["clusterNetwork"]["pods"]["cidrBlocks"]
     assert network["Backend"] == {"Type": "vxlan"}
+    # flanneld talks to the API server through the cluster's endpoint, not the `kubernetes` Service (kube-proxy's):
+    # both values stay strings once clusterctl substitutes them.
+    substituted = stream.replace("${CONTROL_PLANE_ENDPOINT_HOST}", "198.51.100.10").replace(
+        "${CONTROL_PLANE_ENDPOINT_PORT:=6443}", "6443")
+    [daemon_set] = _by_kind(list(yaml.safe_load_all(substituted)))["DaemonSet"]
+    [flanneld] = daemon_set["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in flanneld["env"]}
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("198.51.100.10", "6443")
 
 
 def test_the_daemon_set_runs_the_images_the_node_image_carries_and_installs_the_cni_configuration() -> None:
-    [daemon_set] = [d for d in pod_network.manifest("10.244.0.0/16") if d["kind"] == "DaemonSet"]
+    [daemon_set] = [d for d in pod_network.manifest("10.244.0.0/16", ("198.51.100.10", "6443")) if d["kind"] == "DaemonSet"]
     pod = daemon_set["spec"]["template"]["spec"]
     assert {c["image"] for c in pod["initContainers"] + pod["containers"]} == {
         pod_network.FLANNEL_IMAGE, pod_network.CNI_PLUGIN_IMAGE}
@@ -49,7 +57,7 @@ def test_the_daemon_set_runs_the_images_the_node_image_carries_and_installs_the_
     assert install_conf["args"][-1] == pod_network.CNI_CONF
     [plugin] = [c for c in pod["initContainers"] if c["name"] == "install-cni-plugin"]
     assert plugin["args"][-1] == f"{pod_network.CNI_BIN_DIR}/flannel"
-    assert daemon_set["spec"]["selector"]["matchLabels"].items() <= pod_network.manifest("x")[-1][
+    assert daemon_set["spec"]["selector"]["matchLabels"].items() <= pod_network.manifest("x", ("h", "1"))[-1][
         "spec"]["template"]["metadata"]["labels"].items()
 
 

@@ -4,6 +4,14 @@ containers that put the flannel CNI plugin in /opt/cni/bin and its CNI configura
 installed the Cluster API way: the flavors carry it as a ConfigMap that a ClusterResourceSet applies to the workload
 cluster once its API server answers (templates).
 
+One change from kube-flannel.yml: flanneld reaches the API server through the cluster's control-plane endpoint
+(KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT, which client-go's in-cluster configuration reads; the
+endpoint's address is in the API server's certificate), not through the `kubernetes` Service's address. That address
+answers on a node only once kube-proxy has written its rules there, and until then flanneld exits ("Failed to create
+SubnetManager ... dial tcp 10.96.0.1:443") and the kubelet starts it again after ever longer back-offs, while no pod
+of the node gets an address: on a whole cluster under TCG (2026-12-07) the control plane's kube-proxy took three
+minutes to write its rules and flanneld had restarted three times by then.
+
 Nothing here imports beyond the standard library: hack/build-upstream.sh and hack/build-guest-image.sh read the image
 references below (the test node image carries those images, built from source, under these names).
 """
@@ -66,7 +74,7 @@ def _rbac() -> list[dict[str, Any]]:
     ]
 
 
-def _daemon_set() -> dict[str, Any]:
+def _daemon_set(api_server: tuple[str, str]) -> dict[str, Any]:
     config_mount = {"name": "flannel-cfg", "mountPath": "/etc/kube-flannel/"}
     field = [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.{path}"}}}
              for name, path in (("POD_NAME", "name"), ("POD_NAMESPACE", "namespace"))]
@@ -83,7 +91,9 @@ def _daemon_set() -> dict[str, Any]:
         "resources": {"requests": {"cpu": "100m", "memory": "50Mi"}},
         "securityContext": {"privileged": False, "capabilities": {"add": ["NET_ADMIN", "NET_RAW"]}},
         "env": [*field, {"name": "EVENT_QUEUE_DEPTH", "value": "5000"},
-                {"name": "CONT_WHEN_CACHE_NOT_READY", "value": "false"}],
+                {"name": "CONT_WHEN_CACHE_NOT_READY", "value": "false"},
+                {"name": "KUBERNETES_SERVICE_HOST", "value": api_server[0]},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": api_server[1]}],
         "volumeMounts": [{"name": "run", "mountPath": "/run/flannel"}, config_mount,
                          {"name": "xtables-lock", "mountPath": "/run/xtables.lock"}],
     }
@@ -125,8 +135,9 @@ def _daemon_set() -> dict[str, Any]:
     return daemon_set
 
 
-def manifest(pod_cidr: str) -> list[dict[str, Any]]:
-    """Every object flannel needs in the workload cluster, in the order they apply."""
+def manifest(pod_cidr: str, api_server: tuple[str, str]) -> list[dict[str, Any]]:
+    """Every object flannel needs in the workload cluster, in the order they apply; `api_server` is the cluster's
+    control-plane endpoint (host, port), which flanneld talks to (the module docstring says why)."""
     namespace = {"apiVersion": "v1", "kind": "Namespace",
                  "metadata": {"name": NAMESPACE, "labels": {"k8s-app": NAME,
                                                             "pod-security.kubernetes.io/enforce": "privileged"}}}
@@ -134,4 +145,4 @@ def manifest(pod_cidr: str) -> list[dict[str, Any]]:
         "cni-conf.json": json.dumps(cni_configuration(), indent=2) + "\n",
         "net-conf.json": json.dumps(network_configuration(pod_cidr), indent=2) + "\n",
     })
-    return [namespace, *_rbac(), config, _daemon_set()]
+    return [namespace, *_rbac(), config, _daemon_set(api_server)]

@@ -146,7 +146,8 @@ POD_NETWORK_KEY = "flannel.yaml"
 
 def pod_network_objects() -> list[dict[str, Any]]:
     """The ConfigMap holding flannel's objects as one YAML stream, and the ClusterResourceSet naming it."""
-    stream = "".join("---\n" + dump(document) for document in pod_network.manifest(POD_CIDR))
+    api_server = (Quoted(CONTROL_PLANE_ENDPOINT_HOST), Quoted(CONTROL_PLANE_ENDPOINT_PORT))
+    stream = "".join("---\n" + dump(document) for document in pod_network.manifest(POD_CIDR, api_server))
     config_map = {"apiVersion": "v1", "kind": "ConfigMap",
                   "metadata": {"name": POD_NETWORK, "namespace": NAMESPACE}, "data": {POD_NETWORK_KEY: stream}}
     resource_set = _object(ADDONS, "ClusterResourceSet", POD_NETWORK, {

@@ -7,7 +7,8 @@ beside it (direct kernel boot). `node`: a Kubernetes node image (containerd, kub
 The script keeps the minimal image under paths.guest_image_dir()/<recipe-hash>/, the hash being the start of the
 sha256 of the script itself and hack/debian-root.sh (the root both flavors start from), and the node image under
 node-<recipe-hash>/, whose hash also covers the Kubernetes version (the script's, hack/debian-root.sh's,
-hack/image-archive.py's and api/pod_network.py's bytes, then `flavor=node` and `kubernetes=<version>` lines). This
+hack/image-archive.py's bytes, then `flannel=<version> <image> <CNI plugin image>` as api/pod_network.py names them,
+`flavor=node` and `kubernetes=<version>` lines). This
 module hashes the same way, so
 both agree on which image belongs to the current recipe. The script is found through $CAPI_LIBVIRT_GUEST_IMAGE_SCRIPT,
 else at hack/build-guest-image.sh of the source tree this package is loaded from (an editable install or a checkout on
@@ -95,15 +96,15 @@ def check_flavor(flavor: str) -> None:
 
 def recipe_hash(script: pathlib.Path, flavor: str = MINIMAL, kubernetes_version: str | None = None) -> str:
     """The same hash the script computes: `cat SCRIPT debian-root.sh | sha256sum | cut -c1-16` for minimal (the
-    debian-root.sh beside it); for node, of those two, the image-archive.py beside them and the product's
-    api/pod_network.py (the pod network's image references), followed by `flavor=node` and `kubernetes=VERSION` lines
-    (default: paths.KUBERNETES_VERSION, as the script's)."""
+    debian-root.sh beside it); for node, of those two and the image-archive.py beside them, followed by
+    `flannel=VERSION IMAGE CNI_PLUGIN_IMAGE` (the pod network's image references, api/pod_network.py's), `flavor=node`
+    and `kubernetes=VERSION` lines (default: paths.KUBERNETES_VERSION, as the script's)."""
     check_flavor(flavor)
     data = script.read_bytes() + (script.parent / ROOT_SCRIPT).read_bytes()
     if flavor == NODE:
         data += (script.parent / "image-archive.py").read_bytes()
-        data += pathlib.Path(pod_network.__file__).read_bytes()
-        data += f"flavor=node\nkubernetes={kubernetes_version or paths.KUBERNETES_VERSION}\n".encode()
+        data += (f"flannel={pod_network.FLANNEL_VERSION} {pod_network.FLANNEL_IMAGE} {pod_network.CNI_PLUGIN_IMAGE}\n"
+                 f"flavor=node\nkubernetes={kubernetes_version or paths.KUBERNETES_VERSION}\n").encode()
     return hashlib.sha256(data).hexdigest()[:HASH_LENGTH]
 
 

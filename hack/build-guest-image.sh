@@ -19,8 +19,9 @@
 #
 # Each image lands in $CAPI_LIBVIRT_CACHE/images/ (default cache ~/.cache/capi-libvirt): minimal in <recipe-hash>/,
 # node in node-<recipe-hash>/. The minimal recipe hash is the start of the sha256 of this very file and
-# hack/debian-root.sh; the node one is that of this file, hack/debian-root.sh, hack/image-archive.py and
-# src/capi_libvirt/api/pod_network.py (the pod network's images) followed by the lines `flavor=node` and
+# hack/debian-root.sh; the node one is that of this file, hack/debian-root.sh and hack/image-archive.py followed by
+# the lines `flannel=<version> <image> <CNI plugin image>` (the pod network's images, as
+# src/capi_libvirt/api/pod_network.py names them: an edit of its manifest builds no new image), `flavor=node` and
 # `kubernetes=$KUBERNETES_VERSION`,
 # so a new Kubernetes version builds a new image. Any change to the recipe below builds new images; an unchanged recipe only checks the
 # cache. src/capi_libvirt/devenv/guest_image.py computes the same hashes. `--folder` prints the folder of the current
@@ -79,11 +80,12 @@ image_archive="$(dirname "$script")/image-archive.py"
 images="$CAPI_LIBVIRT_CACHE/images"
 # The pod network's images carry the references the flavors' flannel manifest names (src/capi_libvirt/api/pod_network.py).
 repo=$(cd "$(dirname "$script")/.." && pwd)
-pod_network="$repo/src/capi_libvirt/api/pod_network.py"
 read -r flannel_version flannel_image cni_plugin_image < <(PYTHONPATH="$repo/src" python3 -c \
   'from capi_libvirt.api import pod_network as p; print(p.FLANNEL_VERSION, p.FLANNEL_IMAGE, p.CNI_PLUGIN_IMAGE)')
 if [ "$flavor" = node ]; then
-  recipe_hash=$({ cat "$script" "$debian_root" "$image_archive" "$pod_network"; printf 'flavor=node\nkubernetes=%s\n' "$KUBERNETES_VERSION"; } \
+  recipe_hash=$({ cat "$script" "$debian_root" "$image_archive"
+    printf 'flannel=%s %s %s\nflavor=node\nkubernetes=%s\n' "$flannel_version" "$flannel_image" "$cni_plugin_image" \
+      "$KUBERNETES_VERSION"; } \
     | sha256sum | cut -c1-16)
   out="$images/node-$recipe_hash"
 else

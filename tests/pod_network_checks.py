@@ -22,6 +22,7 @@ NAMESPACE = "pod-network-check"
 AGNHOST_PORT = 8080
 SERVICE = "netexec"
 SERVICE_PORT = 80
+FLANNEL_PUBLIC_IP = "flannel.alpha.coreos.com/public-ip"  # the Node annotation flanneld writes
 DEADLINE_S = 900.0  # image unpacking, flannel's first lease and route, pods started under TCG
 
 
@@ -53,6 +54,12 @@ async def _flannel_ready(workload_api: client.ApiClient, nodes: list[str]):
     if (status.number_ready or 0) < len(nodes) or not all(cidrs.get(n) for n in nodes):
         return Pending(flannel=f"{status.number_ready or 0}/{status.desired_number_scheduled or 0} ready",
                        pod_cidrs=cidrs)
+    # The address flanneld announced for VXLAN is the Node's own, never the control-plane endpoint's virtual IP
+    # (which moves between machines).
+    announced = {n.metadata.name: ((n.metadata.annotations or {}).get(FLANNEL_PUBLIC_IP),
+                                   [a.address for a in n.status.addresses or [] if a.type == "InternalIP"])
+                 for n in listed.items if n.metadata.name in nodes}
+    assert all(public in internal for public, internal in announced.values()), announced
     return cidrs
 
 

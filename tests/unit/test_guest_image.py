@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from capi_libvirt.api import pod_network
 from devenv import guest_image as gi
 from devenv import paths
 
@@ -43,11 +44,11 @@ def test_minimal_hash_is_the_sha256_of_the_script_and_its_root() -> None:
     assert gi.recipe_hash(SCRIPT, gi.MINIMAL) == gi.recipe_hash(SCRIPT)
 
 
-def test_node_hash_covers_the_script_its_root_its_image_tool_the_pod_network_and_the_kubernetes_version() -> None:
+def test_node_hash_covers_the_script_its_root_its_image_tool_the_pod_network_images_and_the_kubernetes_version() -> None:
     root = SCRIPT.parent / "debian-root.sh"
     tool = SCRIPT.parent / "image-archive.py"
-    pod_network = SCRIPT.parent.parent / "src" / "capi_libvirt" / "api" / "pod_network.py"
-    expected = hashlib.sha256(SCRIPT.read_bytes() + root.read_bytes() + tool.read_bytes() + pod_network.read_bytes()
+    images = f"flannel={pod_network.FLANNEL_VERSION} {pod_network.FLANNEL_IMAGE} {pod_network.CNI_PLUGIN_IMAGE}\n"
+    expected = hashlib.sha256(SCRIPT.read_bytes() + root.read_bytes() + tool.read_bytes() + images.encode()
                               + b"flavor=node\nkubernetes=v1.35.4\n").hexdigest()[:16]
     assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.4") == expected
     assert gi.recipe_hash(SCRIPT, gi.NODE, "v1.35.5") != expected

@@ -44,6 +44,10 @@ def test_every_flavor_applies_flannel_to_its_own_cluster(flavor: str) -> None:
     [flanneld] = daemon_set["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in flanneld["env"]}
     assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("198.51.100.10", "6443")
+    # Its VXLAN address is the node's (the pod's, in the host's network), not the interface's first one.
+    [iface] = [e for e in flanneld["env"] if e["name"] == "FLANNELD_IFACE"]
+    assert iface["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert daemon_set["spec"]["template"]["spec"]["hostNetwork"] is True
 
 
 def test_the_daemon_set_runs_the_images_the_node_image_carries_and_installs_the_cni_configuration() -> None:

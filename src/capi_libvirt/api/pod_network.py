@@ -12,6 +12,12 @@ SubnetManager ... dial tcp 10.96.0.1:443") and the kubelet starts it again after
 of the node gets an address: on a whole cluster under TCG (2026-12-07) the control plane's kube-proxy took three
 minutes to write its rules and flanneld had restarted three times by then.
 
+Another: flanneld's own address for VXLAN is the node's (`--iface` as FLANNELD_IFACE, from the pod's `status.podIP`,
+which is the node's address: flanneld runs in the host's network), not the first address of the interface with the
+default route. On a control-plane machine that may be the cluster's virtual IP, which moves to another machine when
+this one goes: the other nodes would then send this node's pod traffic to the wrong machine (seen on a whole cluster
+here: flanneld announced the virtual IP as the control-plane node's address).
+
 Nothing here imports beyond the standard library: hack/build-upstream.sh and hack/build-guest-image.sh read the image
 references below (the test node image carries those images, built from source, under these names).
 """
@@ -93,7 +99,8 @@ def _daemon_set(api_server: tuple[str, str]) -> dict[str, Any]:
         "env": [*field, {"name": "EVENT_QUEUE_DEPTH", "value": "5000"},
                 {"name": "CONT_WHEN_CACHE_NOT_READY", "value": "false"},
                 {"name": "KUBERNETES_SERVICE_HOST", "value": api_server[0]},
-                {"name": "KUBERNETES_SERVICE_PORT", "value": api_server[1]}],
+                {"name": "KUBERNETES_SERVICE_PORT", "value": api_server[1]},
+                {"name": "FLANNELD_IFACE", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
         "volumeMounts": [{"name": "run", "mountPath": "/run/flannel"}, config_mount,
                          {"name": "xtables-lock", "mountPath": "/run/xtables.lock"}],
     }

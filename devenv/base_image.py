@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import xml.etree.ElementTree as ET
 from typing import BinaryIO
 
 import libvirt
 
+from capi_libvirt.core import volume_xml
 from devenv.guest_image import GuestImage
 
 BASE_PREFIX = "base-"
@@ -37,7 +37,8 @@ def is_base_volume(name: str) -> bool:
 
 def upload_base_image(conn: libvirt.virConnect, pool_name: str, image: GuestImage) -> str:
     """The image as volume `base-<image folder name>.qcow2` in the pool, so each image and flavor has its own
-    (`base-<recipe-hash>.qcow2`, `base-node-<recipe-hash>.qcow2`); uploaded once, reused when complete."""
+    (`base-<recipe-hash>.qcow2`, `base-node-<recipe-hash>.qcow2`); uploaded once, reused when complete. Made as an
+    admin makes a base image every tenant shares: root's, readable by all (core.volume_xml.BASE_IMAGE_MODE)."""
     name = base_volume_name(image)
     pool = conn.storagePoolLookupByName(pool_name)
     pool.refresh(0)
@@ -46,11 +47,7 @@ def upload_base_image(conn: libvirt.virConnect, pool_name: str, image: GuestImag
         if existing.info()[2] >= image.disk.stat().st_size:  # allocation: a cut-short upload has less
             return name
         existing.delete(0)
-    volume = ET.Element("volume", type="file")
-    ET.SubElement(volume, "name").text = name
-    ET.SubElement(volume, "capacity", unit="bytes").text = str(qcow2_virtual_size(image.disk))
-    ET.SubElement(ET.SubElement(volume, "target"), "format", type="qcow2")
-    created = pool.createXML(ET.tostring(volume, encoding="unicode"), 0)
+    created = pool.createXML(volume_xml.image_volume_xml(name, qcow2_virtual_size(image.disk), "qcow2"), 0)
     with image.disk.open("rb") as disk:
         upload(conn, created, disk, image.disk.stat().st_size)
     return name

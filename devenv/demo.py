@@ -33,6 +33,7 @@ def say(text: str, started: float) -> None:
 
 
 def machine_spec(host: libvirt_host.LibvirtHost, image: guest_image.GuestImage, base_volume: str) -> dict:
+    kernel, initrd = host.boot_files(image)
     return {
         "image": {"volume": base_volume},
         "storagePool": host.pool_name,
@@ -42,7 +43,7 @@ def machine_spec(host: libvirt_host.LibvirtHost, image: guest_image.GuestImage, 
         "memoryMiB": 256,
         "diskGiB": 2,
         "interfaces": [{"network": host.network_name}],
-        "kernelBoot": {"kernel": str(image.kernel), "initrd": str(image.initrd)},
+        "kernelBoot": {"kernel": kernel, "initrd": initrd},
     }
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pathlib
 import subprocess
-import xml.etree.ElementTree as ET
 
 import libvirt
 
+from capi_libvirt.core import volume_xml
 from devenv import base_image
 
 IPXE_ISO = pathlib.Path("/usr/lib/ipxe/ipxe.iso")
@@ -38,11 +38,7 @@ def ipxe_qcow2(folder: pathlib.Path, name: str = BASE_VOLUME) -> pathlib.Path:
 def upload_base(conn: libvirt.virConnect, pool_name: str, image: pathlib.Path, volume_name: str = BASE_VOLUME) -> str:
     """The qcow2 image as the volume `volume_name` of the pool; returns that name."""
     pool = conn.storagePoolLookupByName(pool_name)
-    volume = ET.Element("volume", type="file")
-    ET.SubElement(volume, "name").text = volume_name
-    ET.SubElement(volume, "capacity", unit="bytes").text = str(base_image.qcow2_virtual_size(image))
-    ET.SubElement(ET.SubElement(volume, "target"), "format", type="qcow2")
-    created = pool.createXML(ET.tostring(volume, encoding="unicode"), 0)
+    created = pool.createXML(volume_xml.image_volume_xml(volume_name, base_image.qcow2_virtual_size(image), "qcow2"), 0)
     with image.open("rb") as source:
         base_image.upload(conn, created, source, image.stat().st_size)
     return volume_name

@@ -7,7 +7,8 @@ mounts of the host's own state folder under paths.run_dir()/<name>. That is what
 their sockets, pid files, domain/network/pool definitions and state never meet. The sockets stay reachable from the
 machine's own namespaces through the state folder, so `uri` works from anywhere on the machine.
 
-The host gets one `dir` storage pool and one NAT network with DHCP (none with `network_name=None`: a host whose guests
+QEMU runs as Debian and Ubuntu run it (QEMU_CONF), and a libvirt hook makes and checks each domain's AppArmor profile
+as Ubuntu's libvirtd would (devenv.apparmor_check). The host gets one `dir` storage pool and one NAT network with DHCP (none with `network_name=None`: a host whose guests
 sit on a plain bridge, see devenv.bridged_lan). stop() destroys what runs there, stops the
 daemons by PID, ends anything left in the namespace, deletes the namespace and removes the state folder (logs survive
 only when given a log folder of their own). The one trace left on the machine is the empty mount point /run/libvirt,
@@ -32,7 +33,8 @@ from types import TracebackType
 
 import libvirt
 
-from devenv import paths
+from devenv import apparmor_check, paths
+from devenv.guest_image import GuestImage
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,11 @@ class LibvirtHostError(RuntimeError):
 
 class LibvirtHost:
     """One libvirt host in its own network namespace; use as a context manager or call start() and stop()."""
+
+    # The hosts of this process that are running, and what the AppArmor check found on hosts stopped since it was
+    # last taken (take_profile_findings).
+    running: set[LibvirtHost] = set()
+    stopped_findings: list[str] = []
 
     def __init__(
         self,
@@ -106,6 +113,10 @@ class LibvirtHost:
         self.root_binds = tuple(pathlib.Path(folder) for folder in root_binds)
         if self.root is not None and not (self.root / "usr" / "sbin" / "libvirtd").exists():
             raise LibvirtHostError(f"no libvirtd in the root {self.root}")
+        missing = apparmor_check.programs(self.root)
+        if missing:
+            raise LibvirtHostError(f"no {', '.join(missing)} for the AppArmor check"
+                                   + (f" in the root {self.root}" if self.root else " (make system-deps)"))
         if len(str(self.socket_path)) > UNIX_SOCKET_PATH_MAX:
             raise LibvirtHostError(f"state folder path too long for a UNIX socket: {self.socket_path}")
 
@@ -158,6 +169,49 @@ class LibvirtHost:
                           (self.state_dir, paths.run_dir(), paths.cache_dir(), *self.root_binds)})
         return [folder for folder in folders if not any(other in folder.parents for other in folders)]
 
+    @property
+    def boot_dir(self) -> pathlib.Path:
+        """The kernels and initrds this host's guests boot (kernelBoot), as an admin keeps them in
+        /var/lib/libvirt/boot: in a folder the QEMU user can reach, which the image cache in root's home is not."""
+        return self.state_dir / "boot"
+
+    def boot_files(self, image: GuestImage) -> tuple[str, str]:
+        """The image's kernel and initrd, copied into `boot_dir` once (readable by all, root's): their paths."""
+        if image.kernel is None or image.initrd is None:
+            raise LibvirtHostError(f"the {image.flavor} image boots from its own disk; it has no kernel and initrd")
+        folder = self.boot_dir / image.folder.name
+        folder.mkdir(parents=True, exist_ok=True)
+        copies = []
+        for source in (image.kernel, image.initrd):
+            target = folder / source.name
+            if not target.exists():
+                partial = folder / f".{source.name}.partial"
+                shutil.copyfile(source, partial)
+                partial.chmod(0o644)
+                partial.replace(target)
+            copies.append(str(target))
+        return copies[0], copies[1]
+
+    @property
+    def apparmor_records(self) -> pathlib.Path:
+        """Where the AppArmor hook records each domain's profile and the files its QEMU holds (devenv.apparmor_check)."""
+        return self.state_dir / apparmor_check.RECORDS
+
+    def profile_findings(self) -> list[str]:
+        """The files of domains started here since the last call that their AppArmor profiles would not allow."""
+        if not self.apparmor_records.is_dir():
+            return []
+        return [f"host {self.name}: {finding}" for finding in
+                apparmor_check.findings(self.apparmor_records, [self.state_dir], self.root)]
+
+    @classmethod
+    def take_profile_findings(cls) -> list[str]:
+        """What the AppArmor check found on this process's hosts, running or stopped, since the last call."""
+        found, cls.stopped_findings = cls.stopped_findings, []
+        for host in sorted(cls.running, key=lambda host: host.name):
+            found += host.profile_findings()
+        return found
+
     def _pid_file(self, daemon: str) -> pathlib.Path:
         return self.state_dir / f"{daemon}.pid"
 
@@ -194,6 +248,7 @@ class LibvirtHost:
             self._log_tail(self.libvirtd_log)
             self.stop()
             raise
+        LibvirtHost.running.add(self)
         log.info("libvirt host %s ready: %s (netns %s, network %s, logs in %s)",
                  self.name, self.uri, self.netns, self.subnet, self.log_dir)
 
@@ -213,7 +268,9 @@ class LibvirtHost:
                 log.info("libvirt host %s: ending leftover process %d in netns %s", self.name, pid, self.netns)
                 terminate(pid)
             run(["ip", "netns", "delete", self.netns])
+        LibvirtHost.running.discard(self)
         if self.state_dir.exists():
+            LibvirtHost.stopped_findings += self.profile_findings()
             # libvirt probes QEMU lazily, so the capabilities exist only once a host was used; keep them for the next.
             keep_qemu_capabilities(self.state_dir / "cache", self.root)
             shutil.rmtree(self.state_dir)
@@ -228,12 +285,17 @@ class LibvirtHost:
     def _write_state_folder(self) -> None:
         for folder in (*self._bind_mounts().values(), self.pool_dir):
             folder.mkdir(parents=True, exist_ok=True)
+        # The QEMU user passes through to the pool (0711, as Debian's and Ubuntu's /var/lib/libvirt/images) whatever
+        # the umask; libvirt labels the files in it.
+        self.state_dir.chmod(0o755)
+        self.pool_dir.chmod(0o711)
         # libvirt makes it only when a guest's QEMU log is first written, after opening a serial log placed there.
         self.qemu_log_dir.mkdir(exist_ok=True)
         etc = self.state_dir / "etc"
         (etc / "libvirtd.conf").write_text(self._libvirtd_conf())
         (etc / "virtlogd.conf").write_text(self._virtlogd_conf())
         (etc / "qemu.conf").write_text(QEMU_CONF)
+        apparmor_check.install_hook(etc, self.apparmor_records)
         # libvirt's own traffic filters (clean-traffic and the filters it is made of), as Debian's and Ubuntu's
         # libvirt-daemon-config-nwfilter install them into /etc/libvirt/nwfilter, where libvirtd loads them at start.
         nwfilters = LIBVIRT_NWFILTERS if self.root is None else self.root / LIBVIRT_NWFILTERS.relative_to("/")
@@ -397,16 +459,18 @@ class LibvirtHost:
 
 # -- configuration ------------------------------------------------------------------------------------------------
 
-# QEMU as root without a security driver or cgroups: guests read the cached image and kernel as they are (no chown of
-# files outside the host), and hosts side by side share no cgroup paths.
+# QEMU as Debian and Ubuntu package libvirt: as the unprivileged user and group their build sets (user and group
+# unset: libvirt-qemu, made by libvirt-daemon-system), with the DAC driver giving it each file a guest uses when the
+# guest starts and back to its owner when it stops (dynamic_ownership, remember_owner: libvirt's defaults, spelled
+# out). No security_driver is named, as in the packages: libvirtd takes AppArmor where the kernel has it (Ubuntu's),
+# and this kernel has none, which is the one difference left (docs/book/src/development/stand-ins.md). No cgroups:
+# hosts side by side would share their paths.
 QEMU_CONF = """\
-user = "root"
-group = "root"
-dynamic_ownership = 0
-remember_owner = 0
-security_driver = "none"
+dynamic_ownership = 1
+remember_owner = 1
 cgroup_controllers = [ ]
 """
+QEMU_USER = "libvirt-qemu"  # whom QEMU runs as on these hosts, as on Debian's and Ubuntu's
 
 
 def libvirt_conf(**settings: ConfValue) -> str:

@@ -27,10 +27,10 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 
-from capi_libvirt.core import domain_owner, domain_xml_edits, images, placement, traffic_filter
+from capi_libvirt.core import domain_owner, domain_xml, domain_xml_edits, images, placement, traffic_filter
 from capi_libvirt.core.address_conflicts import Segment, SegmentFacts
 from capi_libvirt.core.orphans import HostDomain
-from capi_libvirt.hypervisor import connection, credentials, errors, machines, probe, traffic_filters
+from capi_libvirt.hypervisor import connection, credentials, errors, machines, probe, serial_log, traffic_filters
 from capi_libvirt.hypervisor import images as host_images
 from capi_libvirt.hypervisor.host import Host, ImageOpener
 from devenv.memory_state import GIB, OVERLAY_ALLOCATION, Domain, HostState, Volume
@@ -191,15 +191,22 @@ class MemoryHost(HostState):
             return self._active_pool(pool).path
 
     async def ensure_overlay(self, volumes: machines.MachineVolumes, base_pool: str, base_volume: str,
-                             disk_gib: int) -> str:
+                             disk_gib: int) -> machines.Overlay:
+        """As the real host's, with every volume here world-readable: a base without a backing file of its own is
+        shared as it is (core.volume_xml.shareable_base)."""
         async with self._operation("ensure_overlay", volumes, base_pool, base_volume, disk_gib):
             pool = self._active_pool(volumes.pool)
+            base_in = self._active_pool(base_pool)
             if volumes.overlay not in pool.volumes:
-                base_in = self._active_pool(base_pool)
                 base = self._volume(base_in, base_volume)
                 self._create(pool, Volume(volumes.overlay, max(disk_gib * GIB, base.capacity), OVERLAY_ALLOCATION,
                                           "qcow2", backing=base_in.path_of(base.name)))
-            return pool.path_of(volumes.overlay)
+            backing_path = pool.volumes[volumes.overlay].backing
+            base_found = next((volume for volume in base_in.volumes.values()
+                               if base_in.path_of(volume.name) == backing_path), None)
+            backing = (domain_xml.BackingFile(str(backing_path), base_found.format)
+                       if base_found is not None and base_found.backing is None else None)
+            return machines.Overlay(pool.path_of(volumes.overlay), backing)
 
     async def ensure_data_disks(self, volumes: machines.MachineVolumes, sizes_gib: list[int]) -> list[str]:
         async with self._operation("ensure_data_disks", volumes, sizes_gib):
@@ -226,11 +233,11 @@ class MemoryHost(HostState):
                 self._create(pool, Volume(volumes.serial_log, 0, 0))
             return pool.path_of(volumes.serial_log)
 
-    async def read_serial_log(self, pool: str, log_volume: str, start: int, tail: int | None) -> machines.LogChunk:
+    async def read_serial_log(self, pool: str, log_volume: str, start: int, tail: int | None) -> serial_log.LogChunk:
         async with self._operation("read_serial_log", pool, log_volume, start, tail):
             data = self._volume(self._active_pool(pool), log_volume).data
-            first, end = machines.log_range(len(data), start, tail)
-            return machines.LogChunk(data[first:end], end)
+            first, end = serial_log.log_range(len(data), start, tail)
+            return serial_log.LogChunk(data[first:end], end)
 
     # -- a machine's domain -------------------------------------------------------------------------------------------
 
@@ -336,7 +343,13 @@ class MemoryHost(HostState):
             if redefined is not None:
                 domain.xml = redefined
                 done.append("definition")
-            if self._active_pool(volumes.pool).volumes.pop(volumes.ignition, None) is not None:
+            pool = self._active_pool(volumes.pool)
+            volume = pool.volumes.get(volumes.ignition)
+            if volume is not None and domain.state != "shutoff":
+                volume.data = bytes(len(volume.data))
+                done.append("emptied")
+            elif volume is not None:
+                del pool.volumes[volumes.ignition]
                 done.append("volume")
             return done
 

@@ -51,7 +51,8 @@ def run_dev(namespaces: list[str], force_local: bool = False) -> int:
         if image is not None:
             with host.connect() as conn:
                 base = base_image.upload_base_image(conn, host.pool_name, image)
-            base += f" (kernelBoot: kernel {image.kernel}, initrd {image.initrd}; domainType: qemu)"
+            kernel, initrd = host.boot_files(image)
+            base += f" (kernelBoot: kernel {kernel}, initrd {initrd}; domainType: qemu)"
         print(
             "\n=== capi-libvirt local environment ===\n"
             f"  kube-apiserver : {plane.server}\n"

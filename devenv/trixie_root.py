@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import grp
 import hashlib
 import logging
 import os
@@ -46,6 +47,8 @@ MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # driver writes its NAT rules with nft (nftables); the nwfilter driver still drives iptables and ebtables.
 PACKAGES = (
     "libvirt-daemon",
+    "libvirt-daemon-system",  # what makes the user and group QEMU runs as (libvirt-qemu, kvm), as on the machine
+    "apparmor",  # apparmor_parser, for each guest's profile (devenv.apparmor_check), with libvirt 11's virt-aa-helper
     "libvirt-daemon-driver-qemu",
     "libvirt-daemon-driver-network",
     "libvirt-daemon-driver-storage",
@@ -58,7 +61,7 @@ PACKAGES = (
     "iptables",
     "ebtables",
 )
-RECIPE_REVISION = 1  # raise when the steps after debootstrap change
+RECIPE_REVISION = 3  # raise when the steps after debootstrap change
 # Of no use in a root nobody logs into; removed to keep the root small.
 PRUNED = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/info",
           "usr/share/locale", "usr/share/lintian")
@@ -70,7 +73,18 @@ class TrixieRootError(RuntimeError):
 
 
 def recipe() -> str:
-    return f"suite={SUITE}\npackages={','.join(sorted(PACKAGES))}\nrevision={RECIPE_REVISION}\n"
+    return (f"suite={SUITE}\npackages={','.join(sorted(PACKAGES))}\nrevision={RECIPE_REVISION}\n"
+            f"kvm-gid={machine_kvm_gid()}\n")
+
+
+def machine_kvm_gid() -> int | None:
+    """The machine's `kvm` group (its /dev/kvm's, see devenv.libvirt_host.ensure_kvm_device_group): the root's gets
+    the same id, so the root's QEMU user, a member of it, may open the device as on the machine. Were it another,
+    libvirt would find KVM unusable to that user and probe QEMU again at every capabilities lookup (seconds each)."""
+    try:
+        return grp.getgrnam("kvm").gr_gid
+    except KeyError:
+        return None
 
 
 def recipe_hash() -> str:
@@ -136,8 +150,10 @@ def build(root: pathlib.Path) -> None:
     policy.chmod(0o755)
     # /proc for the packages' scripts, mounted in a mount namespace of its own: it goes when the command ends.
     chroot = f"chroot {root}"
+    kvm_gid = machine_kvm_gid()
     script = " && ".join([
         f"mount -t proc proc {root}/proc",
+        *([f"{chroot} groupadd --system --gid {kvm_gid} kvm"] if kvm_gid is not None else []),  # before the packages
         f"{chroot} apt-get update -q",
         f"{chroot} apt-get install -y -q --no-install-recommends {' '.join(PACKAGES)}",
         f"{chroot} apt-get clean",

@@ -13,6 +13,7 @@ packages=(
   extlinux syslinux-common fdisk                                 # the node image's bootloader, MBR and partition
   gcc libc6-dev                                                  # the node image's sandbox (pause) program, static
   libxml2-utils                                                  # xmllint, behind virt-xml-validate (schema tests)
+  apparmor                                                       # apparmor_parser: each guest's profile compiled as on Ubuntu
   openssl ca-certificates                                        # keys for the local kube-apiserver; test PKI
   openssh-server openssh-client                                  # qemu+ssh to test hosts (sshd in their namespace)
   ipxe                                                           # make bench: a guest that only takes a DHCP lease

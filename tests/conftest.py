@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 import guest_slots
+from devenv.libvirt_host import LibvirtHost
 
 # The test bed's own API client (kubernetes_asyncio; the product has its own, kube/client.py) logs every response body
 # at DEBUG, Secrets (host keys, bootstrap data) included. Tests that gather every log line of their process at DEBUG
@@ -81,6 +82,16 @@ def first_scopes_first(nodeid: str) -> tuple[int, int]:
     module = pathlib.PurePath(nodeid.split("::", 1)[0]).stem
     rank = FIRST_SCOPES.index(name) if name in FIRST_SCOPES else len(FIRST_SCOPES) + (module in LINUX_GUEST_MODULES)
     return (rank, LINUX_GROUP_ORDER.index(module) if module in LINUX_GROUP_ORDER else 0)
+
+
+@pytest.fixture(autouse=True)
+def apparmor_profiles_allow_each_domains_files() -> Iterator[None]:
+    """After each test: every domain started on this process's libvirt hosts meanwhile had an AppArmor profile, made
+    as Ubuntu's libvirtd makes it, that allows each file it names and each host file its QEMU held
+    (devenv.apparmor_check); a profile that could not be made failed the domain's start already."""
+    yield
+    found = LibvirtHost.take_profile_findings()
+    assert not found, "AppArmor profiles that miss files:\n" + "\n".join(found)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -5,15 +5,16 @@ guests boot (the minimal one, and the Kubernetes node one)."""
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import sys
 from collections.abc import Iterator
 
 import pytest
 
-from devenv import base_image
+from devenv import apparmor_check, base_image
 from devenv.guest_image import NODE, GuestImage, find_guest_image, image_folder
-from devenv.libvirt_host import LibvirtHost
+from devenv.libvirt_host import QEMU_USER, LibvirtHost
 
 from prereq import require
 
@@ -29,6 +30,17 @@ def require_libvirt_host_prerequisites() -> None:
     require(os.geteuid() == 0, "root (libvirt hosts create network namespaces)")
     for program in ("libvirtd", "virtlogd", "qemu-system-x86_64", "dnsmasq", "ip", "unshare"):
         require(shutil.which(program) is not None, f"{program} on PATH (apt packages of make deps)")
+    require(user_exists(QEMU_USER), f"the user {QEMU_USER} QEMU runs as (made by libvirt-daemon-system, make deps)")
+    missing = apparmor_check.programs()
+    require(not missing, f"{', '.join(missing)} for the AppArmor check (apparmor and libvirt-daemon-system, make deps)")
+
+
+def user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 @pytest.fixture(scope="session")
 def libvirt_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LibvirtHost]:

@@ -57,7 +57,7 @@ def worker_objects(tmp: pathlib.Path, repository: pathlib.Path, flavor: str, clu
                                                    "MachineDeployment"], workers
     for document in workers:
         if document["kind"] == "LibvirtMachineTemplate":
-            document["spec"]["template"]["spec"].update(domainType="qemu", machineType="pc")
+            document["spec"]["template"]["spec"].update(domainType="qemu")  # TCG; the flavor's q35 stays
         if document["kind"] == "KubeadmConfigTemplate":
             document["spec"]["template"]["spec"].setdefault("preKubeadmCommands", []).append(USE_BRIDGE_CNI)
     return workers
@@ -110,6 +110,24 @@ async def kubelet_csr(api: client.ApiClient, token_id: str) -> client.V1Certific
     return posted[0] if posted else None
 
 
+GIB = 1024**3
+BINARY_SUFFIXES = {"": 1, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
+# What ext4 keeps for itself of a few GiB (inode tables, bitmaps, the journal): the file system's size is at least
+# this share of its partition. The node image's own disk (4 GiB) is far below it for the sizes the tests ask.
+FILE_SYSTEM_SHARE = 0.9
+
+
+def assert_root_file_system_fills_the_disk(node: client.V1Node, disk_gib: int) -> None:
+    """The kubelet's root file system (the Node's ephemeral-storage capacity) is the machine's diskGiB, less ext4's
+    own share: the overlay was grown to diskGiB, and the guest's partition and file system with it (growpart and
+    resizefs at first boot), not left at the node image's size."""
+    quantity = node.status.capacity["ephemeral-storage"]
+    number, suffix = quantity.rstrip("KMGTi"), quantity[len(quantity.rstrip("KMGTi")):]
+    size = int(number) * BINARY_SUFFIXES[suffix]
+    assert FILE_SYSTEM_SHARE * disk_gib * GIB <= size <= disk_gib * GIB, \
+        f"root file system of {node.metadata.name}: {size / GIB:.2f} GiB for diskGiB {disk_gib} ({quantity})"
+
+
 async def assert_joined_by_kubelet(api: client.ApiClient, namespace: str, machine: dict, infra: dict,
                                    workload_api: client.ApiClient | None = None) -> client.V1Node:
     """The Machine's Node was registered by a real kubelet of this Kubernetes version, on containerd, after a
@@ -122,6 +140,7 @@ async def assert_joined_by_kubelet(api: client.ApiClient, namespace: str, machin
     assert node.status.node_info.kubelet_version == paths.KUBERNETES_VERSION, node.status.node_info
     assert node.status.node_info.container_runtime_version.startswith("containerd://"), node.status.node_info
     assert is_ready(node), node.status.conditions
+    assert_root_file_system_fills_the_disk(node, infra["spec"]["diskGiB"])
     csr = await kubelet_csr(workload_api, await join_token_id(api, namespace, machine))
     assert csr is not None, f"no kubelet CSR posted with the bootstrap token of {machine['metadata']['name']}"
     assert csr.status.certificate, f"the CSR of {node.metadata.name} was not signed"

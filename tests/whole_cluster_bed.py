@@ -3,7 +3,7 @@ cluster` writes them, with this machine's changes; applying them; and the waits 
 control plane up behind its endpoint, every Node Ready, the Cluster Available, the Cluster gone), each marking its
 phases on a Clock.
 
-This machine's changes, and why: `domainType: qemu` (no KVM) and machine type `pc`; the machines' sizes (2 vCPUs and
+This machine's changes, and why: `domainType: qemu` (no KVM; the flavor's machine type, q35, stays); the machines' sizes (2 vCPUs and
 2 GiB for the control plane, kubeadm init's minimum; 1 vCPU and 1 GiB for a worker); kubeadm's waits
 (KUBEADM_TIMEOUTS); the controller manager's and the scheduler's leader election (LEADER_ELECTION); etcd's raft
 timings and fsync (ETCD_FOR_TCG); the API server's liveness probe, and its and the scheduler's readiness probes
@@ -180,7 +180,7 @@ def generated_objects(tmp: pathlib.Path, repository: pathlib.Path, flavor: str, 
     for document in documents:
         kind, spec = document["kind"], document.get("spec", {})
         if kind == "LibvirtMachineTemplate":
-            spec["template"]["spec"].update(domainType="qemu", machineType="pc")
+            spec["template"]["spec"].update(domainType="qemu")  # TCG here; the flavor's machine type (q35) stays
         elif kind == "KubeadmControlPlane":
             _adapt_control_plane(spec["kubeadmConfigSpec"], endpoint)
         elif kind == "KubeadmControlPlaneTemplate":

@@ -3,7 +3,7 @@
 The machine's host is the one its status names, reached the way the operator reaches it: through the LibvirtHost
 object and its credentials Secret, read with the user's kubeconfig, or through a `--host NAME=URI` of the command line
 (hosts without objects, as `run --host`). The log is downloaded over that libvirt connection
-(hypervisor.machines.read_serial_log), so a remote host needs no login. The user needs `get` on the LibvirtMachine,
+(hypervisor.serial_log.read_serial_log), so a remote host needs no login. The user needs `get` on the LibvirtMachine,
 the LibvirtHost and its credentials Secret. Every failure is a ConsoleLogError or a HypervisorError whose text is
 safe to print: no URI query, no credentials.
 """
@@ -19,7 +19,7 @@ import pydantic
 
 from capi_libvirt.api import v1alpha1, v1alpha1_host
 from capi_libvirt.core import conditions, naming
-from capi_libvirt.hypervisor import connection, credentials, machines
+from capi_libvirt.hypervisor import connection, credentials, serial_log
 from capi_libvirt.hypervisor import host as host_api
 from capi_libvirt.kube import api
 from capi_libvirt.kube.client import ApiError
@@ -154,7 +154,7 @@ async def show(kube: api.KubeAPI, namespace: str, name: str, out: BinaryIO, *, s
     host = host_api.libvirt_host(where.host, uri, secret, None)
     output = Limited(out, limit_bytes)
 
-    async def read(start: int, tail: int | None) -> machines.LogChunk:
+    async def read(start: int, tail: int | None) -> serial_log.LogChunk:
         return await host.read_serial_log(where.pool, where.volume, start, tail)
     try:
         if tail_lines is None:

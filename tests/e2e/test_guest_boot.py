@@ -21,6 +21,7 @@ import guest_agent
 import timing_report
 from capi_libvirt.core import domain_xml as provider_domain_xml
 from capi_libvirt.core.nocloud import build_nocloud_iso
+from devenv import apparmor_check
 from devenv.base_image import upload
 from devenv.guest_image import GuestImage
 from devenv.libvirt_host import LibvirtHost
@@ -81,16 +82,18 @@ def meta_data(name: str) -> bytes:
     return f"instance-id: {name}\nlocal-hostname: {name}\n".encode()
 
 
-def domain_xml(name: str, image: GuestImage, disk: str, seed: str, network: str, serial_log: pathlib.Path) -> str:
-    """A TCG guest booting the image's kernel directly; the seed CD-ROM on IDE (the cloud kernel has no SATA)."""
+def domain_xml(name: str, image: GuestImage, boot: tuple[str, str], disk: str, base: str, seed: str, network: str,
+               serial_log: pathlib.Path) -> str:
+    """A TCG guest booting the image's kernel directly (`boot`: the host's copies of its kernel and initrd); its disk
+    an overlay on `base`, named as the provider names it (so libvirt leaves the shared base as it is); the seed
+    CD-ROM on IDE (the cloud kernel has no SATA)."""
     domain = ET.Element("domain", type="qemu")
     ET.SubElement(domain, "name").text = name
     ET.SubElement(domain, "memory", unit="MiB").text = str(GUEST_MEMORY_MIB)
     ET.SubElement(domain, "vcpu").text = "1"
     os_ = ET.SubElement(domain, "os")
     ET.SubElement(os_, "type", arch="x86_64", machine="pc").text = "hvm"
-    ET.SubElement(os_, "kernel").text = str(image.kernel)
-    ET.SubElement(os_, "initrd").text = str(image.initrd)
+    ET.SubElement(os_, "kernel").text, ET.SubElement(os_, "initrd").text = boot
     ET.SubElement(os_, "cmdline").text = image.kernel_cmdline
     features = ET.SubElement(domain, "features")
     ET.SubElement(features, "acpi")
@@ -98,10 +101,7 @@ def domain_xml(name: str, image: GuestImage, disk: str, seed: str, network: str,
     ET.SubElement(tcg, "tb-cache", unit="MiB").text = str(provider_domain_xml.DEFAULT_TCG_TB_CACHE_MIB)  # the provider's own
 
     devices = ET.SubElement(domain, "devices")
-    root = ET.SubElement(devices, "disk", type="file", device="disk")
-    ET.SubElement(root, "driver", name="qemu", type="qcow2")
-    ET.SubElement(root, "source", file=disk)
-    ET.SubElement(root, "target", dev="vda", bus="virtio")
+    devices.append(provider_domain_xml.disk_element(disk, "qcow2", "virtio", "vda", provider_domain_xml.BackingFile(base)))
     cdrom = ET.SubElement(devices, "disk", type="file", device="cdrom")
     ET.SubElement(cdrom, "driver", name="qemu", type="raw")
     ET.SubElement(cdrom, "source", file=seed)
@@ -129,12 +129,13 @@ def guest(libvirt_host: LibvirtHost, guest_image: GuestImage, base_image_volume:
     serial_log = libvirt_host.qemu_log_dir / f"{name}.serial.log"
     with libvirt_host.connect() as conn:
         pool = conn.storagePoolLookupByName(libvirt_host.pool_name)
-        overlay = pool.createXML(volume_xml(f"{name}.qcow2", OVERLAY_CAPACITY, "qcow2", backing=pool.storageVolLookupByName(base_image_volume)), 0)
+        base = pool.storageVolLookupByName(base_image_volume)
+        overlay = pool.createXML(volume_xml(f"{name}.qcow2", OVERLAY_CAPACITY, "qcow2", backing=base), 0)
         iso = build_nocloud_iso(user_data(token, Guest.final_message_for(token)), meta_data(name))
         seed = pool.createXML(volume_xml(f"{name}-seed.iso", len(iso), "raw"), 0)
         upload(conn, seed, io.BytesIO(iso), len(iso))
         domain = conn.defineXML(
-            domain_xml(name, guest_image, overlay.path(), seed.path(), libvirt_host.network_name, serial_log))
+            domain_xml(name, guest_image, libvirt_host.boot_files(guest_image), overlay.path(), base.path(), seed.path(), libvirt_host.network_name, serial_log))
         try:
             domain.create()
             yield Guest(name=name, token=token, serial_log=serial_log, domain=domain)
@@ -194,5 +195,14 @@ def test_guest_boots_runs_cloud_init_and_gets_a_lease(guest: Guest, libvirt_host
                     lambda: ipv4_addresses(guest.domain, libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT),
                     LEASE_DEADLINE_S, lambda: serial_tail(guest.serial_log))
     assert set(leased) <= set(seen), (leased, seen)
+    # Its AppArmor profile was made and compiled as Ubuntu's libvirtd would at its start, and QEMU's files were
+    # recorded once it ran (devenv.apparmor_check; the conftest checks every domain's after each test): the overlay
+    # read-write, the shared base read-only.
+    record = libvirt_host.apparmor_records / guest.domain.UUIDString()
+    assert (record / "profile.bin").stat().st_size > 0
+    held = dict((path, access) for access, path in apparmor_check.held_files((record / "held").read_text()))
+    overlay = ET.fromstring(guest.domain.XMLDesc(0)).find("devices/disk/source").get("file")
+    base = ET.fromstring(guest.domain.XMLDesc(0)).find("devices/disk/backingStore/source").get("file")
+    assert (held.get(overlay), held.get(base)) == ("rw", "r"), held
     # What the boot spent, from inside, for the timing report (out/timing/boot-minimal.txt).
     timing_report.record_boot_profile("minimal", guest_agent.boot_profile(libvirt_host, guest.domain.UUIDString()))

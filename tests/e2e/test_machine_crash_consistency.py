@@ -91,7 +91,7 @@ async def test_restart_after_a_crash_converges_to_one_domain_and_no_stray_volume
     spec = {"image": {"volume": base_image_volume}, "storagePool": libvirt_host.pool_name, "domainType": "qemu",
             "machineType": "pc", "cpus": 1, "memoryMiB": 256, "diskGiB": 2,
             "interfaces": [{"network": libvirt_host.network_name}],
-            "kernelBoot": {"kernel": str(guest_image.kernel), "initrd": str(guest_image.initrd)}}
+            "kernelBoot": dict(zip(("kernel", "initrd"), libvirt_host.boot_files(guest_image), strict=True))}
     await capi_objects.create_machine(api_client, namespace, "demo", name, "#cloud-config\n", spec)
     objects = client.CustomObjectsApi(api_client)
 

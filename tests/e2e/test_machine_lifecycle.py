@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from kubernetes_asyncio import client
 
+import qemu_files
 from capi_libvirt.api import meta
 from capi_libvirt.core import conditions, naming
 from capi_libvirt.hypervisor.connection import THREADS_PER_HOST
@@ -46,10 +47,9 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
     await core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=naming.hostname(machine_name))))
     # No guest agent: libvirt's DHCP lease is then the only source that can give the address (the lease path; the
     # agent and the ARP table are proven by test_bridged_addresses.py).
+    spec = machine_spec(libvirt_host, guest_image, base_image_volume) | {"guestAgent": False}
     made = await capi_objects.create_machine(api_client, namespace, "demo", machine_name,
-                                             capi_objects.marker_user_data(marker),
-                                             machine_spec(libvirt_host, guest_image, base_image_volume)
-                                             | {"guestAgent": False})
+                                             capi_objects.marker_user_data(marker), spec)
 
     async def get():
         return await objects.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, "libvirtmachines",
@@ -105,6 +105,28 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
 
         await wait_until("the bootstrap marker in the serial log", marker_logged, PROVISION_DEADLINE_S, 2.0)
 
+        # The default machine type, q35, with the NoCloud CD-ROM on the virtio-scsi bus q35 gives it.
+        with libvirt_host.connect() as conn:
+            defined = ET.fromstring(conn.lookupByUUIDString(domain_uuid).XMLDesc(0))
+        assert defined.find("os/type").get("machine", "").startswith("pc-q35-"), ET.tostring(defined.find("os"))
+        assert defined.find("devices/disk[@device='cdrom']/target").get("bus") == "scsi"
+
+        # QEMU runs as the host's unprivileged user (as Debian and Ubuntu run it), on the files libvirt gave it; the
+        # shared base image stays root's, and QEMU holds it read-only: no guest can write to it.
+        pool = libvirt_host.pool_dir
+        pid = qemu_files.qemu_pid(libvirt_host, naming.domain_name(namespace, machine_name, uid))
+        assert qemu_files.process_uid(pid) == qemu_files.qemu_uid() != 0
+        held = qemu_files.held_files(pid)
+        overlay, iso = (str(pool / naming.overlay_volume_name(namespace, machine_name, uid)),
+                        str(pool / naming.nocloud_volume_name(namespace, machine_name, uid)))
+        base = str(pool / base_image_volume)
+        assert (held[overlay].access, held[base].access) == ("rw", "r"), held
+        assert qemu_files.owned(overlay).uid == qemu_files.owned(iso).uid == qemu_files.qemu_uid()
+        base_owner = qemu_files.owned(base)
+        assert (base_owner.uid, base_owner.mode, base_owner.libvirt_attributes) == (0, 0o644, ()), base_owner
+        kernel_owner = qemu_files.owned(spec["kernelBoot"]["kernel"])
+        assert kernel_owner.uid == qemu_files.qemu_uid() and kernel_owner.libvirt_attributes, kernel_owner
+
         # Bootstrap data never leaves the ISO: not in the status, the events, or anything the operator logged.
         body = await get()
         events = await core.list_namespaced_event(namespace)
@@ -126,4 +148,7 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
     names = [naming.overlay_volume_name(namespace, machine_name, uid), naming.nocloud_volume_name(namespace, machine_name, uid),
              naming.serial_log_file_name(namespace, machine_name, uid)]
     assert host_objects(libvirt_host, domain_uuid, names) == []
+    # The host's own files the guest used (its kernel and initrd) are given back to their owner, root, as they were.
+    for path in (spec["kernelBoot"]["kernel"], spec["kernelBoot"]["initrd"]):
+        assert qemu_files.owned(path) == qemu_files.Owned(0, 0, 0o644, ()), path
     await core.delete_node(naming.hostname(machine_name))

@@ -10,7 +10,7 @@ import pytest
 
 from capi_libvirt import cli, console_log
 from capi_libvirt.core import naming
-from capi_libvirt.hypervisor import machines
+from capi_libvirt.hypervisor import machines, serial_log
 from capi_libvirt.kube.client import ApiError
 
 pytestmark = pytest.mark.unit
@@ -29,7 +29,7 @@ UID = "0f4e6f3e-2d55-4c8b-9a51-6f1b0c0de001"
     (0, 0, None, (0, 0)),  # an empty log
 ])
 def test_log_range_reads_from_the_follower_offset_at_most_the_tail(size, start, tail, expected):
-    assert machines.log_range(size, start, tail) == expected
+    assert serial_log.log_range(size, start, tail) == expected
 
 
 def test_machine_reference_is_namespace_slash_name_or_a_name_in_the_namespace_given():

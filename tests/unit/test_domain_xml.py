@@ -13,6 +13,7 @@ from capi_libvirt.core import domain_xml_edits, naming
 from capi_libvirt.core.domain_owner import METADATA_NAMESPACE, Owner, parse_owner
 from capi_libvirt.core.domain_xml import (
     DEFAULT_TCG_TB_CACHE_MIB,
+    BackingFile,
     DomainConfig,
     Interface,
     KernelBoot,
@@ -57,7 +58,7 @@ def spec(**fields: object) -> v1alpha1.LibvirtMachineSpec:
     return v1alpha1.LibvirtMachineSpec.model_validate({"image": {"volume": "ubuntu-24.04.qcow2"}, **fields})
 
 
-def spec_config(machine_spec: v1alpha1.LibvirtMachineSpec, owner: Owner = OWNER) -> DomainConfig:
+def spec_config(machine_spec: v1alpha1.LibvirtMachineSpec, owner: Owner = OWNER, **paths: object) -> DomainConfig:
     return from_spec(
         machine_spec,
         name="capi-default-worker-0-1a2b3c4d",
@@ -66,6 +67,7 @@ def spec_config(machine_spec: v1alpha1.LibvirtMachineSpec, owner: Owner = OWNER)
         iso_path="/pool/d-cidata.iso",
         serial_log_path="/logs/d.serial.log",
         owner=owner,
+        **paths,  # type: ignore[arg-type]
     )
 
 
@@ -120,6 +122,35 @@ def test_root_disk_is_qcow2_on_virtio_as_vda() -> None:
     assert child(disk, "driver").attrib == {"name": "qemu", "type": "qcow2"}
     assert child(disk, "source").get("file") == basic_config().disk_path
     assert child(disk, "target").attrib == {"dev": "vda", "bus": "virtio"}
+
+
+def test_root_disk_names_no_backing_chain_unless_given_one() -> None:
+    (disk,) = disks(parse(basic_config()), "disk")
+    assert disk.find("backingStore") is None, "libvirt finds the chain itself"
+
+
+def test_a_shared_base_is_the_whole_backing_chain_with_dac_relabelling_off() -> None:
+    config = basic_config(disk_backing=BackingFile("/images/base.qcow2", "qcow2"))
+    (disk,) = disks(parse(config), "disk")
+    store = child(disk, "backingStore")
+    assert store.get("type") == "file"
+    assert child(store, "format").get("type") == "qcow2"
+    source = child(store, "source")
+    assert source.get("file") == "/images/base.qcow2"
+    assert child(source, "seclabel").attrib == {"model": "dac", "relabel": "no"}
+    end = child(store, "backingStore")
+    assert len(end) == 0 and not end.attrib, "an empty <backingStore/>: the base has no backing file"
+    assert child(disk, "source").get("file") == config.disk_path, "the overlay stays the disk's own source"
+
+
+def test_from_spec_passes_the_backing_file_to_the_root_disk_only() -> None:
+    backing = BackingFile("/images/base.img", "raw")
+    config = spec_config(spec(dataDisks=[{"sizeGiB": 1}]), disk_backing=backing,
+                         data_disk_paths=("/pool/d-data-0.qcow2",))
+    assert config.disk_backing == backing
+    root, data = disks(parse(config), "disk")
+    assert child(child(root, "backingStore"), "format").get("type") == "raw"
+    assert data.find("backingStore") is None
 
 
 @pytest.mark.parametrize("bus", ["scsi", "sata"])

@@ -237,6 +237,31 @@ async def test_data_disks_are_made_with_the_root_disk() -> None:
     assert made[1] == [3, 5]
 
 
+async def test_a_shareable_base_is_named_in_the_domain_with_libvirts_labelling_off() -> None:
+    host = fake_host()
+    deps, p, events = machine_pass(host, api.BootstrapData(value=b"#cloud-config\n", format="cloud-config"))
+    await machine_reconcile.ensure_overlay(deps, p)
+    await machine_reconcile.ensure_domain(deps, p)
+    (defined,) = [args for name, args in host.asked if name == "define_domain"]
+    source = ET.fromstring(defined[1]).find("devices/disk/backingStore/source")
+    assert source is not None and source.get("file") == "/pool/base.qcow2"
+    assert source.find("seclabel").attrib == {"model": "dac", "relabel": "no"}
+    assert not [e for e in events if e[1] == reasons.BASE_IMAGE_LABELLED]
+
+
+async def test_a_base_that_cannot_be_shared_as_it_is_is_left_to_libvirt_with_a_warning() -> None:
+    host = fake_host()
+    host.add_volume("default", "layered.qcow2", capacity=1 << 30, fmt="qcow2").backing = "/pool/base.qcow2"
+    deps, p, events = machine_pass(host, api.BootstrapData(value=b"#cloud-config\n", format="cloud-config"))
+    p.spec = spec(image={"volume": "layered.qcow2"})
+    await machine_reconcile.ensure_overlay(deps, p)
+    await machine_reconcile.ensure_domain(deps, p)
+    (defined,) = [args for name, args in host.asked if name == "define_domain"]
+    assert ET.fromstring(defined[1]).find("devices/disk/backingStore") is None
+    [(kind, _reason, message)] = [e for e in events if e[1] == reasons.BASE_IMAGE_LABELLED]
+    assert kind == "Warning" and "'layered.qcow2'" in message and "0644" in message
+
+
 async def test_a_cpu_model_the_host_cannot_run_is_refused_by_name_and_not_retried() -> None:
     host = fake_host({"Skylake-Client": False, "qemu64": True, "Nehalem": True})
     deps, p, _ = machine_pass(host, None, cpuModel="Skylake-Client", domainType="qemu")

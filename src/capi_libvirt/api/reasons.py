@@ -125,6 +125,10 @@ INVALID_IP_ADDRESS = _reason("InvalidIPAddress", "The IPAddress a pool gave cann
 IPAM_FORBIDDEN = _reason("IPAddressClaimsForbidden", "The operator may not create or delete IPAddressClaims in the "
                          "machine's namespace.", _M, _PROVISIONED, _WARNING)
 IMAGE_NOT_FOUND = _reason("ImageNotFound", "The base image volume is not in the host's pool.", _M, _PROVISIONED, _BOTH)
+BASE_IMAGE_LABELLED = _reason("BaseImageLabelled", "The base image is not readable by every user of the host (or has "
+                               "a backing file of its own): libvirt labels it for the QEMU user, and on hosts with "
+                               "dynamic ownership never gives it back; make it 0644 to share it as it is.", _M, (),
+                               _WARNING)
 IMAGE_IMPORTING = _reason("ImageImporting", "spec.image.url is being imported into the host's pool (once per host and "
                           "sha256); the message names the image, the pool and the host.", _M, _PROVISIONED, _NORMAL)
 IMAGE_DOWNLOAD_FAILED = _reason("ImageDownloadFailed", "The image download failed (HTTP error, TLS, proxy, size); "
@@ -199,7 +203,8 @@ NOCLOUD_ISO_REMOVED = _reason("NoCloudISODetached", "The node joined: the NoClou
 NOCLOUD_ISO_NOT_REMOVED = _reason("NoCloudISONotRemoved", "Removing the NoCloud ISO failed; retried.", _M, (),
                                   _WARNING)
 IGNITION_CONFIG_REMOVED = _reason("IgnitionConfigRemoved", "The node joined: the Ignition config left the domain's "
-                                  "definition and the host.", _M, (), _NORMAL)
+                                  "definition, and its file on the host was emptied (deleted with the machine) or "
+                                  "deleted.", _M, (), _NORMAL)
 IGNITION_CONFIG_NOT_REMOVED = _reason("IgnitionConfigNotRemoved", "Removing the Ignition config failed; retried.", _M,
                                       (), _WARNING)
 DELETED_FOR_MOVE = _reason("DeletedForMove", "clusterctl move deleted the object: its VM stays for the target "

@@ -304,7 +304,8 @@ class LibvirtMachineSpec(meta.Model):
         "on the host for the machine's whole life, for debugging. By default it is ejected from the VM's CD-ROM drive "
         "(no reboot) and deleted from the host's storage pool once the owner Machine has a nodeRef (the node joined, "
         "so cloud-init ran the bootstrap data). The same goes for an Ignition config: by default taken out of the "
-        "domain's definition and deleted once the node joined; kept with this set."))
+        "domain's definition once the node joined, and its file emptied (deleted with the machine; deleted at once when "
+        "the VM is not running); kept with this set."))
 
     @pydantic.model_validator(mode="after")
     def _cpu_mode_fits_domain_type(self) -> LibvirtMachineSpec:

@@ -94,6 +94,22 @@ class DataDisk:
 
 
 @dataclass(frozen=True)
+class BackingFile:
+    """The base image under the root disk's overlay, written into the disk's `<backingStore>` with libvirt's DAC
+    relabelling off: libvirt then uses this chain as it is, QEMU opens the base read-only, and the file stays as the
+    admin made it (root's, world-readable) instead of being given to the QEMU user for good (libvirt never gives a
+    backing file back). Only for a base without a backing file of its own that any user may read (see
+    core.volume_xml.shareable_base); otherwise libvirt finds and labels the chain itself."""
+
+    path: str
+    format: str = "qcow2"
+
+    def __post_init__(self) -> None:
+        for name in ("path", "format"):
+            check_xml_text(f"backing file {name}", getattr(self, name))
+
+
+@dataclass(frozen=True)
 class CPUTopology:
     """sockets x cores x threads vCPUs."""
 
@@ -136,6 +152,7 @@ class DomainConfig:
     cpu_mode: str | None = None
     disk_format: str = "qcow2"
     disk_bus: DiskBus = "virtio"
+    disk_backing: BackingFile | None = None
     cdrom_path: str | None = None
     cdrom_bus: CdromBus = "scsi"
     guest_agent: bool = True
@@ -200,13 +217,15 @@ def from_spec(
     data_disk_paths: tuple[str, ...] = (),
     ignition_path: str | None = None,
     known_addresses: Mapping[int, Sequence[str]] | None = None,
+    disk_backing: BackingFile | None = None,
 ) -> DomainConfig:
     """The domain config of a machine: the spec's hardware plus the names and paths the caller created or chose.
 
     Policy lives here: MACs not fixed in the spec come from `naming.mac_address` (stable across retries), emulated
     (qemu) domains get a 64 MiB TCG cache, the NoCloud CD-ROM sits on virtio-scsi (no SATA driver needed in the guest,
     valid on q35 and pc), and the serial log is only kept when the spec asks for it. `data_disk_paths` are the spec's
-    data disks' volumes, in order; `ignition_path` (Ignition bootstrap data) becomes the fw_cfg file Ignition reads.
+    data disks' volumes, in order; `disk_backing` the overlay's base when it is shareable as it is (BackingFile);
+    `ignition_path` (Ignition bootstrap data) becomes the fw_cfg file Ignition reads.
     Every NIC carries the anti-spoofing filter (core.traffic_filter): held to its IPv4 addresses known up front
     (`known_addresses`, by interface index) and its allowedAddresses; without any, on a libvirt network, to a DHCP
     client's traffic until the host's lease pins it; on a bridge, to its MAC.
@@ -244,6 +263,7 @@ def from_spec(
         disk_path=disk_path,
         disk_format="qcow2",
         disk_bus=spec.disk_bus,
+        disk_backing=disk_backing,
         cdrom_path=iso_path,
         cdrom_bus="scsi",
         interfaces=interfaces,
@@ -367,7 +387,8 @@ def devices_element(config: DomainConfig) -> ET.Element:
         used[_dev_prefix(bus)] = index + 1
         return disk_target_dev(bus, index)
 
-    devices.append(disk_element(config.disk_path, config.disk_format, config.disk_bus, next_dev(config.disk_bus)))
+    devices.append(disk_element(config.disk_path, config.disk_format, config.disk_bus, next_dev(config.disk_bus),
+                                config.disk_backing))
     for disk in config.data_disks:
         devices.append(disk_element(disk.path, disk.format, disk.bus, next_dev(disk.bus)))
     if config.cdrom_path is not None:
@@ -384,11 +405,18 @@ def devices_element(config: DomainConfig) -> ET.Element:
     return devices
 
 
-def disk_element(path: str, disk_format: str, bus: str, dev: str) -> ET.Element:
-    """A file-backed <disk device='disk'> on `bus` as `dev`."""
+def disk_element(path: str, disk_format: str, bus: str, dev: str, backing: BackingFile | None = None) -> ET.Element:
+    """A file-backed <disk device='disk'> on `bus` as `dev`, with its whole backing chain when `backing` is given:
+    the base, its DAC label left alone, and the empty <backingStore/> that says the chain ends there."""
     disk = ET.Element("disk", type="file", device="disk")
     ET.SubElement(disk, "driver", name="qemu", type=disk_format)
     ET.SubElement(disk, "source", file=path)
+    if backing is not None:
+        store = ET.SubElement(disk, "backingStore", type="file")
+        ET.SubElement(store, "format", type=backing.format)
+        source = ET.SubElement(store, "source", file=backing.path)
+        ET.SubElement(source, "seclabel", model="dac", relabel="no")
+        ET.SubElement(store, "backingStore")
     ET.SubElement(disk, "target", dev=dev, bus=bus)
     return disk
 

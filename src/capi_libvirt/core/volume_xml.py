@@ -1,5 +1,5 @@
 """Storage volume XML for a machine's volumes (the qcow2 overlay on its base image, data disks, uploaded files) and an
-imported image's container, built with an element tree."""
+imported image's container, built with an element tree; and what a base image's XML says about sharing it."""
 
 from __future__ import annotations
 
@@ -29,13 +29,20 @@ def raw_volume_xml(name: str, capacity_bytes: int) -> str:
     return _empty_volume_xml(name, capacity_bytes, "raw", allocation=0)
 
 
-def qcow2_volume_xml(name: str, capacity_bytes: int) -> str:
-    """An empty qcow2 volume of `capacity_bytes` (virtual size), the container an imported qcow2 image is streamed
-    into (the upload replaces its contents from the first byte)."""
-    return _empty_volume_xml(name, capacity_bytes, "qcow2")
+# A base image's file mode: readable by every user, written by root only. Machines' overlays name it as their backing
+# file with libvirt's relabelling off (core.domain_xml.BackingFile), so each guest's QEMU, running as the host's
+# unprivileged QEMU user, reads it as it is, and no guest's QEMU can ever write to it.
+BASE_IMAGE_MODE = 0o644
 
 
-def _empty_volume_xml(name: str, capacity_bytes: int, fmt: str, allocation: int | None = None) -> str:
+def image_volume_xml(name: str, capacity_bytes: int, fmt: str) -> str:
+    """An empty base image volume of `capacity_bytes` (virtual size) and format `fmt` (qcow2, or raw: thin), with
+    BASE_IMAGE_MODE: the container an imported or uploaded image is streamed into (from its first byte)."""
+    return _empty_volume_xml(name, capacity_bytes, fmt, allocation=0 if fmt == "raw" else None, mode=BASE_IMAGE_MODE)
+
+
+def _empty_volume_xml(name: str, capacity_bytes: int, fmt: str, allocation: int | None = None,
+                      mode: int | None = None) -> str:
     volume = ET.Element("volume", type="file")
     ET.SubElement(volume, "name").text = name
     ET.SubElement(volume, "capacity", unit="bytes").text = str(capacity_bytes)
@@ -43,6 +50,8 @@ def _empty_volume_xml(name: str, capacity_bytes: int, fmt: str, allocation: int 
         ET.SubElement(volume, "allocation", unit="bytes").text = str(allocation)
     target = ET.SubElement(volume, "target")
     ET.SubElement(target, "format", type=fmt)
+    if mode is not None:
+        ET.SubElement(ET.SubElement(target, "permissions"), "mode").text = f"{mode:04o}"
     return ET.tostring(volume, encoding="unicode")
 
 
@@ -50,3 +59,17 @@ def backing_format_of(volume_xml_text: str) -> str:
     """The format (qcow2, raw) of an existing volume, read from its XML; raw when libvirt does not say."""
     fmt = ET.fromstring(volume_xml_text).find("./target/format")
     return fmt.get("type", "raw") if fmt is not None else "raw"
+
+
+def shareable_base(volume_xml_text: str) -> bool:
+    """Whether a base image can be every overlay's backing file as it is (core.domain_xml.BackingFile): it has no
+    backing file of its own, and every user may read it (libvirt's XML of the volume gives its file mode). Otherwise
+    libvirt finds the chain and, on a host with dynamic ownership, gives the base to the QEMU user."""
+    volume = ET.fromstring(volume_xml_text)
+    if volume.findtext("./backingStore/path"):
+        return False
+    mode = volume.findtext("./target/permissions/mode")
+    try:
+        return mode is not None and int(mode, 8) & 0o004 != 0
+    except ValueError:
+        return False

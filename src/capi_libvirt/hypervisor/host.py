@@ -19,7 +19,17 @@ from typing import Any, Protocol
 from capi_libvirt.core import domain_owner
 from capi_libvirt.core.address_conflicts import Segment, SegmentFacts
 from capi_libvirt.core.orphans import HostDomain
-from capi_libvirt.hypervisor import connection, errors, host_domains, images, machines, networks, probe, traffic_filters
+from capi_libvirt.hypervisor import (
+    connection,
+    errors,
+    host_domains,
+    images,
+    machines,
+    networks,
+    probe,
+    serial_log,
+    traffic_filters,
+)
 from capi_libvirt.hypervisor import credentials as creds
 
 ImageOpener = Callable[[], contextlib.AbstractContextManager[images.Source]]
@@ -54,7 +64,7 @@ class Host(Protocol):
     async def pool_path(self, pool: str) -> str: ...
 
     async def ensure_overlay(self, volumes: machines.MachineVolumes, base_pool: str, base_volume: str,
-                             disk_gib: int) -> str: ...
+                             disk_gib: int) -> machines.Overlay: ...
 
     async def ensure_data_disks(self, volumes: machines.MachineVolumes, sizes_gib: list[int]) -> list[str]: ...
 
@@ -64,7 +74,7 @@ class Host(Protocol):
 
     async def ensure_serial_log(self, volumes: machines.MachineVolumes) -> str: ...
 
-    async def read_serial_log(self, pool: str, log_volume: str, start: int, tail: int | None) -> machines.LogChunk: ...
+    async def read_serial_log(self, pool: str, log_volume: str, start: int, tail: int | None) -> serial_log.LogChunk: ...
 
     # A machine's domain
     async def domain_info(self, uuid: str) -> machines.DomainInfo | None: ...
@@ -129,7 +139,7 @@ class LibvirtHost(connection.HostConnection):
         return await self.call(machines.pool_path, pool, doing="read pool path")
 
     async def ensure_overlay(self, volumes: machines.MachineVolumes, base_pool: str, base_volume: str,
-                             disk_gib: int) -> str:
+                             disk_gib: int) -> machines.Overlay:
         return await self.call(machines.ensure_overlay, volumes, base_pool, base_volume, disk_gib,
                                doing="create overlay volume")
 
@@ -145,8 +155,8 @@ class LibvirtHost(connection.HostConnection):
     async def ensure_serial_log(self, volumes: machines.MachineVolumes) -> str:
         return await self.call(machines.ensure_serial_log, volumes, doing="create serial log")
 
-    async def read_serial_log(self, pool: str, log_volume: str, start: int, tail: int | None) -> machines.LogChunk:
-        return await self.call(machines.read_serial_log, pool, log_volume, start, tail, doing="read serial log")
+    async def read_serial_log(self, pool: str, log_volume: str, start: int, tail: int | None) -> serial_log.LogChunk:
+        return await self.call(serial_log.read_serial_log, pool, log_volume, start, tail, doing="read serial log")
 
     async def domain_info(self, uuid: str) -> machines.DomainInfo | None:
         return await self.call(machines.domain_info, uuid, doing="look up domain")

@@ -111,7 +111,7 @@ def import_image(conn: libvirt.virConnect, pool_name: str, sha256: str,
         if source.length is not None and source.length > available:
             raise InsufficientStorage(images.storage_message(source.length, available, pool_name))
         capacity = shape.virtual_size or source.length or 0
-        volume = pool.createXML(_image_volume_xml(name, capacity, shape.format), 0)
+        volume = pool.createXML(volume_xml.image_volume_xml(name, capacity, shape.format), 0)
         size = _stream_verified(conn, pool_name, volume, source, head, sha256)
     pool.createXML(volume_xml.raw_volume_xml(marker, 0), 0)
     return ImageVolume(name, volume.path(), shape.format, size)
@@ -147,12 +147,6 @@ def _read_head(source: Source) -> bytes:
 def _available(conn: libvirt.virConnect, pool_name: str) -> int:
     _state, _capacity, _allocation, available = machines.refreshed_pool(conn, pool_name).info()
     return int(available)
-
-
-def _image_volume_xml(name: str, capacity: int, fmt: str) -> str:
-    if fmt == "qcow2":
-        return volume_xml.qcow2_volume_xml(name, capacity)
-    return volume_xml.raw_volume_xml(name, capacity)
 
 
 class _StoredBytesDiffer(Exception):

@@ -1,5 +1,6 @@
 """What the provider does to a host for one machine: overlay, data disks, NoCloud ISO or Ignition config, domain,
-addresses, serial log, teardown; and whether the host can run a named CPU model.
+addresses, serial log (made here, read by hypervisor.serial_log), teardown; and whether the host can run a named CPU
+model.
 
 Every function takes an open `virConnect` first and is run by LibvirtHost (hypervisor.host) through its
 connection's thread pool (hypervisor.connection), which translates libvirt's errors. Each operation is idempotent: "create" of something present returns it,
@@ -20,7 +21,7 @@ from capi_libvirt.hypervisor import errors
 
 GIB = 1024**3
 REFRESH_WAIT_S, REFRESH_RETRY_S = 10.0, 0.1  # how long a pool refresh waits out a volume being built
-STREAM_CHUNK = 256 * 1024
+STREAM_CHUNK = 256 * 1024  # bytes a stream sends or receives at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,19 +145,40 @@ def pool_path(conn: libvirt.virConnect, pool_name: str) -> str:
     return path or ""
 
 
+@dataclasses.dataclass(frozen=True)
+class Overlay:
+    """The machine's root disk: its path, and its base as the domain XML names it (None: libvirt finds the chain)."""
+
+    path: str
+    backing: domain_xml.BackingFile | None
+
+
 def ensure_overlay(conn: libvirt.virConnect, volumes: MachineVolumes, base_pool: str, base_volume: str,
-                   disk_gib: int) -> str:
-    """The machine's qcow2 overlay on the base image, grown to the requested size; returns its path."""
+                   disk_gib: int) -> Overlay:
+    """The machine's qcow2 overlay on the base image, grown to the requested size (an existing one is kept, on the
+    base it was made on)."""
     pool = _active_pool(conn, volumes.pool)
     existing = _volume_or_none(pool, volumes.overlay)
     if existing is not None:
-        return _path(existing)
+        backing_path = ET.fromstring(existing.XMLDesc(0)).findtext("./backingStore/path")
+        base = conn.storageVolLookupByPath(backing_path) if backing_path else None
+        return Overlay(_path(existing), _backing_file(base))
     base = _active_pool(conn, base_pool).storageVolLookupByName(base_volume)
     base_capacity = base.info()[1]
     capacity = max(disk_gib * GIB, base_capacity)
     xml = volume_xml.overlay_volume_xml(volumes.overlay, capacity, base.path(),
-                                        volume_xml.backing_format_of(base.XMLDesc()))
-    return _path(pool.createXML(xml, 0))
+                                        volume_xml.backing_format_of(base.XMLDesc(0)))
+    return Overlay(_path(pool.createXML(xml, 0)), _backing_file(base))
+
+
+def _backing_file(base: libvirt.virStorageVol | None) -> domain_xml.BackingFile | None:
+    """The base as the domain's disk names it, when it can be shared as it is (core.volume_xml.shareable_base)."""
+    if base is None:
+        return None
+    xml = base.XMLDesc(0)
+    if not volume_xml.shareable_base(xml):
+        return None
+    return domain_xml.BackingFile(_path(base), volume_xml.backing_format_of(xml))
 
 
 def ensure_data_disks(conn: libvirt.virConnect, volumes: MachineVolumes, sizes_gib: list[int]) -> list[str]:
@@ -200,7 +222,7 @@ def upload_volume(conn: libvirt.virConnect, pool_name: str, name: str, data: byt
         view = memoryview(data)
         offset = 0
         while offset < len(view):
-            sent = stream.send(bytes(view[offset:offset + 256 * 1024]))
+            sent = stream.send(bytes(view[offset:offset + STREAM_CHUNK]))
             if sent < 0:
                 raise errors.HypervisorError("upload stream refused data")
             offset += sent
@@ -235,52 +257,6 @@ def abort_quietly(stream: libvirt.virStream) -> None:
         stream.abort()
     except libvirt.libvirtError:
         pass
-
-
-@dataclasses.dataclass(frozen=True)
-class LogChunk:
-    """Bytes of a log, and the log's size when they were read: where a follower reads on from."""
-
-    data: bytes
-    end: int
-
-
-def log_range(size: int, start: int = 0, tail: int | None = None) -> tuple[int, int]:
-    """(offset, length) to read of a log of `size` bytes: from `start`, at most the last `tail` bytes of it.
-
-    A log shorter than `start` was truncated or rotated since it was last read: it is read from its beginning.
-    """
-    if start > size:
-        start = 0
-    offset = start if tail is None else max(start, size - tail)
-    return offset, size - offset
-
-
-def read_serial_log(conn: libvirt.virConnect, pool_name: str, log_name: str, start: int = 0,
-                    tail: int | None = None) -> LogChunk:
-    """The machine's serial console log, downloaded through libvirt's stream API (so over qemu+ssh and qemu+tls
-    too), from byte `start`, at most its last `tail` bytes; VolumeNotFound when there is no log (yet)."""
-    pool = _refreshed_pool(conn, pool_name)
-    volume = _volume_or_none(pool, log_name)
-    if volume is None:
-        raise errors.VolumeNotFound(f"no serial log {log_name} in pool {pool_name}: the domain has not started "
-                                    "yet, or it was deleted")
-    size = volume.info()[1]  # capacity: the file's size (refreshed by libvirt on every info call)
-    offset, length = log_range(size, start, tail)
-    if length == 0:
-        return LogChunk(b"", offset)
-    stream = conn.newStream(0)
-    chunks: list[bytes] = []
-    try:
-        volume.download(stream, offset, length, 0)
-        while chunk := stream.recv(STREAM_CHUNK):
-            chunks.append(chunk)
-        stream.finish()
-    except BaseException:
-        abort_quietly(stream)
-        raise
-    data = b"".join(chunks)
-    return LogChunk(data, offset + len(data))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -433,7 +409,13 @@ def delete_nocloud(conn: libvirt.virConnect, volumes: MachineVolumes) -> bool:
 def drop_ignition(conn: libvirt.virConnect, uuid: str, volumes: MachineVolumes) -> list[str]:
     """Take the Ignition config out of the domain's persistent definition (its fw_cfg entry: QEMU read the file when
     it started, and a fw_cfg entry cannot change under a running domain, so the next start comes without it) and
-    delete its volume; returns what was done ("definition", "volume"), nothing when both were done before."""
+    remove the config from the host; returns what was done ("definition", then "volume" when its volume was deleted
+    or "emptied" when it was overwritten with zeros), nothing when all was done before.
+
+    While the domain runs its volume is emptied, not deleted: on a host with dynamic ownership libvirt gives the files
+    a guest used back to their owners when it stops, and a file deleted under it ends that early, leaving the
+    domain's other files (its NVRAM, a kernel) with the QEMU user. The emptied volume goes with the machine.
+    """
     if not volumes.ignition:
         raise ValueError("no Ignition volume name")
     domain = conn.lookupByUUIDString(uuid)  # VIR_ERR_NO_DOMAIN -> DomainNotFound
@@ -444,7 +426,10 @@ def drop_ignition(conn: libvirt.virConnect, uuid: str, volumes: MachineVolumes) 
         conn.defineXML(redefined)
         done.append("definition")
     volume = _volume_or_none(_active_pool(conn, volumes.pool), volumes.ignition)
-    if volume is not None:
+    if volume is not None and domain.isActive():
+        volume.wipePattern(libvirt.VIR_STORAGE_VOL_WIPE_ALG_ZERO, 0)
+        done.append("emptied")
+    elif volume is not None:
         volume.delete(0)
         done.append("volume")
     return done

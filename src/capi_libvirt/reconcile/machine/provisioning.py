@@ -41,10 +41,15 @@ async def ensure_overlay(deps: Dependencies, p: MachinePass) -> None:
     base_pool = p.spec.image.pool or p.spec.storage_pool
     base_volume = p.image_volume or p.spec.image.volume or ""
     try:
-        await host.ensure_overlay(p.volumes(), base_pool, base_volume, p.spec.disk_gib)
+        p.overlay = await host.ensure_overlay(p.volumes(), base_pool, base_volume, p.spec.disk_gib)
     except errors.VolumeNotFound:
         raise Wait(reasons.IMAGE_NOT_FOUND, f"base image volume {base_volume!r} not found in pool "
                    f"{base_pool!r} on host {p.host}", failure=True) from None
+    if p.overlay.backing is None:
+        await event(deps, p.body, "Warning", reasons.BASE_IMAGE_LABELLED,
+                    f"base image volume {base_volume!r} in pool {base_pool!r} on host {p.host} is not readable by "
+                    "every user (or has a backing file of its own): libvirt gives it to the host's QEMU user when "
+                    "the machine starts, for good; make it mode 0644 to share it as it is")
     if p.spec.data_disks:
         await host.ensure_data_disks(p.volumes(), [disk.size_gib for disk in p.spec.data_disks])
 
@@ -61,7 +66,7 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
     owner = domain_owner.Owner(namespace=p.namespace, name=p.name, uid=p.uid,
                              cluster=p.cluster.name if p.cluster else None,
                              management_cluster=deps.management_cluster)
-    overlay_path = f"{pool_dir}/{volumes.overlay}"
+    overlay_path = p.overlay.path if p.overlay is not None else f"{pool_dir}/{volumes.overlay}"
     ignition = p.bootstrap is not None and p.bootstrap.format == "ignition"
     try:
         await host.ensure_filters()
@@ -73,7 +78,8 @@ async def ensure_domain(deps: Dependencies, p: MachinePass) -> None:
                                       serial_log_path=f"{pool_dir}/{volumes.serial_log}", owner=owner,
                                       data_disk_paths=tuple(f"{pool_dir}/{disk}" for disk in volumes.data_disks),
                                       ignition_path=f"{pool_dir}/{volumes.ignition}" if ignition else None,
-                                      known_addresses={i: a.addresses for i, a in p.addressing.items()})
+                                      known_addresses={i: a.addresses for i, a in p.addressing.items()},
+                                      disk_backing=p.overlay.backing if p.overlay is not None else None)
     except ValueError as error:  # a spec admission let through that no domain XML can carry: the spec is immutable
         raise Wait(reasons.INVALID_SPEC, f"invalid spec: {error}", None, failure=True) from None
     user_data = (p.bootstrap.value if p.bootstrap else None) or b""  # (always set and non-empty: fetched above)

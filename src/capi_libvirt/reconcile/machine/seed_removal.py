@@ -1,5 +1,5 @@
 """The bootstrap data leaves the host once the node joined: the NoCloud ISO ejected and deleted, or the
-Ignition config taken out of the domain's definition and deleted.
+Ignition config taken out of the domain's definition and its file emptied.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ async def remove_nocloud_iso(deps: Dependencies, p: MachinePass) -> None:
 
 async def _remove_ignition_config(deps: Dependencies, p: MachinePass) -> None:
     """An Ignition machine's bootstrap data, once the node joined: its fw_cfg entry out of the domain's definition
-    (the running guest read it at boot; the next start comes without it) and its volume deleted from the host. The
+    (the running guest read it at boot; the next start comes without it) and its volume emptied, or deleted when the
+    domain is not running (hypervisor.machines.drop_ignition). The
     domain's live XML keeps naming the file until it stops, so status.ignitionConfigRemoved records that it is done."""
     if p.spec.keep_nocloud_iso:
         p.status["ignitionConfigRemoved"] = False
@@ -77,7 +78,8 @@ async def _remove_ignition_config(deps: Dependencies, p: MachinePass) -> None:
         p.come_back_after = RECHECK_SEED_REMOVAL
         return
     p.status["ignitionConfigRemoved"] = True
-    said = {"definition": "taken out of the domain's definition", "volume": f"volume {volumes.ignition} deleted"}
+    said = {"definition": "taken out of the domain's definition", "volume": f"volume {volumes.ignition} deleted",
+            "emptied": f"volume {volumes.ignition} emptied (deleted with the machine)"}
     if done:
         await event(deps, p.body, "Normal", reasons.IGNITION_CONFIG_REMOVED, "the node joined, so the bootstrap data was "
                      f"used: Ignition config {', '.join(said[what] for what in done)} on host {p.host}")

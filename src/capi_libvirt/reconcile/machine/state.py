@@ -64,6 +64,8 @@ class MachinePass:
     addressing: dict[int, v1alpha1.StaticAddressing] = dataclasses.field(default_factory=dict)
     # The base image volume in the image pool: spec.image.volume, or the imported image of spec.image.url.
     image_volume: str | None = None
+    # The root disk made or found this pass (ensure_overlay), for the domain made right after it.
+    overlay: machines.Overlay | None = None
     # What the host says of the networks and bridges the machine joins (before its domain exists).
     segments: dict[address_conflicts.Segment, address_conflicts.SegmentFacts] | None = None
     # A provisioned pass that left work for later (the seed not removed yet) comes back after this many seconds.

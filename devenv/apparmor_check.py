@@ -41,6 +41,7 @@ dir="@RECORDS@/$uuid"
 mkdir -p "$dir/libvirt"
 if [ "$2" = start ]; then
   profile="libvirt-$uuid"
+  rm -f "$dir/checked" "$dir/held"  # a domain started again is checked again
   printf '%s\n' "$xml" > "$dir/domain.xml"
   if ! /usr/lib/libvirt/virt-aa-helper -c -d -u "$profile" < "$dir/domain.xml" 2> "$dir/helper.out"; then
     echo "virt-aa-helper could not make the AppArmor profile of $1:" >&2; cat "$dir/helper.out" >&2; exit 1
@@ -50,6 +51,9 @@ if [ "$2" = start ]; then
   sed -e "s/LIBVIRT_TEMPLATE/$profile/" \
       -e "s|#include <abstractions/libvirt-qemu>|&\n  #include <libvirt/$profile.files>|" \
       /etc/apparmor.d/libvirt/TEMPLATE.qemu > "$dir/libvirt/$profile"
+  if ! grep -q "#include <libvirt/$profile.files>" "$dir/libvirt/$profile"; then
+    echo "TEMPLATE.qemu has no '#include <abstractions/libvirt-qemu>' line to add the rules after" >&2; exit 1
+  fi
   if ! /usr/sbin/apparmor_parser -Q -K -I "$dir" -I /etc/apparmor.d -o "$dir/profile.bin" "$dir/libvirt/$profile" \
       2> "$dir/parser.out"; then
     echo "apparmor_parser refused the AppArmor profile of $1:" >&2; cat "$dir/parser.out" >&2; exit 1
@@ -57,6 +61,7 @@ if [ "$2" = start ]; then
 else
   pid=$(cat "/run/libvirt/qemu/$1.pid")
   for fd in /proc/"$pid"/fd/*; do
+    [ -f "$fd" ] || continue  # regular files only, while they exist
     target=$(readlink "$fd") || continue
     flags=$(sed -n 's/^flags:[[:space:]]*//p' "/proc/$pid/fdinfo/${fd##*/}") || continue
     printf '%s %s\n' "$flags" "$target"
@@ -111,13 +116,16 @@ def domain_findings(folder: pathlib.Path, host_folders: list[pathlib.Path],
                     root: pathlib.Path | None = None) -> list[str]:
     domain = ET.fromstring((folder / "domain.xml").read_text())
     name = domain.findtext("name") or folder.name
-    rules = parse_rules(next(folder.glob("libvirt/*.files")).read_text())
+    files = sorted(folder.glob("libvirt/*.files"))
+    if not files:
+        return [f"domain {name}: its profile's rules were not recorded (the hook failed before them)"]
+    rules = parse_rules(files[0].read_text())
     needed = named_files(domain)
     for access, path in held_files((folder / "held").read_text()):
         if root is not None and pathlib.Path(path).is_relative_to(root):
             path = "/" + str(pathlib.Path(path).relative_to(root))
-        if any(pathlib.Path(path).is_relative_to(host) for host in host_folders) and os.path.isfile(path):
-            needed.setdefault(path, access)
+        if any(pathlib.Path(path).is_relative_to(host) for host in host_folders):
+            needed[path] = widest(needed.get(path, ""), access)
     return [f"domain {name}: {path} needs {access} and its AppArmor profile does not allow it"
             for path, access in sorted(needed.items()) if not allows(rules, path, access)]
 
@@ -149,8 +157,14 @@ def named_files(domain: ET.Element) -> dict[str, str]:
     return needed
 
 
+def widest(one: str, other: str) -> str:
+    """The access that covers both ("r", "w", "rw", or "" for none)."""
+    return "".join(permission for permission in "rw" if permission in one + other)
+
+
 def held_files(text: str) -> list[tuple[str, str]]:
-    """(access, path) of each file descriptor the hook recorded ("<octal flags> <target>")."""
+    """(access, path) of each file descriptor the hook recorded ("<octal flags> <target>"; regular files only, as they
+    were when QEMU had started)."""
     held = []
     for line in text.splitlines():
         flags, _, target = line.partition(" ")
@@ -201,12 +215,12 @@ def glob_regex(glob: str) -> str:
             out.append("[^/]*")
         elif char == "?":
             out.append("[^/]")
-        elif char == "{":
+        elif char == "{" and "}" in glob[index:]:
             end = glob.index("}", index)
-            out.append("(?:" + "|".join(re.escape(part) for part in glob[index + 1:end].split(",")) + ")")
+            out.append("(?:" + "|".join(glob_regex(part) for part in glob[index + 1:end].split(",")) + ")")
             index = end + 1
             continue
-        elif char == "[":
+        elif char == "[" and "]" in glob[index:]:
             end = glob.index("]", index)
             out.append(glob[index:end + 1])
             index = end + 1

@@ -270,7 +270,10 @@ class LibvirtHost:
             run(["ip", "netns", "delete", self.netns])
         LibvirtHost.running.discard(self)
         if self.state_dir.exists():
-            LibvirtHost.stopped_findings += self.profile_findings()
+            try:
+                LibvirtHost.stopped_findings += self.profile_findings()
+            except Exception as error:  # a record it cannot read must not leave the state folder behind
+                LibvirtHost.stopped_findings.append(f"host {self.name}: AppArmor records unreadable: {error!r}")
             # libvirt probes QEMU lazily, so the capabilities exist only once a host was used; keep them for the next.
             keep_qemu_capabilities(self.state_dir / "cache", self.root)
             shutil.rmtree(self.state_dir)

@@ -57,6 +57,9 @@ def test_rules_are_read_with_their_denials_and_comments_left_out() -> None:
     ("/dev/{kvm,vhost-net}", "/dev/kvm", True),
     ("/dev/{kvm,vhost-net}", "/dev/tun", False),
     ("/pool/m[0-9].iso", "/pool/m7.iso", True),
+    ("/etc/{,*.conf}", "/etc/a.conf", True),
+    ("/etc/{,*.conf}", "/etc/", True),
+    ("/pool/[unclosed", "/pool/[unclosed", True),
     ("/pool/m1.qcow2", "/pool/m1Xqcow2", False),
 ])
 def test_apparmor_globbing(glob: str, path: str, matches: bool) -> None:
@@ -103,11 +106,8 @@ def test_a_named_file_the_rules_miss_is_a_finding(tmp_path) -> None:
 
 def test_a_host_file_qemu_holds_that_the_rules_miss_is_a_finding(tmp_path) -> None:
     host = tmp_path / "host"
-    host.mkdir()
     stray = host / "stray.img"
-    stray.write_bytes(b"")
     elsewhere = tmp_path / "elsewhere.img"
-    elsewhere.write_bytes(b"")
     held = f"{oct(os.O_RDWR)[2:]} {stray}\n{oct(os.O_RDONLY)[2:]} {elsewhere}\n0 pipe:[1234]\n"
     records = record(tmp_path, RULES, held)
     assert apparmor_check.findings(records, [host]) == [
@@ -123,8 +123,6 @@ def test_a_record_without_held_files_waits_for_qemu(tmp_path) -> None:
 
 def test_a_path_seen_through_the_hosts_root_file_system_is_the_path_qemu_opened(tmp_path) -> None:
     host = tmp_path / "host"
-    host.mkdir()
-    (host / "m1.qcow2").write_bytes(b"")
     root = tmp_path / "roots" / "trixie"
     rules = f'  "{host}/m1.qcow2" rk,\n'
     held = f"{oct(os.O_RDWR)[2:]} {root}{host}/m1.qcow2\n"
@@ -132,3 +130,21 @@ def test_a_path_seen_through_the_hosts_root_file_system_is_the_path_qemu_opened(
     records = record(tmp_path, rules, held, domain)
     assert apparmor_check.findings(records, [host], root) == [
         f"domain m1: {host}/m1.qcow2 needs rw and its AppArmor profile does not allow it"]
+
+
+def test_a_file_held_twice_needs_its_widest_access(tmp_path) -> None:
+    host = tmp_path / "host"
+    disk = host / "d.img"
+    rules = f'  "{disk}" rk,\n'
+    held = f"{oct(os.O_RDONLY)[2:]} {disk}\n{oct(os.O_RDWR)[2:]} {disk}\n"
+    records = record(tmp_path, rules, held, "<domain><name>m1</name><devices/></domain>")
+    assert apparmor_check.findings(records, [host]) == [
+        f"domain m1: {disk} needs rw and its AppArmor profile does not allow it"]
+
+
+def test_a_record_without_its_rules_is_a_finding_not_a_crash(tmp_path) -> None:
+    records = record(tmp_path, "", "")
+    for files in (records / "5d64ece4-dc73-59e8-9624-de2ce4c5a35e" / "libvirt").glob("*.files"):
+        files.unlink()
+    assert apparmor_check.findings(records, []) == [
+        "domain m1: its profile's rules were not recorded (the hook failed before them)"]

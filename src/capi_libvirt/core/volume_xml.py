@@ -63,13 +63,15 @@ def backing_format_of(volume_xml_text: str) -> str:
 
 def shareable_base(volume_xml_text: str) -> bool:
     """Whether a base image can be every overlay's backing file as it is (core.domain_xml.BackingFile): it has no
-    backing file of its own, and every user may read it (libvirt's XML of the volume gives its file mode). Otherwise
-    libvirt finds the chain and, on a host with dynamic ownership, gives the base to the QEMU user."""
+    backing file of its own, it is root's, every user may read it and only its owner may write it (libvirt's XML of
+    the volume gives its owner and file mode). So a base an earlier start gave to the QEMU user, or one that others
+    may write, is not: libvirt then finds the chain and labels it as it always did, and the machine is warned about."""
     volume = ET.fromstring(volume_xml_text)
     if volume.findtext("./backingStore/path"):
         return False
-    mode = volume.findtext("./target/permissions/mode")
+    mode, owner = volume.findtext("./target/permissions/mode"), volume.findtext("./target/permissions/owner")
     try:
-        return mode is not None and int(mode, 8) & 0o004 != 0
+        return mode is not None and owner is not None and int(owner) == 0 and int(mode, 8) & 0o004 != 0 and \
+            int(mode, 8) & 0o022 == 0
     except ValueError:
         return False

@@ -410,7 +410,8 @@ def drop_ignition(conn: libvirt.virConnect, uuid: str, volumes: MachineVolumes) 
     """Take the Ignition config out of the domain's persistent definition (its fw_cfg entry: QEMU read the file when
     it started, and a fw_cfg entry cannot change under a running domain, so the next start comes without it) and
     remove the config from the host; returns what was done ("definition", then "volume" when its volume was deleted
-    or "emptied" when it was overwritten with zeros), nothing when all was done before.
+    or "emptied" when it was overwritten with zeros: again on each call while the domain runs, which is harmless),
+    nothing when the definition and volume were done before.
 
     While the domain runs its volume is emptied, not deleted: on a host with dynamic ownership libvirt gives the files
     a guest used back to their owners when it stops, and a file deleted under it ends that early, leaving the

@@ -8,11 +8,13 @@ their sockets, pid files, domain/network/pool definitions and state never meet. 
 machine's own namespaces through the state folder, so `uri` works from anywhere on the machine.
 
 QEMU runs as Debian and Ubuntu run it (QEMU_CONF), and a libvirt hook makes and checks each domain's AppArmor profile
-as Ubuntu's libvirtd would (devenv.apparmor_check). The host gets one `dir` storage pool and one NAT network with DHCP (none with `network_name=None`: a host whose guests
-sit on a plain bridge, see devenv.bridged_lan). stop() destroys what runs there, stops the
-daemons by PID, ends anything left in the namespace, deletes the namespace and removes the state folder (logs survive
-only when given a log folder of their own). The one trace left on the machine is the empty mount point /run/libvirt,
-made when it is missing.
+as Ubuntu's libvirtd would (devenv.apparmor_check); a `kvm` domain, the provider's default, starts as on a real host
+and runs under TCG (devenv.kvm_as_tcg, the one stand-in for hardware virtualization). The host gets one `dir` storage
+pool and one NAT network with DHCP (none with `network_name=None`: a host whose guests sit on a plain bridge, see
+devenv.bridged_lan). stop() destroys what runs there, stops the daemons by PID, ends anything left in the
+namespace, deletes the namespace and removes the state folder (logs survive only when given a log folder of their
+own). The traces left on the machine are the empty mount point /run/libvirt, made when it is missing, and the QEMU
+wrapper's files under paths.run_dir().
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from types import TracebackType
 
 import libvirt
 
-from devenv import apparmor_check, paths
+from devenv import apparmor_check, kvm_as_tcg, paths
 from devenv.guest_image import GuestImage
 
 log = logging.getLogger(__name__)
@@ -232,6 +234,7 @@ class LibvirtHost:
             log.warning("libvirt host %s: clearing what an earlier run left behind", self.name)
             self.stop()
         ensure_kvm_device_group()
+        kvm_as_tcg.install()
         try:
             self._write_state_folder()
             self._create_netns()
@@ -337,6 +340,8 @@ class LibvirtHost:
         chroot = [] if self.root is None else ["chroot", str(self.root)]
         if self.root is not None:
             steps += self._root_steps()
+        else:
+            steps += kvm_as_tcg.mount_steps()
         if "virtlogd" in daemons:
             steps.append([*chroot, "virtlogd", "--daemon", "--config", "/etc/libvirt/virtlogd.conf",
                           "--pid-file", str(self._pid_file("virtlogd"))])
@@ -371,7 +376,7 @@ class LibvirtHost:
             steps += [["mkdir", "-p", str(folder), inside(folder)], ["mount", "--bind", str(folder), inside(folder)]]
         for target, source in self._bind_mounts().items():
             steps += [["mkdir", "-p", inside(target)], ["mount", "--bind", str(source), inside(target)]]
-        return steps
+        return steps + kvm_as_tcg.mount_steps(inside)
 
     def mount_tmpfs(self, folder: pathlib.Path, size_mib: int) -> None:
         """A tmpfs of `size_mib` on `folder`, in the daemons' mount namespace: a folder pool on it is a small pool

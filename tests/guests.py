@@ -16,14 +16,14 @@ REFRESH_ATTEMPTS = 50
 
 
 def machine_spec(libvirt_host, guest_image, base_image_volume) -> dict:
-    """A LibvirtMachine spec that boots the cached guest image under TCG (no hardware virtualization here), with a
-    direct kernel boot (its kernel and initrd where the host's QEMU user reads them), on the default machine type
-    (q35, its NoCloud CD-ROM on virtio-scsi): 1 CPU, 256 MiB."""
+    """A LibvirtMachine spec that boots the cached guest image as the provider's default domain (a q35 `kvm` domain,
+    its NoCloud CD-ROM on virtio-scsi; the test host's QEMU wrapper runs it under TCG, as there is no hardware
+    virtualization here: devenv/kvm_as_tcg.py), with a direct kernel boot (its kernel and initrd where the host's QEMU
+    user reads them): 1 CPU, 256 MiB."""
     kernel, initrd = libvirt_host.boot_files(guest_image)
     return {
         "image": {"volume": base_image_volume},
         "storagePool": libvirt_host.pool_name,
-        "domainType": "qemu",
         "cpus": 1,
         "memoryMiB": 256,
         "diskGiB": 2,

@@ -105,9 +105,14 @@ async def test_machine_boots_runs_its_bootstrap_data_and_is_deleted_without_a_tr
 
         await wait_until("the bootstrap marker in the serial log", marker_logged, PROVISION_DEADLINE_S, 2.0)
 
-        # The default machine type, q35, with the NoCloud CD-ROM on the virtio-scsi bus q35 gives it.
+        # The defaults: a kvm domain, which libvirt started with QEMU's KVM accelerator (the test host's wrapper then
+        # ran it under TCG, and says so in the domain's log: devenv/kvm_as_tcg.py); the machine type q35, with the
+        # NoCloud CD-ROM on the virtio-scsi bus q35 gives it.
         with libvirt_host.connect() as conn:
             defined = ET.fromstring(conn.lookupByUUIDString(domain_uuid).XMLDesc(0))
+        assert defined.get("type") == "kvm"
+        qemu_log = (libvirt_host.qemu_log_dir / f"{defined.findtext('name')}.log").read_text()
+        assert "\n-accel kvm \\\n" in qemu_log and "-accel kvm run as -accel tcg" in qemu_log, qemu_log[-2000:]
         assert defined.find("os/type").get("machine", "").startswith("pc-q35-"), ET.tostring(defined.find("os"))
         assert defined.find("devices/disk[@device='cdrom']/target").get("bus") == "scsi"
 

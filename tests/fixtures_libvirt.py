@@ -15,6 +15,7 @@ import pytest
 from devenv import apparmor_check, base_image
 from devenv.guest_image import NODE, GuestImage, find_guest_image, image_folder
 from devenv.libvirt_host import QEMU_USER, LibvirtHost
+from devenv.remote_access import RemoteAccess
 
 from prereq import require
 
@@ -82,16 +83,20 @@ def node_base_volume(libvirt_host: LibvirtHost, node_image: GuestImage) -> str:
         return base_image.upload_base_image(conn, libvirt_host.pool_name, node_image)
 
 @pytest.fixture(scope="module")
-def cluster_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LibvirtHost]:
+def cluster_access(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteAccess]:
     """A libvirt host of its own for a whole cluster (tests/whole_cluster_bed.py), whose NAT network keeps its last
-    addresses out of DHCP (the endpoint's)."""
-    from whole_cluster_bed import RESERVED, SUBNET
+    addresses out of DHCP (the endpoint's), reached over qemu+ssh and qemu+tls (tests/declared_host.py)."""
+    from whole_cluster_bed import LINK, RESERVED, SUBNET
 
     require_libvirt_host_prerequisites()
     name = f"pytest-cluster-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
-    with LibvirtHost(name, SUBNET, dhcp_reserved=RESERVED,
-                     log_dir=tmp_path_factory.mktemp("cluster-host-logs")) as host:
-        yield host
+    with RemoteAccess(LibvirtHost(name, SUBNET, dhcp_reserved=RESERVED,
+                                  log_dir=tmp_path_factory.mktemp("cluster-host-logs")), link_index=LINK) as access:
+        yield access
+
+@pytest.fixture(scope="module")
+def cluster_host(cluster_access: RemoteAccess) -> LibvirtHost:
+    return cluster_access.host
 
 @pytest.fixture(scope="module")
 def cluster_base_volume(cluster_host: LibvirtHost, node_image: GuestImage) -> str:

@@ -65,12 +65,11 @@ GUEST_FACTS = (
 # pods' veths), which flannel makes again some time after the kubelet is back and so differ right after a reboot.
 
 
-def console_log(kubeconfig: pathlib.Path, host, namespace: str, name: str) -> str:
-    """`capi-libvirt console-log` as a user runs it, with the management cluster's kubeconfig (the operator's hosts
-    are given with --host here, as the tests run the operator with them)."""
+def console_log(kubeconfig: pathlib.Path, namespace: str, name: str) -> str:
+    """`capi-libvirt console-log` as a user runs it, with the management cluster's kubeconfig: it reaches the
+    machine's host through its LibvirtHost object and credentials Secret (tests/declared_host.py)."""
     result = subprocess.run(
-        [sys.executable, "-m", "capi_libvirt", "console-log", f"{namespace}/{name}", "--host",
-         f"{host.name}={host.uri}"],
+        [sys.executable, "-m", "capi_libvirt", "console-log", f"{namespace}/{name}"],
         capture_output=True, text=True, timeout=120, env={**os.environ, "KUBECONFIG": str(kubeconfig)})
     assert result.returncode == 0, f"console-log failed: {result.stderr}"
     return result.stdout
@@ -116,7 +115,7 @@ async def seeds_gone(api: client.ApiClient, namespace: str, host, count: int) ->
     return infra
 
 
-def boots_on_the_console(kubeconfig: pathlib.Path, host, namespace: str, infra: list[dict],
+def boots_on_the_console(kubeconfig: pathlib.Path, namespace: str, infra: list[dict],
                          control_plane_machine: str) -> str:
     """Each machine's boot as `capi-libvirt console-log` shows it: kubeadm init on the control-plane machine, kubeadm
     join on the others; the guest-clock seconds, one line per machine."""
@@ -124,7 +123,7 @@ def boots_on_the_console(kubeconfig: pathlib.Path, host, namespace: str, infra: 
     for machine in infra:
         name = machine["metadata"]["name"]
         said = INITIALIZED if name == control_plane_machine else JOINED
-        up, done = boot_seconds(console_log(kubeconfig, host, namespace, name), said)
+        up, done = boot_seconds(console_log(kubeconfig, namespace, name), said)
         lines.append(f"  {name}: cloud-init's final stage (kubeadm) from {up:.0f}s to {done:.0f}s after its kernel "
                      f"started; the console says {said!r}")
     return "\n".join(lines)
@@ -196,7 +195,7 @@ async def a_reboot_keeps_the_node(api: client.ApiClient, workload_api: client.Ap
     assert "disabled" in markers and "enabled" not in markers and not second["result"], after
     assert not {"status.json", "result.json", "ds-identify.log"} & set(markers) and not second["ds-identify"], after
     assert second["instance-id"] == first["instance-id"] == uuid, (before, after)
-    console = await asyncio.to_thread(console_log, kubeconfig, host, namespace, infra["metadata"]["name"])
+    console = await asyncio.to_thread(console_log, kubeconfig, namespace, infra["metadata"]["name"])
     cloud_init = [line for line in console.split(KERNEL_BANNER)[-1].splitlines() if "cloud-init" in line.lower()]
     return (f"{clock.report()}\n  in the guest before the reboot:\n{_indent(before)}\n  after:\n{_indent(after)}\n"
             f"  cloud-init on the console of the second boot ({len(cloud_init)} lines):\n"
@@ -245,7 +244,7 @@ async def broken_join_is_visible_on_the_console(api: client.ApiClient, workload_
         infra = [m for m in await libvirt_machines(api, namespace) if m["metadata"]["name"] in names]
         if not infra or not infra[0].get("status", {}).get("host"):
             return Pending(machines=sorted(names))
-        console = await asyncio.to_thread(console_log, kubeconfig, host, namespace, infra[0]["metadata"]["name"])
+        console = await asyncio.to_thread(console_log, kubeconfig, namespace, infra[0]["metadata"]["name"])
         return console if JOIN_REFUSED in console else Pending(console_tail=console[-300:])
 
     console = await wait_until("kubeadm's refusal on the broken machine's console", refusal_on_console,

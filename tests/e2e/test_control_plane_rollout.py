@@ -22,6 +22,7 @@ import pytest
 from kubernetes_asyncio import client, config
 
 from day2_rollouts import roll_the_control_plane
+from declared_host import operator_on_a_declared_host
 from devenv.api_gateway import EndpointRelay
 from kubeadm_workers import libvirt_machines
 from node_proofs import console_log
@@ -36,7 +37,6 @@ from whole_cluster_bed import (
     nodes_ready,
 )
 
-from fixtures_control_plane import operator_running
 from waiting import Clock
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
@@ -46,14 +46,15 @@ CLUSTER = "rolled"
 
 async def test_the_control_plane_machine_rolls_behind_its_endpoint_and_leaves_nothing(
         control_plane, capi_controller, kubeadm_bootstrap_controller, kubeadm_control_plane_controller, api_client,
-        namespace, cluster_host, cluster_base_volume, repository, tmp_path):
+        namespace, cluster_access, cluster_host, cluster_base_volume, repository, tmp_path):
     endpoint = str(cluster_host.reserved_addresses[0])
     documents = generated_objects(tmp_path, repository, "", CLUSTER, namespace, cluster_host, cluster_base_volume,
                                   endpoint)
     for_a_control_plane_rollout(documents)
     kubeconfig_path = tmp_path / "workload.kubeconfig"
     with EndpointRelay(cluster_host, endpoint, PORT):
-        async with operator_running(control_plane, {cluster_host.name: cluster_host.uri}):
+        async with operator_on_a_declared_host(control_plane, api_client, cluster_access, "ssh", namespace,
+                                               cluster_base_volume, endpoint):
             clock = Clock()
             await apply(api_client, control_plane, documents)
             await control_plane_up(api_client, namespace, CLUSTER, kubeconfig_path, clock)
@@ -64,7 +65,7 @@ async def test_the_control_plane_machine_rolls_behind_its_endpoint_and_leaves_no
                 rolled = await roll_the_control_plane(api_client, workload_api, namespace, kubeconfig_path,
                                                       cluster_host, cluster_base_volume, clock)
             [new_control_plane] = await libvirt_machines(api_client, namespace)
-            console = await asyncio.to_thread(console_log, control_plane.kubeconfig_path, cluster_host, namespace,
+            console = await asyncio.to_thread(console_log, control_plane.kubeconfig_path, namespace,
                                               new_control_plane["metadata"]["name"])
             retries = len(set(re.findall(re.escape(ETCD_JOIN_RETRY_MARK) + r" \(attempt (\d+)\)", console)))
             print(f"\n[numbers] the control-plane machine rolled (KubeadmControlPlane spec.rollout.after):\n{rolled}\n"

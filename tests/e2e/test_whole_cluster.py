@@ -24,7 +24,12 @@ provider's repository, one after the other on one libvirt host:
   the MachineDeployment rollout's one proof: a rollout to a template a user wrote runs the same Cluster API code
   from the MachineDeployment on.
 
-Deleting each Cluster leaves nothing on the host; a test that fails clears its cluster off the host before the
+The host is reached as the README's quick start declares one (tests/declared_host.py): a LibvirtHost over qemu+ssh
+(the default flavor's cluster) or qemu+tls (the clusterclass flavor's) with its credentials Secret, access rules that
+let the test's namespace use the node image and the network and send from the endpoint (`allowedAddresses`), and
+nothing else; the operator, as its least-privilege user, knows no host but that object, and `capi-libvirt
+console-log` reads the boots over the same transport with the same Secret. Deleting each Cluster leaves nothing on
+the host; a test that fails clears its cluster off the host before the
 next one starts (whole_cluster_bed.cleared_on_failure). Reads of the workload API server retry while it does not answer
 (its API server restarts when the machine is starved under TCG), each failure kept as the wait's last-seen state.
 
@@ -53,6 +58,7 @@ from day2_rollouts import (
     roll_the_workers,
     workload_read,
 )
+from declared_host import operator_on_a_declared_host
 from devenv.api_gateway import EndpointRelay
 from kubeadm_workers import assert_joined_by_kubelet, libvirt_machines, list_objects, machines
 from node_proofs import (
@@ -79,7 +85,6 @@ from whole_cluster_bed import (
     nodes_ready,
 )
 
-from fixtures_control_plane import operator_running
 from waiting import Clock, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]
@@ -143,7 +148,7 @@ async def _seeds_and_boots(api_client, workload_api, kubeconfig, namespace: str,
     found = await machines(api_client, namespace)
     [control_plane_machine] = [m["spec"]["infrastructureRef"]["name"] for m in found
                                if CONTROL_PLANE_LABEL in (m["metadata"].get("labels") or {})]
-    boots = await asyncio.to_thread(boots_on_the_console, kubeconfig, host, namespace, infra, control_plane_machine)
+    boots = await asyncio.to_thread(boots_on_the_console, kubeconfig, namespace, infra, control_plane_machine)
     print(f"\n[numbers] the boots, as `capi-libvirt console-log` shows them:\n{boots}")
     [worker] = [m for m in found if (m["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == workers]
     [worker_infra] = [m for m in infra if m["metadata"]["name"] == worker["spec"]["infrastructureRef"]["name"]]
@@ -172,14 +177,15 @@ async def _report_and_delete(tmp_path, repository, control_plane, api_client, na
 
 async def test_default_flavor_makes_a_whole_cluster_and_deleting_it_leaves_nothing(
         control_plane, capi_controller, kubeadm_bootstrap_controller, kubeadm_control_plane_controller, api_client,
-        namespace, cluster_host, cluster_base_volume, repository, tmp_path):
+        namespace, cluster_access, cluster_host, cluster_base_volume, repository, tmp_path):
     endpoint = str(cluster_host.reserved_addresses[0])
     documents = generated_objects(tmp_path, repository, "", CLUSTER, namespace, cluster_host, cluster_base_volume,
                                   endpoint)
     assert sorted(d["kind"] for d in documents) == sorted(DEFAULT_KINDS)
     kubeconfig_path = tmp_path / "workload.kubeconfig"
     with EndpointRelay(cluster_host, endpoint, PORT) as relay:
-        async with (operator_running(control_plane, {cluster_host.name: cluster_host.uri}),
+        async with (operator_on_a_declared_host(control_plane, api_client, cluster_access, "ssh", namespace,
+                                                cluster_base_volume, endpoint),
                     cleared_on_failure(api_client, namespace, CLUSTER, cluster_host, cluster_base_volume)):
             clock = Clock()
             await apply(api_client, control_plane, documents)
@@ -218,7 +224,7 @@ async def test_default_flavor_makes_a_whole_cluster_and_deleting_it_leaves_nothi
 
 async def test_clusterclass_flavor_makes_a_whole_cluster_whose_worker_variable_rolls_its_workers(
         control_plane, capi_controller, kubeadm_bootstrap_controller, kubeadm_control_plane_controller, api_client,
-        namespace, cluster_host, cluster_base_volume, repository, tmp_path):
+        namespace, cluster_access, cluster_host, cluster_base_volume, repository, tmp_path):
     endpoint = str(cluster_host.reserved_addresses[0])
     documents = generated_objects(tmp_path, repository, "clusterclass", CLASS_CLUSTER, namespace, cluster_host,
                                   cluster_base_volume, endpoint)
@@ -226,7 +232,8 @@ async def test_clusterclass_flavor_makes_a_whole_cluster_whose_worker_variable_r
     kubeconfig_path = tmp_path / "workload.kubeconfig"
     objects = client.CustomObjectsApi(api_client)
     with EndpointRelay(cluster_host, endpoint, PORT) as relay:
-        async with (operator_running(control_plane, {cluster_host.name: cluster_host.uri}),
+        async with (operator_on_a_declared_host(control_plane, api_client, cluster_access, "tls", namespace,
+                                                cluster_base_volume, endpoint),
                     cleared_on_failure(api_client, namespace, CLASS_CLUSTER, cluster_host, cluster_base_volume)):
             clock = Clock()
             await apply(api_client, control_plane, documents)

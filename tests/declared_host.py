@@ -23,18 +23,21 @@ from waiting import wait_until
 RELEASE_DEADLINE_S = 120.0
 
 
-def credentials(access: RemoteAccess, transport: str) -> tuple[str, dict[str, bytes]]:
-    """The host's URI over `transport` (ssh or tls) and its credentials Secret's data, as the book's host page lists
-    them: the client's key and the host's known_hosts line, or the CA and the client's certificate and key."""
-    folder = access.client_dir
+def credentials(access: RemoteAccess, transport: str) -> dict[str, bytes]:
+    """A credentials Secret's data for `transport` (ssh or tls), as the book's host page lists it: the client's key
+    and the host's known_hosts line, or the CA and the client's certificate and key."""
     if transport == "ssh":
-        return (f"qemu+ssh://root@{access.address}/system",
-                {"ssh-privatekey": access.ssh_key.read_bytes(), "known_hosts": access.known_hosts.read_bytes()})
+        return {"ssh-privatekey": access.ssh_key.read_bytes(), "known_hosts": access.known_hosts.read_bytes()}
     if transport == "tls":
-        return (f"qemu+tls://{access.address}/system",
-                {"ca.crt": (folder / "cacert.pem").read_bytes(), "tls.crt": (folder / "clientcert.pem").read_bytes(),
-                 "tls.key": (folder / "clientkey.pem").read_bytes()})
+        folder = access.client_dir
+        return {"ca.crt": (folder / "cacert.pem").read_bytes(), "tls.crt": (folder / "clientcert.pem").read_bytes(),
+                "tls.key": (folder / "clientkey.pem").read_bytes()}
     raise ValueError(f"transport {transport!r}: ssh or tls")
+
+
+def host_uri(access: RemoteAccess, transport: str) -> str:
+    """The URI a LibvirtHost gives for `transport`: no query, the credentials come from its Secret."""
+    return f"qemu+ssh://root@{access.address}/system" if transport == "ssh" else f"qemu+tls://{access.address}/system"
 
 
 def host_object(name: str, uri: str, pool: str, network: str, namespace: str, base_volume: str,
@@ -54,7 +57,7 @@ async def operator_on_a_declared_host(control_plane: cp.LocalControlPlane, api: 
     yields the URI. On the way out the LibvirtHost is deleted while the operator still runs (it releases the
     finalizer), then the Secret."""
     host = access.host
-    uri, data = credentials(access, transport)
+    uri, data = host_uri(access, transport), credentials(access, transport)
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
     await core.create_namespaced_secret(PROVIDER_NAMESPACE, client.V1Secret(
         metadata=client.V1ObjectMeta(name=host.name),
@@ -63,14 +66,30 @@ async def operator_on_a_declared_host(control_plane: cp.LocalControlPlane, api: 
         async with operator_running(control_plane, {}):
             await objects.create_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", host_object(
                 host.name, uri, host.pool_name, host.network_name, namespace, base_volume, endpoint))
+            failed = True
             try:
                 yield uri
+                failed = False
             finally:
-                await objects.delete_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", host.name)
-
-                async def released() -> bool:
-                    listed = await objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts")
-                    return host.name not in {item["metadata"]["name"] for item in listed["items"]}
-                await wait_until("the LibvirtHost released", released, RELEASE_DEADLINE_S)
+                await release(objects, host.name, failed)
     finally:
         await core.delete_namespaced_secret(host.name, PROVIDER_NAMESPACE)
+
+
+async def release(objects: client.CustomObjectsApi, name: str, failed: bool) -> None:
+    """The LibvirtHost deleted and its finalizer released by the operator. After a failed test machines may still hold
+    it (HostInUse): its finalizer is then taken off, so the next test can declare the host again, and the test's own
+    failure is the one reported."""
+    await objects.delete_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name)
+
+    async def released() -> bool:
+        listed = await objects.list_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts")
+        return name not in {item["metadata"]["name"] for item in listed["items"]}
+    try:
+        await wait_until("the LibvirtHost released", released, RELEASE_DEADLINE_S)
+    except TimeoutError:
+        if not failed:
+            raise
+        await objects.patch_cluster_custom_object(meta.GROUP, meta.VERSION, "libvirthosts", name,
+                                                  {"metadata": {"finalizers": None}},
+                                                  _content_type="application/merge-patch+json")

@@ -89,6 +89,8 @@ def cluster_access(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteA
     from whole_cluster_bed import LINK, RESERVED, SUBNET
 
     require_libvirt_host_prerequisites()
+    for program in ("/usr/sbin/sshd", "ssh", "openssl", "ssh-keygen"):
+        require(shutil.which(program) is not None, f"{program} (make test installs it)")
     name = f"pytest-cluster-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
     with RemoteAccess(LibvirtHost(name, SUBNET, dhcp_reserved=RESERVED,
                                   log_dir=tmp_path_factory.mktemp("cluster-host-logs")), link_index=LINK) as access:

@@ -30,6 +30,7 @@ from kubernetes_asyncio import client
 import guest_agent
 from capi_libvirt.api import meta
 from capi_libvirt.core import images, naming, traffic_filter
+from declared_host import credentials, host_uri
 from devenv import base_image, capi_objects, ipxe_image, trixie_root
 from devenv import remote_access as ra
 from devenv.image_server import ImageServer, Served
@@ -84,13 +85,9 @@ async def hosts(control_plane, api_client, trixie, served) -> AsyncIterator[dict
     access, _, linux = trixie
     server = served[0]
     core, objects = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
-    folder = access.client_dir
-    secrets = {TLS_HOST: {"ca.crt": (folder / "cacert.pem").read_bytes(),
-                          "tls.crt": (folder / "clientcert.pem").read_bytes(),
-                          "tls.key": (folder / "clientkey.pem").read_bytes()},
-               SSH_HOST: {"ssh-privatekey": access.ssh_key.read_bytes(),
-                          "known_hosts": access.known_hosts.read_bytes()}}
-    uris = {TLS_HOST: f"qemu+tls://{access.address}/system", SSH_HOST: f"qemu+ssh://root@{access.address}/system"}
+    transports = {TLS_HOST: "tls", SSH_HOST: "ssh"}
+    secrets = {name: credentials(access, transport) for name, transport in transports.items()}
+    uris = {name: host_uri(access, transport) for name, transport in transports.items()}
     for name, data in secrets.items():
         await core.create_namespaced_secret(PROVIDER_NAMESPACE, client.V1Secret(
             metadata=client.V1ObjectMeta(name=name), data={k: b64(v) for k, v in data.items()}))

@@ -22,6 +22,7 @@ from kubernetes_asyncio import client
 from capi_libvirt.api import meta
 from capi_libvirt.core import naming
 from capi_libvirt.hypervisor.connection import THREADS_PER_HOST
+from declared_host import credentials, host_uri
 from devenv import base_image, capi_objects
 from devenv import remote_access as ra
 from devenv.libvirt_host import LibvirtHost
@@ -47,18 +48,6 @@ def remote_host(guest_image):
         with access.host.connect() as conn:  # the test's own setup, over the host's local socket
             volume = base_image.upload_base_image(conn, access.host.pool_name, guest_image)
         yield access, volume
-
-
-def credentials(access: ra.RemoteAccess, transport: str) -> dict[str, bytes]:
-    if transport == "ssh":
-        return {"ssh-privatekey": access.ssh_key.read_bytes(), "known_hosts": access.known_hosts.read_bytes()}
-    folder = access.client_dir
-    return {"ca.crt": (folder / "cacert.pem").read_bytes(), "tls.crt": (folder / "clientcert.pem").read_bytes(),
-            "tls.key": (folder / "clientkey.pem").read_bytes()}
-
-
-def host_uri(access: ra.RemoteAccess, transport: str) -> str:
-    return f"qemu+ssh://root@{access.address}/system" if transport == "ssh" else f"qemu+tls://{access.address}/system"
 
 
 async def test_machines_boot_and_are_deleted_over_qemu_ssh_and_qemu_tls(

@@ -3,15 +3,17 @@
 One libvirt host with NO libvirt network and no libvirt DHCP, as a typical Ubuntu KVM host: a plain bridge `br0`
 carrying the host's own address, and the LAN's DHCP server (a dnsmasq in the host's namespace, not libvirt's) on it
 (devenv.bridged_lan). The host runs Debian 13's libvirt 11 (devenv.trixie_root), as Ubuntu 24.04's hosts run a
-libvirt past this machine's 9.0, whose ARP source fails on this kernel (`wrong nlmsg len`, see the ARP test). The operator reaches it over qemu+tls as a LibvirtHost whose `spec.access.bridges` allows `br0`.
-Two machines of the minimal cached image boot on the bridge at once (two, not three: the test-time budget):
+libvirt past this machine's 9.0, whose ARP source fails on this kernel (`wrong nlmsg len`, see the ARP test). The
+operator reaches it over qemu+tls as a LibvirtHost whose `spec.access.bridges` allows `br0`. Two machines of the
+minimal cached image boot on the bridge at once (two, not three: the test-time budget):
 
 - `static`: a static address (interfaces[].static), `guestAgent: false`. It is published and the machine provisioned as
   soon as the domain runs, before the guest has booted; the guest then answers a ping from the host at that address,
   and the host's neighbour table holds its MAC. Without an agent, the host's ARP table is the only source discovery
-  can ask: the operator publishes what libvirt's ARP source answers (on this machine it fails, see the ARP test).
+  can ask: the operator publishes what libvirt's ARP source answers.
 - `agent`: DHCP from the LAN's dnsmasq, guest agent on. libvirt holds no lease of it (no libvirt network exists): its
-  leased address (in dnsmasq's lease file) comes from the guest agent.
+  leased address (in dnsmasq's lease file) comes from the guest agent once it answers (the ARP table may find it
+  first).
 
 Then the flap: the agent guest's agent is stopped from inside the guest (guest-exec of `systemctl stop`), the host's
 neighbour table flushed, and the machine woken (an annotation, as `kubectl annotate` would); the pass that follows finds

@@ -29,9 +29,9 @@ The host is reached as the README's quick start declares one (tests/declared_hos
 let the test's namespace use the node image and the network and send from the endpoint (`allowedAddresses`), and
 nothing else; the operator, as its least-privilege user, knows no host but that object, and `capi-libvirt
 console-log` reads the boots over the same transport with the same Secret. Deleting each Cluster leaves nothing on
-the host; a test that fails clears its cluster off the host before the
-next one starts (whole_cluster_bed.cleared_on_failure). Reads of the workload API server retry while it does not answer
-(its API server restarts when the machine is starved under TCG), each failure kept as the wait's last-seen state.
+the host; a test that fails clears its cluster off the host before the next one starts
+(whole_cluster_bed.cleared_on_failure). Reads of the workload API server retry while it does not answer (its API
+server restarts when the machine is starved under TCG), each failure kept as the wait's last-seen state.
 
 Real parts: the management API server; Cluster API's core (topology on), kubeadm bootstrap and kubeadm control-plane
 managers (webhooks on); the operator; libvirtd; in the guests kubeadm, kubelet, containerd, etcd, kube-apiserver,

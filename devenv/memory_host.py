@@ -84,6 +84,7 @@ class MemoryHost(HostState):
         self.arp_addresses: dict[str, list[str]] = {}  # domain UUID -> what the host's ARP table holds for it
         # Faults
         self.unreachable: str | None = None  # every operation raises HostUnreachable with this message
+        self.connected = True  # Host.connected: False as while a connection is being opened and none is alive
         self._failures: dict[str, list[Exception]] = {}
         self._holds: dict[str, Hold] = {}
 

@@ -200,10 +200,11 @@ def test_a_pass_is_timed_and_counted_by_its_result() -> None:
 
 
 def fake_source(observer: metrics.Observer, state: election.State) -> metrics.Source:
-    """An inventory of two hosts (one reachable), without libvirt."""
+    """An inventory of two hosts (one reachable, its probe late), without libvirt."""
     connections = {"kvm1": types.SimpleNamespace(opened=2, calls=7), "kvm2": types.SimpleNamespace(opened=0, calls=0)}
     inventory = types.SimpleNamespace(
-        hosts={"kvm1": types.SimpleNamespace(reachable=True), "kvm2": types.SimpleNamespace(reachable=False)},
+        hosts={"kvm1": types.SimpleNamespace(reachable=True, slow=True),
+               "kvm2": types.SimpleNamespace(reachable=False, slow=False)},
         registry=types.SimpleNamespace(get=connections.__getitem__),
         orphans={"kvm1": inventory_.OrphanRecord(pending=2, kept=1, stray_volumes=3)})
     return metrics.Source(observer, inventory, state, {("machines", "changed"): 4, ("machines", "unchanged"): 1})
@@ -248,6 +249,8 @@ def test_the_machine_reconcile_reports_outcomes_and_phases_per_host(no_other_ope
         assert value("capi_libvirt_machines", host="kvm2", phase="Paused") == 0
         assert value("capi_libvirt_host_reachable", host="kvm1") == 1
         assert value("capi_libvirt_host_reachable", host="kvm2") == 0
+        assert value("capi_libvirt_host_probe_slow", host="kvm1") == 1
+        assert value("capi_libvirt_host_probe_slow", host="kvm2") == 0
         assert value("capi_libvirt_host_connections_opened_total", host="kvm1") == 2
         assert value("capi_libvirt_host_operations_total", host="kvm1") == 7
         assert value("capi_libvirt_leader") == 1

@@ -166,6 +166,10 @@ WAITING_FOR_ENDPOINT = _reason("WaitingForControlPlaneEndpoint", "spec.controlPl
 
 # A LibvirtHost's Ready reasons.
 REACHABLE = _reason("Reachable", "The last probe reached the host's libvirt daemon.", _H, _READY)
+PROBE_SLOW = _reason("ProbeSlow", "The probe in flight has not answered within its timeout, but the connection is "
+                     "alive (libvirt's keepalive): the host is busy, not lost. Placement goes on with the last "
+                     "probe's figures (Ready stays True; with none yet, Ready is False until the probe answers). If "
+                     "it stays unanswered far longer (two minutes), the host counts as unreachable.", _H, _READY)
 HOST_IN_USE = _reason("HostInUse", "The host is being deleted, but machines still run on it: the deletion waits.", _H,
                       _READY)
 DECOMMISSIONED = _reason("Decommissioned", "spec.decommission is set: no new machines; its machines are replaced "

@@ -6,13 +6,16 @@ its own, so no two calls ever run on one connection: libvirt 9.0's client crashe
 event loop) when a keepalive timeout closed a connection that two threads were waiting on, and again on the next
 connection (a host cut off by a link going down; hack/libvirt-keepalive-crash.py reproduces it). A connection is
 closed only by its own thread, never under another thread's call. libvirt's default event loop runs in a thread of
-its own, which is what lets connections send keepalives and notice a dead peer instead of hanging on it.
+its own, which is what lets connections send keepalives and notice a dead peer instead of hanging on it; libvirt
+tells each connection's death (keepalive, end of file, error) through its close callback, so `connected` says whether
+the host has a live connection without a call on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import threading
@@ -32,6 +35,10 @@ CallObserver = Callable[[str, float, bool], None]
 
 KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 3  # a peer silent for ~15 s counts as dead
 THREADS_PER_HOST = 4
+_CLOSE_REASONS = {libvirt.VIR_CONNECT_CLOSE_REASON_ERROR: "transport error",
+                  libvirt.VIR_CONNECT_CLOSE_REASON_EOF: "end of file",
+                  libvirt.VIR_CONNECT_CLOSE_REASON_KEEPALIVE: "keepalive: the peer stopped answering",
+                  libvirt.VIR_CONNECT_CLOSE_REASON_CLIENT: "closed by this client"}
 
 
 def _silence_libvirt_stderr(_ctx: object, _error: object) -> None:
@@ -75,8 +82,16 @@ class HostConnection:
         self._local = threading.local()  # .conn: the calling pool thread's connection
         self._lock = threading.Lock()  # guards _open and the counters
         self._open: set[libvirt.virConnect] = set()
+        self._lost: set[libvirt.virConnect] = set()  # of _open: closed by libvirt (keepalive, EOF), not yet dropped
         self.opened = 0  # connections opened: at most THREADS_PER_HOST in a healthy life
         self.calls = 0  # operations run on the host (each one or a few libvirt API calls), for the numbers (docs/book/src/development/numbers.md)
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection to the host is open and alive: opened, and not closed since by libvirt (its
+        keepalive found the peer silent, the transport ended) or by a transport error."""
+        with self._lock:
+            return bool(self._open - self._lost)
 
     async def call(self, fn: Callable[..., T], *args: object, doing: str = "", transfer: bool = False) -> T:
         """`fn(conn, *args)` in the host's pool (`transfer`: in its transfer thread, for long streams)."""
@@ -133,6 +148,10 @@ class HostConnection:
             conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
         except libvirt.libvirtError:
             pass  # local (unix socket) drivers without keepalive support: nothing to detect there
+        try:
+            conn.registerCloseCallback(self._closed_by_libvirt, conn)  # the opaque: this very connection
+        except libvirt.libvirtError:
+            pass  # a driver without close callbacks: a dead connection is found by its next call
         self._local.conn = conn
         with self._lock:
             self._open.add(conn)
@@ -140,26 +159,35 @@ class HostConnection:
         log.info("connected to host %s", self.host)
         return conn
 
+    def _closed_by_libvirt(self, _conn: object, reason: int, conn: libvirt.virConnect) -> None:
+        """libvirt's close callback (from its event loop's thread): the connection is dead; its thread drops it."""
+        with self._lock:
+            if conn in self._open:
+                self._lost.add(conn)
+        log.warning("host %s: libvirt closed a connection (reason %d: %s)", self.host, reason,
+                    _CLOSE_REASONS.get(reason, "unknown"))
+
     def _drop(self, conn: libvirt.virConnect) -> None:
         """Close this thread's broken connection (no other thread ever uses it)."""
         self._local.conn = None
         with self._lock:
             self._open.discard(conn)
+            self._lost.discard(conn)
         self._close_quietly(conn)
 
     @staticmethod
     def _close_quietly(conn: libvirt.virConnect) -> None:
-        try:
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.unregisterCloseCallback()
+        with contextlib.suppress(libvirt.libvirtError):
             conn.close()
-        except libvirt.libvirtError:
-            pass
 
     def close(self) -> None:
         """Blocking: call it from a thread (the operator's cleanup does), once no call runs any more."""
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._transfers.shutdown(wait=False, cancel_futures=True)
         with self._lock:
-            connections, self._open = list(self._open), set()
+            connections, self._open, self._lost = list(self._open), set(), set()
         for conn in connections:
             self._close_quietly(conn)
 

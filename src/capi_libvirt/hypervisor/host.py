@@ -45,6 +45,10 @@ class Host(Protocol):
     opened: int  # connections opened to it (its metric)
     calls: int  # operations run on it (its metric, and the numbers of docs/book/src/development/numbers.md)
 
+    @property
+    def connected(self) -> bool:
+        """Whether a live connection to the host is open (a slow answer on it is a busy host, not a lost one)."""
+
     def close(self) -> None:
         """Blocking: release the host's connections (call it off the event loop)."""
 

@@ -18,7 +18,9 @@ from capi_libvirt.core.placement import DEFAULT_CREATES_PER_HOST
 from capi_libvirt.kube import kubeconfig
 from capi_libvirt.operator import election, logs
 from capi_libvirt.reconcile.base import ORPHAN_GRACE_S
+from capi_libvirt.reconcile.inventory import PROBE_GIVE_UP_S
 from capi_libvirt.reconcile.inventory import PROBE_INTERVAL_S as DEFAULT_PROBE_INTERVAL_S
+from capi_libvirt.reconcile.inventory import PROBE_TIMEOUT_S as DEFAULT_PROBE_TIMEOUT_S
 from capi_libvirt.reconcile.orphans import INTERVAL_S as ORPHAN_INTERVAL_S
 
 MANAGEMENT_CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")  # a UID, a name: it goes into domain XML
@@ -148,6 +150,11 @@ class OperatorConfig:
     probe_interval_s: float = _setting(DEFAULT_PROBE_INTERVAL_S, Flag(
         ("--host-probe-interval",), positive_seconds, "SECONDS",
         "probe every libvirt host this often (default: {default})", shown=_seconds))
+    probe_timeout_s: float = _setting(DEFAULT_PROBE_TIMEOUT_S, Flag(
+        ("--host-probe-timeout",), positive_seconds, "SECONDS",
+        "a host's probe not answered this long is slow (the host stays reachable while its connection lives) or, "
+        "with no live connection, makes the host unreachable (default: {default}; at most "
+        f"{PROBE_GIVE_UP_S:.0f}s, when an unanswered probe makes it unreachable in any case)", shown=_seconds))
     replace_after_s: float = _setting(DEFAULT_REPLACE_AFTER_S, Flag(
         ("--replace-unreachable-after",), positive_seconds, "SECONDS",
         "a machine that never had a domain on its host moves to another host when that host stays unreachable this "

@@ -77,7 +77,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     observer = metrics.Observer()
     management_cluster = cfg.management_cluster_id or await _management_cluster_identity(kube)
     deps = machine_reconcile.Dependencies(kube=kube, inventory=inventory.Inventory(
-                                              hosts, management_cluster=management_cluster),
+                                              hosts, management_cluster=management_cluster,
+                                              probe_timeout_s=cfg.probe_timeout_s),
                                           post_event=EventPoster(kube), observe=observer,
                                           images=reconcile_images.ImageImports(observe=metrics.image_import),
                                           creates_per_host=cfg.creates_per_host,

@@ -68,6 +68,7 @@ QUEUE_RETRIES = Counter("workqueue_retries", "Passes that failed and were queued
 MACHINES = f"{PREFIX}_machines"
 ORPHANS = f"{PREFIX}_orphans"
 HOST_REACHABLE = f"{PREFIX}_host_reachable"
+HOST_PROBE_SLOW = f"{PREFIX}_host_probe_slow"
 HOST_CONNECTIONS = f"{PREFIX}_host_connections_opened"
 HOST_OPERATIONS = f"{PREFIX}_host_operations"
 WATCH_EVENTS = f"{PREFIX}_watch_events"
@@ -77,7 +78,7 @@ NAMES = [f"{PREFIX}_reconciles_total", f"{PREFIX}_reconcile_duration_seconds", f
          f"{PREFIX}_rest_client_requests_total", "workqueue_depth", "workqueue_adds_total",
          "workqueue_queue_duration_seconds", "workqueue_work_duration_seconds", "workqueue_retries_total",
          f"{PREFIX}_image_import_bytes_total", f"{PREFIX}_image_import_duration_seconds",
-         MACHINES, HOST_REACHABLE, f"{HOST_CONNECTIONS}_total", f"{HOST_OPERATIONS}_total", LEADER, ORPHANS,
+         MACHINES, HOST_REACHABLE, HOST_PROBE_SLOW, f"{HOST_CONNECTIONS}_total", f"{HOST_OPERATIONS}_total", LEADER, ORPHANS,
          f"{PREFIX}_orphans_removed_total", f"{WATCH_EVENTS}_total"]
 
 MACHINE = "LibvirtMachine"
@@ -208,6 +209,8 @@ class StateCollector(Collector):
                                      "and phase.", labels=["host", "phase"])
         reachable = GaugeMetricFamily(HOST_REACHABLE, "1 when the last probe of the libvirt host reached it.",
                                       labels=["host"])
+        slow = GaugeMetricFamily(HOST_PROBE_SLOW, "1 while the libvirt host's probe is late (not answered within "
+                                 "its timeout) and its connection alive: busy, not lost.", labels=["host"])
         opened = CounterMetricFamily(HOST_CONNECTIONS, "libvirt connections opened to the host (1 in a healthy "
                                      "life; more: the connection broke and was re-opened).", labels=["host"])
         operations = CounterMetricFamily(HOST_OPERATIONS, "Operations run on the libvirt host (each one or a few "
@@ -233,12 +236,13 @@ class StateCollector(Collector):
                                    "0 while it stands by.")
         for labels, count in sorted(self._machine_counts().items()):
             machines.add_metric(list(labels), count)
-        for name, (up, connections, calls) in sorted(self._hosts().items()):
+        for name, (up, late, connections, calls) in sorted(self._hosts().items()):
             reachable.add_metric([name], up)
+            slow.add_metric([name], late)
             opened.add_metric([name], connections)
             operations.add_metric([name], calls)
         leader.add_metric([], max((1 if s.state.active else 0 for s in self.sources), default=0))
-        return iter([machines, reachable, opened, operations, leader, orphans, events])
+        return iter([machines, reachable, slow, opened, operations, leader, orphans, events])
 
     def _watch_events(self) -> dict[tuple[str, str], int]:
         counts: dict[tuple[str, str], int] = {}
@@ -255,9 +259,9 @@ class StateCollector(Collector):
                     counts[host_and_phase] = counts.get(host_and_phase, 0) + 1
         return counts
 
-    def _hosts(self) -> dict[str, tuple[int, int, int]]:
-        """Per host: reachable (0/1), connections opened, operations run."""
-        hosts: dict[str, tuple[int, int, int]] = {}
+    def _hosts(self) -> dict[str, tuple[int, int, int, int]]:
+        """Per host: reachable (0/1), its probe slow (0/1), connections opened, operations run."""
+        hosts: dict[str, tuple[int, int, int, int]] = {}
         for source in self.sources:
             for name, host in list(source.inventory.hosts.items()):
                 try:
@@ -265,8 +269,9 @@ class StateCollector(Collector):
                     connections, calls = connection.opened, connection.calls
                 except Exception:  # noqa: BLE001  removed meanwhile
                     connections = calls = 0
-                up, opened_before, calls_before = hosts.get(name, (0, 0, 0))
-                hosts[name] = (max(up, int(host.reachable)), opened_before + connections, calls_before + calls)
+                up, late, opened_before, calls_before = hosts.get(name, (0, 0, 0, 0))
+                hosts[name] = (max(up, int(host.reachable)), max(late, int(host.slow)), opened_before + connections,
+                               calls_before + calls)
         return hosts
 
 

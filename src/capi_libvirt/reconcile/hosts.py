@@ -120,6 +120,12 @@ async def probe_and_publish(deps: Dependencies, name: str) -> None:
     if host.spec.decommissioned:
         await _publish(deps, name, inventory_.host_status(host, deps.now()), "False", reasons.DECOMMISSIONED,
                        "spec.decommissioned: gone for good; not probed, nothing placed here")
+    elif host.slow:  # reachable: placement goes on with the last figures; else it waits for the first answer
+        await _publish(deps, name, inventory_.host_status(host, deps.now()), "True" if host.reachable else "False",
+                       reasons.PROBE_SLOW, f"the probe has not answered within {deps.inventory.probe_timeout_s:.0f}s, "
+                       "but the connection is alive: busy, not lost; " + (
+                           "placement goes on with the last probe's figures" if host.reachable else
+                           "nothing is placed here until it answers"))
     elif host.reachable:
         await _publish(deps, name, inventory_.host_status(host, deps.now()), "True", REACHABLE, "")
     else:
@@ -170,18 +176,30 @@ async def add_missing_hosts(deps: Dependencies) -> list[str]:
 
 
 async def probe_forever(deps: Dependencies) -> None:
-    """Every host, every `deps.probe_interval_s` (PROBE_INTERVAL_S unless configured), concurrently; a host that does
-    not answer counts as unreachable after inventory.PROBE_TIMEOUT_S, so one dead host delays a round by that much at
-    most. Each round first adds the
-    LibvirtHosts the inventory lacks (add_missing_hosts)."""
+    """Every host, every `deps.probe_interval_s` (PROBE_INTERVAL_S unless configured), concurrently; a host whose
+    probe does not answer within inventory.PROBE_TIMEOUT_S is busy or unreachable (see reconcile.inventory), so one
+    such host delays a round by that much at most, and its late answer is taken as soon as it comes. Each round first
+    adds the LibvirtHosts the inventory lacks (add_missing_hosts)."""
+    loop = asyncio.get_running_loop()
     while True:
         try:
             await add_missing_hosts(deps)
         except Exception as error:  # noqa: BLE001  the API server hiccuped: the next round tries again
             log.warning("listing LibvirtHosts failed: %s", type(error).__name__)
-        names = list(deps.inventory.hosts)
-        results = await asyncio.gather(*(probe_and_publish(deps, name) for name in names), return_exceptions=True)
-        for name, result in zip(names, results, strict=True):
-            if isinstance(result, Exception):
-                log.warning("probe of host %s failed: %s", name, type(result).__name__)
-        await asyncio.sleep(deps.probe_interval_s)
+        await _probe_all(deps, list(deps.inventory.hosts))
+        next_round = loop.time() + deps.probe_interval_s
+        while (remaining := next_round - loop.time()) > 0:
+            late = {probing: name for name, host in deps.inventory.hosts.items()
+                    if (probing := host.late_probe()) is not None}
+            if not late:
+                await asyncio.sleep(remaining)
+                break
+            answered, _ = await asyncio.wait(set(late), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            await _probe_all(deps, [late[probing] for probing in answered])  # their answers taken at once
+
+
+async def _probe_all(deps: Dependencies, names: list[str]) -> None:
+    results = await asyncio.gather(*(probe_and_publish(deps, name) for name in names), return_exceptions=True)
+    for name, result in zip(names, results, strict=True):
+        if isinstance(result, Exception):
+            log.warning("probe of host %s failed: %s", name, type(result).__name__)

@@ -4,6 +4,13 @@ Hosts come from LibvirtHost objects (and, for development, from `--host name=uri
 free memory, this provider's domains and the foreign ones (not this management cluster's: core.placement.is_foreign);
 placement (core.placement) decides from those numbers plus what the LibvirtMachines recorded in the API say is
 allocated, which counts machines placed a moment ago that have no domain yet.
+
+A busy host is not a lost one. A host is unreachable when its connection is dead (a call failed in the transport,
+libvirt's keepalive closed it, a reconnect was refused) or when a probe goes unanswered with no live connection (one
+being opened that hangs). A probe that is merely slow (not answered within PROBE_TIMEOUT_S while the connection
+lives) leaves the host reachable with the last probe's figures, so placement goes on; it is reported as slow, and
+it is awaited, not asked again, until it answers or PROBE_GIVE_UP_S pass (a daemon that answers keepalives but
+nothing else: unreachable).
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ from capi_libvirt.api import v1alpha1, v1alpha1_host
 from capi_libvirt.core import orphans, outage, placement, tenancy
 from capi_libvirt.hypervisor import credentials, errors, probe
 from capi_libvirt.hypervisor import host as host_api
+from capi_libvirt.hypervisor.probe import HostProbe
 
 log = logging.getLogger(__name__)
-PROBE_TIMEOUT_S = 20.0
+PROBE_TIMEOUT_S = 20.0  # a probe unanswered by then is slow (the connection lives) or the host unreachable (none)
+PROBE_GIVE_UP_S = 120.0  # a probe unanswered this long: unreachable, though the connection lives
 PROBE_INTERVAL_S = 30.0  # the host prober's period (the operator's --host-probe-interval)
 POOL_REFRESH_S = 300.0  # how often a probe refreshes the pools it reads (a refresh locks a pool while it reads)
 
@@ -35,6 +44,13 @@ class InventoryHost:
     problem: str | None = None  # why the last probe failed (safe text: no URI, no credentials)
     unreachable_since: float | None = None  # the inventory's clock at the first failed probe of this outage
     pools_refreshed_at: float | None = None  # the inventory's clock at the last probe that refreshed the pools
+    probing: asyncio.Future[tuple[HostProbe, bool]] | None = None  # the probe in flight, and if it refreshes
+    probing_since: float | None = None  # the inventory's clock when it was sent
+    slow: bool = False  # the probe in flight outlasted PROBE_TIMEOUT_S while the connection lived
+
+    def late_probe(self) -> asyncio.Future[tuple[HostProbe, bool]] | None:
+        """The probe in flight while it has not answered."""
+        return self.probing if self.probing is not None and not self.probing.done() else None
 
 
 @dataclasses.dataclass
@@ -52,10 +68,11 @@ class OrphanRecord:
 
 class Inventory:
     def __init__(self, registry: host_api.HostRegistry, clock: Callable[[], float] = time.monotonic,
-                 management_cluster: str | None = None) -> None:
+                 management_cluster: str | None = None, probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
         self.registry = registry
         self.clock = clock
         self.management_cluster = management_cluster  # tells this provider's domains from foreign ones in a probe
+        self.probe_timeout_s = min(probe_timeout_s, PROBE_GIVE_UP_S)
         self.hosts: dict[str, InventoryHost] = {}
         self.orphans: dict[str, OrphanRecord] = {}
         self.static = set(registry.names())  # from --host: no LibvirtHost object to publish on
@@ -77,10 +94,15 @@ class Inventory:
         current = self.hosts.get(name)
         if current is None:  # a new object (or one made again): its status is written at once
             self.published.pop(name, None)
+        replaced = self.registry.upsert(name, spec.uri, secret)
+        same_connection = current is not None and replaced is None  # a probe in flight on it still counts
         self.hosts[name] = InventoryHost(name, spec, current.probe if current else None,
                                          current.reachable if current else False,
-                                         unreachable_since=current.unreachable_since if current else None)
-        return self.registry.upsert(name, spec.uri, secret)
+                                         unreachable_since=current.unreachable_since if current else None,
+                                         probing=current.probing if current and same_connection else None,
+                                         probing_since=current.probing_since if current and same_connection else None,
+                                         slow=current.slow if current and same_connection else False)
+        return replaced
 
     def remove(self, name: str) -> host_api.Host | None:
         self.hosts.pop(name, None)
@@ -88,30 +110,58 @@ class Inventory:
         self.published.pop(name, None)
         return self.registry.remove(name)
 
-    async def probe(self, name: str, timeout: float = PROBE_TIMEOUT_S) -> InventoryHost | None:
-        """Probe one host (None when it left the inventory meanwhile). Only an unreachable host counts as down; a
-        decommissioned one is not asked at all (it is gone: no connection attempts, no timeouts)."""
+    async def probe(self, name: str) -> InventoryHost | None:
+        """Probe one host (None when it left the inventory meanwhile), or wait again for the probe in flight. Only an
+        unreachable host counts as down, a slow one as busy (see the module doc); a decommissioned one is not asked
+        at all (it is gone: no connection attempts, no timeouts)."""
         host = self.hosts.get(name)
         if host is None:
             return None
         if host.spec.decommissioned:
             host.reachable, host.problem = False, "decommissioned: not probed"
             return host
-        refresh = host.pools_refreshed_at is None or self.clock() - host.pools_refreshed_at >= POOL_REFRESH_S
+        connection = self.registry.get(name)
+        if host.probing is None:
+            refresh = host.pools_refreshed_at is None or self.clock() - host.pools_refreshed_at >= POOL_REFRESH_S
+            host.probing, host.probing_since = asyncio.ensure_future(self._read(connection, host, refresh)), self.clock()
+        probing = host.probing
+        await asyncio.wait({probing}, timeout=self.probe_timeout_s)
+        if not probing.done():
+            self._overdue(host, connection.connected)
+            return host
+        host.probing, host.probing_since, host.slow = None, None, False
         try:
-            host.probe = await asyncio.wait_for(
-                self.registry.get(name).probe(host.spec.storage_pool, self.management_cluster,
-                                             tenancy.allowed_pools(host.spec.access, host.spec.storage_pool), refresh), timeout)
+            host.probe, refreshed = probing.result()
             host.reachable, host.problem, host.unreachable_since = True, None, None
-            if refresh:
+            if refreshed:
                 host.pools_refreshed_at = self.clock()
         except errors.HostUnreachable as error:
             self._down(host, error.message)
-        except TimeoutError:
-            self._down(host, f"no answer within {timeout:.0f}s")
         except errors.HypervisorError as error:  # reachable, but the probe failed: keep the last numbers
             log.warning("probe of host %s failed: %s", name, error)
         return host
+
+    async def _read(self, connection: host_api.Host, host: InventoryHost,
+                    refresh: bool) -> tuple[HostProbe, bool]:
+        spec = host.spec
+        return await connection.probe(spec.storage_pool, self.management_cluster,
+                                      tenancy.allowed_pools(spec.access, spec.storage_pool), refresh), refresh
+
+    def _overdue(self, host: InventoryHost, connected: bool) -> None:
+        """The probe in flight has not answered yet: busy while a connection lives, else (or at last) unreachable."""
+        waited = self.clock() - (host.probing_since or self.clock())
+        if not connected:
+            host.slow = False
+            self._down(host, f"no live connection, and no answer within {self.probe_timeout_s:.0f}s")
+        elif waited >= PROBE_GIVE_UP_S:
+            host.slow = False
+            self._down(host, f"the probe has not answered in {PROBE_GIVE_UP_S:.0f}s, though the connection is "
+                       "alive")
+        else:
+            if not host.slow:
+                log.warning("host %s: the probe has not answered in %.0fs, but the connection is alive: busy, not "
+                            "lost; placement goes on with the last probe's figures", host.name, waited)
+            host.slow = True
 
     def _down(self, host: InventoryHost, problem: str) -> None:
         host.reachable, host.problem = False, problem

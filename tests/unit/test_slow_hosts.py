@@ -155,7 +155,7 @@ async def test_the_prober_takes_a_late_answer_as_soon_as_it_comes_not_at_its_nex
             if bed.entry.probe is not None and not bed.entry.slow:
                 break
             await asyncio.sleep(0.01)
-        assert bed.entry.probe is not None and bed.entry.reachable and not bed.entry.slow
+        assert bed.entry.probe is not None and bed.entry.reachable and not bed.entry.slow, (bed.entry, prober)
         assert bed.probes_sent() == 1
     finally:
         prober.cancel()
@@ -171,3 +171,26 @@ async def test_a_replaced_connection_drops_the_probe_in_flight_on_the_old_one() 
     bed.inventory.upsert(HOST, v1alpha1_host.LibvirtHostSpec(uri=f"qemu+ssh://root@{HOST}/system"), None)
     assert bed.entry.probing is None and not bed.entry.slow, "a new connection is probed anew"
 
+
+
+async def test_a_host_decommissioned_while_its_probe_is_late_is_not_probed_and_the_prober_rests() -> None:
+    bed = Bed()
+    bed.deps.probe_interval_s = 3600.0
+    held = bed.host.hold("probe", after=True)
+    prober = asyncio.ensure_future(hosts.probe_forever(bed.deps))
+    try:
+        await held.reached.wait()
+        for _ in range(100):
+            if bed.entry.slow:
+                break
+            await asyncio.sleep(0.01)
+        bed.inventory.upsert(HOST, v1alpha1_host.LibvirtHostSpec(uri=f"qemu+tls://{HOST}/system",
+                                                                 decommissioned=True), None)
+        await hosts.probe_and_publish(bed.deps, HOST)
+        assert bed.entry.probing is None and not bed.entry.slow and not bed.entry.reachable
+        held.release()
+        await asyncio.sleep(0.2)
+        assert not prober.done() and bed.probes_sent() == 1, "nothing sent again, and no round taken at once"
+        assert bed.ready()["reason"] == reasons.DECOMMISSIONED
+    finally:
+        prober.cancel()

@@ -189,8 +189,7 @@ async def probe_forever(deps: Dependencies) -> None:
         await _probe_all(deps, list(deps.inventory.hosts))
         next_round = loop.time() + deps.probe_interval_s
         while (remaining := next_round - loop.time()) > 0:
-            late = {probing: name for name, host in deps.inventory.hosts.items()
-                    if (probing := host.late_probe()) is not None}
+            late = {host.probing: name for name, host in deps.inventory.hosts.items() if host.probing is not None}
             if not late:
                 await asyncio.sleep(remaining)
                 break

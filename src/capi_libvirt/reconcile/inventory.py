@@ -44,13 +44,9 @@ class InventoryHost:
     problem: str | None = None  # why the last probe failed (safe text: no URI, no credentials)
     unreachable_since: float | None = None  # the inventory's clock at the first failed probe of this outage
     pools_refreshed_at: float | None = None  # the inventory's clock at the last probe that refreshed the pools
-    probing: asyncio.Future[tuple[HostProbe, bool]] | None = None  # the probe in flight, and if it refreshes
+    probing: asyncio.Future[tuple[HostProbe, bool]] | None = None  # the probe sent and not read yet
     probing_since: float | None = None  # the inventory's clock when it was sent
     slow: bool = False  # the probe in flight outlasted PROBE_TIMEOUT_S while the connection lived
-
-    def late_probe(self) -> asyncio.Future[tuple[HostProbe, bool]] | None:
-        """The probe in flight while it has not answered."""
-        return self.probing if self.probing is not None and not self.probing.done() else None
 
 
 @dataclasses.dataclass
@@ -119,11 +115,13 @@ class Inventory:
             return None
         if host.spec.decommissioned:
             host.reachable, host.problem = False, "decommissioned: not probed"
+            host.probing, host.probing_since, host.slow = None, None, False  # an answer on its way is not read
             return host
         connection = self.registry.get(name)
         if host.probing is None:
             refresh = host.pools_refreshed_at is None or self.clock() - host.pools_refreshed_at >= POOL_REFRESH_S
             host.probing, host.probing_since = asyncio.ensure_future(self._read(connection, host, refresh)), self.clock()
+            host.probing.add_done_callback(_seen)  # a probe whose host left meanwhile ends unread, and unlogged
         probing = host.probing
         await asyncio.wait({probing}, timeout=self.probe_timeout_s)
         if not probing.done():
@@ -238,6 +236,12 @@ class Inventory:
             if host.spec.failure_domain:
                 domains[host.spec.failure_domain] = domains.get(host.spec.failure_domain, False) or host.spec.control_plane
         return [{"name": name, "controlPlane": control_plane} for name, control_plane in sorted(domains.items())]
+
+
+def _seen(probing: asyncio.Future[tuple[HostProbe, bool]]) -> None:
+    """Mark the probe's error as retrieved: whoever waits for it reads it; nobody must log it."""
+    if not probing.cancelled():
+        probing.exception()
 
 
 def machine_holding(spec: v1alpha1.LibvirtMachineSpec) -> tenancy.Holding:

@@ -16,8 +16,10 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -336,3 +338,63 @@ async def test_json_logs_are_json_lines_without_credentials(api_client, operator
     assert any(record.get("object", {}).get("kind") == "LibvirtHost" for record in records)  # kopf's object field
     secret_text = [MARKER, base64.b64encode(FAKE_PEM).decode()[:40]]  # as is, and as the API returns Secrets
     assert not [line for line in lines if any(text in line for text in secret_text)]
+
+
+PROBE_A_TLS_HOST = """
+import asyncio, pathlib, sys
+from capi_libvirt.hypervisor import credentials, errors
+from capi_libvirt.hypervisor import host as host_api
+folder, uri = pathlib.Path(sys.argv[1]), sys.argv[2]
+secret = credentials.Credentials({key: (folder / name).read_bytes() for key, name in
+                                  (("ca.crt", "ca.pem"), ("tls.crt", "client.pem"), ("tls.key", "client.key"))})
+async def probe():
+    host = host_api.libvirt_host("refusing", uri, secret, None)
+    try:
+        await host.probe("default", None, [], False)
+    except errors.HostUnreachable as error:
+        print(error.message)
+    finally:
+        host.close()
+asyncio.run(probe())
+"""
+
+
+def test_libvirts_own_warnings_stay_out_of_the_operators_output(tmp_path: pathlib.Path) -> None:
+    """A TLS host whose certificate the client refuses: libvirt's client library warns about it on stderr unless told
+    otherwise (it did in a JSON log); the hypervisor package tells it, and the refusal still comes as an error."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=ca",
+            "-days", "1")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "client.key", "-out", "client.csr", "-subj",
+            "/CN=client")
+    (tmp_path / "client.ext").write_text("basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
+    openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+            "client.pem", "-days", "1", "-extfile", "client.ext")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.pem", "-subj",
+            "/CN=127.0.0.1", "-days", "1")  # its own issuer: not the client's CA
+    port = cp.free_port()
+    server = subprocess.Popen(["openssl", "s_server", "-accept", f"127.0.0.1:{port}", "-cert", "server.pem", "-key",
+                               "server.key", "-quiet"], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        env = {k: v for k, v in os.environ.items() if k != "LIBVIRT_LOG_OUTPUTS"}
+        done = subprocess.run([sys.executable, "-c", PROBE_A_TLS_HOST, str(tmp_path), f"qemu+tls://127.0.0.1:{port}/system"],
+                              capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        server.terminate()
+        server.wait()
+    assert done.returncode == 0, done.stderr
+    assert "certificate" in done.stdout.lower(), done.stdout  # the refusal, as the provider's error
+    assert done.stderr == "", f"libvirt wrote to stderr: {done.stderr}"
+
+
+def wait_for_port(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+        time.sleep(0.1)

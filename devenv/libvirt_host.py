@@ -19,6 +19,7 @@ wrapper's files under paths.run_dir().
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -28,9 +29,10 @@ import shutil
 import signal
 import stat
 import subprocess
+import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 
 import libvirt
@@ -408,6 +410,33 @@ class LibvirtHost:
         new = self._read_pid("libvirtd")
         assert new is not None
         return old, new
+
+    @contextlib.contextmanager
+    def answering_slowly(self, stopped_s: float, running_s: float) -> Iterator[None]:
+        """Inside the block, libvirtd is paused (SIGSTOP) for `stopped_s`, then runs for `running_s`, over and over:
+        every call waits for the next run, as on a daemon too busy to answer, while libvirt's keepalive (a ping after
+        5 s of silence, the peer dead after three more unanswered) still gets its answers as long as `stopped_s`
+        stays well under 20 s. libvirtd runs on when the block ends."""
+        pid = self._read_pid("libvirtd")
+        if pid is None or process_command(pid) != "libvirtd":
+            raise LibvirtHostError(f"libvirtd of host {self.name} is not running")
+        done = threading.Event()
+
+        def pause_now_and_then() -> None:
+            while not done.is_set():
+                os.kill(pid, signal.SIGSTOP)
+                done.wait(stopped_s)
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(running_s)
+
+        pauser = threading.Thread(target=pause_now_and_then, name=f"pause-{self.name}", daemon=True)
+        pauser.start()
+        try:
+            yield
+        finally:
+            done.set()
+            pauser.join()
+            os.kill(pid, signal.SIGCONT)
 
     def _wait_until_answering(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

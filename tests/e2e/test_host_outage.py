@@ -3,6 +3,10 @@ network namespaces (devenv.remote_access), cut off by setting the link down, iPX
 in seconds, the real API server, and in the second test the real Cluster API core controller with a real
 MachineHealthCheck.
 
+0. A busy host is not a lost one: its libvirtd paused for 3 s out of every 3 (SIGSTOP, a millisecond's run between)
+   answers every call late, a probe included, while libvirt's keepalive still gets its answers; the host stays
+   reachable (its Ready condition says ProbeSlow, never HostUnreachable) and takes the machine created meanwhile, which
+   is provisioned there once the daemon runs freely again.
 1. A host cut off mid-provision (its link down right after a domain was defined there): that machine waits with
    HostUnreachable and is never moved (a domain of it may run there), however long the outage; a machine on the same
    host with no domain yet is placed on the other host once the outage outlasts the re-placement timeout; when the
@@ -15,6 +19,7 @@ MachineHealthCheck.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import time
@@ -41,6 +46,8 @@ HOSTS = (("outage-a", "192.168.171.0/24", 171), ("outage-b", "192.168.172.0/24",
 BASE = "outage-ipxe.qcow2"  # on both hosts
 ONLY_ON_B = "outage-ipxe-b.qcow2"  # on the second host only: a machine of it placed on the first cannot be made there
 PROBE_INTERVAL_S = 2.0
+PROBE_TIMEOUT_S = 4.0  # the operator's --host-probe-timeout in the busy-host test (20 s by default)
+PAUSED_S, RUNNING_S = 3.0, 0.001  # the busy host's libvirtd: paused, then running, over and over
 REPLACE_AFTER_S = 20.0
 DEADLINE_S = 180.0
 MERGE = {"_content_type": "application/merge-patch+json"}
@@ -174,6 +181,87 @@ class Clock:
 
     def report(self) -> str:
         return "\n".join(f"  {at:6.1f} s  {what}" for at, what in self.marks)
+
+
+async def libvirt_host_ready(api_client, name: str) -> dict:
+    body = await client.CustomObjectsApi(api_client).get_cluster_custom_object(meta.GROUP, meta.VERSION,
+                                                                              "libvirthosts", name)
+    return condition(body, "Ready")
+
+
+async def test_a_busy_host_stays_reachable_and_takes_the_machine_made_meanwhile(
+        control_plane, api_client, namespace, hosts):
+    a, _b = hosts
+    machines = Machines(api_client, namespace)
+    await add_host(api_client, namespace, "busy-a", a)
+    await capi_objects.create_cluster(api_client, namespace, "busy", infrastructure_kind="ProxmoxCluster")
+    clock = Clock()
+    async with operator_running(control_plane, {}, probe_interval_s=PROBE_INTERVAL_S, probe_timeout_s=PROBE_TIMEOUT_S,
+                                replace_after_s=REPLACE_AFTER_S):
+        try:
+            async def reachable():
+                ready = await libvirt_host_ready(api_client, "busy-a")
+                return ready if ready.get("reason") == "Reachable" else None
+            await wait_until("busy-a reachable", reachable, 60)
+            seen: list[tuple[float, str, str]] = []  # (when, Ready status, reason) at each change
+
+            async def watch_ready() -> None:
+                while True:
+                    ready = await libvirt_host_ready(api_client, "busy-a")
+                    if not seen or seen[-1][1:] != (ready.get("status"), ready.get("reason")):
+                        seen.append((time.monotonic() - clock.start, ready.get("status"), ready.get("reason")))
+                    await asyncio.sleep(0.5)
+            watcher = asyncio.ensure_future(watch_ready())
+            try:
+                with a.host.answering_slowly(PAUSED_S, RUNNING_S):
+                    clock.mark("busy-a's libvirtd paused now and then")
+
+                    async def slow():
+                        ready = await libvirt_host_ready(api_client, "busy-a")
+                        return ready if ready.get("reason") == "ProbeSlow" else None
+                    ready = await wait_until("busy-a's probe reported slow", slow, 90)
+                    clock.mark("busy-a's probe reported slow")
+                    assert ready["status"] == "True" and "connection is" in ready["message"], ready
+                    await capi_objects.create_machine(api_client, namespace, "busy", "busy-0", "#cloud-config\n",
+                                                      ipxe_image.machine_spec(a.host.pool_name, a.host.network_name,
+                                                                              BASE))
+
+                    async def placed():  # the placement's record: the providerID names the host
+                        body = await machines.get("busy-0")
+                        return body if ((body or {}).get("spec") or {}).get("providerID") and \
+                            host_of(body) == "busy-a" else None
+                    await wait_until("the machine placed on the busy host", placed, 90)
+                    clock.mark("the machine made meanwhile placed on busy-a")
+                    await asyncio.sleep(4 * PROBE_TIMEOUT_S)  # more late probes while the machine is being made
+                clock.mark("busy-a's libvirtd runs freely again")
+
+                async def made():
+                    body = await machines.get("busy-0")
+                    return body if provisioned(body) else None
+                body = await wait_until("the machine provisioned on busy-a", made, DEADLINE_S)
+                clock.mark("the machine provisioned on busy-a")
+                assert host_of(body) == "busy-a"
+                await wait_until("busy-a reachable again", reachable, 60)
+            finally:
+                watcher.cancel()
+            reasons_seen = {reason for _at, _status, reason in seen}
+            assert "ProbeSlow" in reasons_seen and reasons_seen <= {"Reachable", "ProbeSlow"}, seen
+            assert {status for _at, status, _reason in seen} == {"True"}, seen
+            machine_reasons = {e.reason for e in (await machines.core.list_namespaced_event(
+                namespace, field_selector="involvedObject.name=busy-0")).items}
+            assert "HostUnreachable" not in machine_reasons, machine_reasons
+            await machines.objects.delete_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace,
+                                                                   "libvirtmachines", "busy-0")
+
+            async def gone():
+                return not await machines.all()
+            await wait_until("the machine deleted", gone, 120)
+        finally:
+            await delete_hosts(api_client, ["busy-a"])
+    assert left_on(a) == [], "nothing left on the host"
+    print(f"\n[numbers] busy host (libvirtd paused {PAUSED_S:g} s of every {PAUSED_S + RUNNING_S:g} s, probe "
+          f"timeout {PROBE_TIMEOUT_S:g} s):\n{clock.report()}\n  its Ready condition: "
+          + ", ".join(f"{reason} at {at:.0f} s" for at, _status, reason in seen))
 
 
 async def test_a_host_cut_off_mid_provision_keeps_its_machine_and_a_machine_without_domain_moves(

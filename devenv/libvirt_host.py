@@ -411,15 +411,20 @@ class LibvirtHost:
         assert new is not None
         return old, new
 
+    def libvirtd_pid(self) -> int:
+        """The running libvirtd's pid (for a test that signals it)."""
+        pid = self._read_pid("libvirtd")
+        if pid is None or process_command(pid) != "libvirtd":
+            raise LibvirtHostError(f"libvirtd of host {self.name} is not running")
+        return pid
+
     @contextlib.contextmanager
     def answering_slowly(self, stopped_s: float, running_s: float) -> Iterator[None]:
         """Inside the block, libvirtd is paused (SIGSTOP) for `stopped_s`, then runs for `running_s`, over and over:
         every call waits for the next run, as on a daemon too busy to answer, while libvirt's keepalive (a ping after
         5 s of silence, the peer dead after three more unanswered) still gets its answers as long as `stopped_s`
         stays well under 20 s. libvirtd runs on when the block ends."""
-        pid = self._read_pid("libvirtd")
-        if pid is None or process_command(pid) != "libvirtd":
-            raise LibvirtHostError(f"libvirtd of host {self.name} is not running")
+        pid = self.libvirtd_pid()
         done = threading.Event()
 
         def pause_now_and_then() -> None:

@@ -232,6 +232,8 @@ async def test_a_busy_host_stays_reachable_and_takes_the_machine_made_meanwhile(
                             host_of(body) == "busy-a" else None
                     await wait_until("the machine placed on the busy host", placed, 90)
                     clock.mark("the machine made meanwhile placed on busy-a")
+                    assert (await libvirt_host_ready(api_client, "busy-a"))["reason"] == "ProbeSlow", \
+                        "placed while the host's probe was late"
                     await asyncio.sleep(4 * PROBE_TIMEOUT_S)  # more late probes while the machine is being made
                 clock.mark("busy-a's libvirtd runs freely again")
 
@@ -242,6 +244,7 @@ async def test_a_busy_host_stays_reachable_and_takes_the_machine_made_meanwhile(
                 clock.mark("the machine provisioned on busy-a")
                 assert host_of(body) == "busy-a"
                 await wait_until("busy-a reachable again", reachable, 60)
+                assert not watcher.done(), watcher  # it watched all along (an error of its own would end it)
             finally:
                 watcher.cancel()
             reasons_seen = {reason for _at, _status, reason in seen}

@@ -341,7 +341,7 @@ async def test_json_logs_are_json_lines_without_credentials(api_client, operator
 
 
 PROBE_A_TLS_HOST = """
-import asyncio, pathlib, sys
+import asyncio, os, pathlib, sys
 from capi_libvirt.hypervisor import credentials, errors
 from capi_libvirt.hypervisor import host as host_api
 folder, uri = pathlib.Path(sys.argv[1]), sys.argv[2]
@@ -356,12 +356,14 @@ async def probe():
     finally:
         host.close()
 asyncio.run(probe())
+print("children inherit LIBVIRT_LOG_OUTPUTS:", "LIBVIRT_LOG_OUTPUTS" in os.environ)
 """
 
 
 def test_libvirts_own_warnings_stay_out_of_the_operators_output(tmp_path: pathlib.Path) -> None:
     """A TLS host whose certificate the client refuses: libvirt's client library warns about it on stderr unless told
-    otherwise (it did in a JSON log); the hypervisor package tells it, and the refusal still comes as an error."""
+    otherwise (it did in a JSON log); the hypervisor package tells it, for its own process only, and the refusal
+    still comes as an error."""
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=ca",
@@ -388,6 +390,7 @@ def test_libvirts_own_warnings_stay_out_of_the_operators_output(tmp_path: pathli
     assert done.returncode == 0, done.stderr
     assert "certificate" in done.stdout.lower(), done.stdout  # the refusal, as the provider's error
     assert done.stderr == "", f"libvirt wrote to stderr: {done.stderr}"
+    assert "children inherit LIBVIRT_LOG_OUTPUTS: False" in done.stdout, "a libvirtd it starts would log nothing"
 
 
 def wait_for_port(port: int) -> None:

@@ -4,9 +4,11 @@ unauthorized key are refused quickly, with a libvirt error that shows no key mat
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -226,3 +228,39 @@ def test_stop_leaves_no_sshd_link_namespace_or_files(tmp_path: pathlib.Path) -> 
     assert (tmp_path / "logs" / "sshd.log").exists()  # logs stay where they were asked to
     access.stop()  # a second stop is harmless
     assert os.path.isdir("/run/sshd")
+
+
+# -- A connection's death, as the provider learns it -------------------------------------------------------------
+
+async def test_a_connection_whose_peer_stops_answering_is_no_longer_live_without_a_call_on_it(
+        remote: RemoteAccess) -> None:
+    """hypervisor.connection's `connected` follows libvirt's close callback: libvirtd stopped (SIGSTOP) longer than the
+    keepalive allows (a ping after 5 s of silence, three unanswered: 20 s), the provider's connection over qemu+tls
+    is known dead with no call made on it; libvirtd running again, the next call opens a new one."""
+    from capi_libvirt.hypervisor import credentials
+    from capi_libvirt.hypervisor import host as host_api
+    folder = remote.client_dir
+    secret = credentials.Credentials({"ca.crt": (folder / "cacert.pem").read_bytes(),
+                                      "tls.crt": (folder / "clientcert.pem").read_bytes(),
+                                      "tls.key": (folder / "clientkey.pem").read_bytes()})
+    host = host_api.libvirt_host("tr-remote", f"qemu+tls://{remote.address}/system", secret, None)
+    try:
+        await host.probe(remote.host.pool_name, None, [], False)
+        assert host.connected and host.opened == 1
+        pid = remote.host.libvirtd_pid()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            for _ in range(80):  # 40 s at most
+                if not host.connected:
+                    break
+                await asyncio.sleep(0.5)
+            dead_after = time.monotonic() - stopped
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert not host.connected, "still live 40 s after its peer stopped answering"
+        assert dead_after >= 15, f"dead after {dead_after:.0f} s: before the keepalive could have ended it"
+        await host.probe(remote.host.pool_name, None, [], False)
+        assert host.connected and host.opened == 2
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, host.close)

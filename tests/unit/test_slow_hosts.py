@@ -173,10 +173,17 @@ async def test_a_replaced_connection_drops_the_probe_in_flight_on_the_old_one() 
 
 
 
-async def test_a_host_decommissioned_while_its_probe_is_late_is_not_probed_and_the_prober_rests() -> None:
+async def test_a_host_decommissioned_while_its_probe_is_late_is_not_probed_and_the_prober_rests(monkeypatch) -> None:
     bed = Bed()
     bed.deps.probe_interval_s = 3600.0
     held = bed.host.hold("probe", after=True)
+    rounds = []
+    probe_and_publish = hosts.probe_and_publish
+
+    async def counted(deps, name):
+        rounds.append(name)
+        await probe_and_publish(deps, name)
+    monkeypatch.setattr(hosts, "probe_and_publish", counted)
     prober = asyncio.ensure_future(hosts.probe_forever(bed.deps))
     try:
         await held.reached.wait()
@@ -190,7 +197,26 @@ async def test_a_host_decommissioned_while_its_probe_is_late_is_not_probed_and_t
         assert bed.entry.probing is None and not bed.entry.slow and not bed.entry.reachable
         held.release()
         await asyncio.sleep(0.2)
-        assert not prober.done() and bed.probes_sent() == 1, "nothing sent again, and no round taken at once"
+        assert not prober.done() and bed.probes_sent() == 1, "nothing sent again"
+        assert len(rounds) <= 2, f"the prober spun: {len(rounds)} rounds"  # its first, and at most one for the answer
         assert bed.ready()["reason"] == reasons.DECOMMISSIONED
     finally:
         prober.cancel()
+
+
+async def test_a_host_that_was_unreachable_is_back_when_a_probe_answers_not_when_it_connects() -> None:
+    bed = Bed()
+    await bed.inventory.probe(HOST)
+    bed.host.unreachable = "Cannot recv data: Connection reset by peer"
+    await hosts.probe_and_publish(bed.deps, HOST)
+    assert not bed.entry.reachable
+    bed.host.unreachable = None
+    held = bed.host.hold("probe", after=True)  # connected again; the probe is late
+    bed.now += 10
+    await hosts.probe_and_publish(bed.deps, HOST)
+    assert not bed.entry.reachable and not bed.entry.slow and not bed.healthy()
+    assert bed.inventory.state(HOST).unreachable_for == 10, "the re-placement clock runs on"
+    assert bed.ready()["reason"] == reasons.HOST_UNREACHABLE and "connected again" in bed.ready()["message"]
+    held.release()
+    await hosts.probe_and_publish(bed.deps, HOST)
+    assert bed.entry.reachable and bed.ready()["reason"] == reasons.REACHABLE

@@ -33,7 +33,7 @@ T = TypeVar("T")
 # (operation: the hypervisor function's name, seconds, succeeded), once per call; from the host's threads.
 CallObserver = Callable[[str, float, bool], None]
 
-KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 3  # a peer silent for ~15 s counts as dead
+KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 3  # a peer silent for interval x (count + 1) = 20 s counts as dead
 THREADS_PER_HOST = 4
 _CLOSE_REASONS = {libvirt.VIR_CONNECT_CLOSE_REASON_ERROR: "transport error",
                   libvirt.VIR_CONNECT_CLOSE_REASON_EOF: "end of file",
@@ -148,14 +148,14 @@ class HostConnection:
             conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
         except libvirt.libvirtError:
             pass  # local (unix socket) drivers without keepalive support: nothing to detect there
+        with self._lock:  # open before its close callback can fire
+            self._open.add(conn)
+            self.opened += 1
         try:
             conn.registerCloseCallback(self._closed_by_libvirt, conn)  # the opaque: this very connection
         except libvirt.libvirtError:
             pass  # a driver without close callbacks: a dead connection is found by its next call
         self._local.conn = conn
-        with self._lock:
-            self._open.add(conn)
-            self.opened += 1
         log.info("connected to host %s", self.host)
         return conn
 

@@ -64,6 +64,8 @@ ENVIRONMENT = (
                         "leading dot or not), an optional :port, or `*`. Lowercase too."),
     EnvironmentVariable("SSL_CERT_FILE", "A CA bundle that replaces the system's for image downloads over https "
                         "(OpenSSL's variable): a private CA's image server."),
+    EnvironmentVariable("LIBVIRT_LOG_OUTPUTS", "libvirt's own log outputs (libvirt's variable, e.g. `3:stderr`); "
+                        "unset, libvirt's client library logs nothing (its errors reach the operator as errors)."),
 )
 
 

@@ -141,8 +141,11 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
                                    *runtime.relists.values()) if task is not None]
         for task in tasks:
             task.cancel()
-        # Let a probe in flight end before its connection closes under it.
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Let a probe in flight end before its connection closes under it (a late one: for its timeout at most).
+        probing = [host.probing for host in runtime.deps.inventory.hosts.values() if host.probing is not None]
+        if probing:
+            await asyncio.wait(probing, timeout=runtime.deps.inventory.probe_timeout_s)
         await runtime.deps.images.close()  # image imports: their waits end; an unfinished import is never marked
         if runtime.metrics is not None:
             metrics.detach(runtime.metrics)

@@ -177,7 +177,7 @@ async def add_missing_hosts(deps: Dependencies) -> list[str]:
 
 async def probe_forever(deps: Dependencies) -> None:
     """Every host, every `deps.probe_interval_s` (PROBE_INTERVAL_S unless configured), concurrently; a host whose
-    probe does not answer within inventory.PROBE_TIMEOUT_S is busy or unreachable (see reconcile.inventory), so one
+    probe does not answer within its timeout (--host-probe-timeout) is busy or unreachable (reconcile.inventory), so one
     such host delays a round by that much at most, and its late answer is taken as soon as it comes. Each round first
     adds the LibvirtHosts the inventory lacks (add_missing_hosts)."""
     loop = asyncio.get_running_loop()

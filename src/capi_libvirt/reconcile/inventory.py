@@ -6,8 +6,8 @@ placement (core.placement) decides from those numbers plus what the LibvirtMachi
 allocated, which counts machines placed a moment ago that have no domain yet.
 
 A busy host is not a lost one. A host is unreachable when its connection is dead (a call failed in the transport,
-libvirt's keepalive closed it, a reconnect was refused) or when a probe goes unanswered with no live connection (one
-being opened that hangs). A probe that is merely slow (not answered within PROBE_TIMEOUT_S while the connection
+libvirt's keepalive closed it, a reconnect was refused) or when a probe goes unanswered with no live connection to the
+host at all (the only one being opened hangs); a host that was unreachable is back when a probe answers. A probe that is merely slow (not answered within PROBE_TIMEOUT_S while the connection
 lives) leaves the host reachable with the last probe's figures, so placement goes on; it is reported as slow, and
 it is awaited, not asked again, until it answers or PROBE_GIVE_UP_S pass (a daemon that answers keepalives but
 nothing else: unreachable).
@@ -127,7 +127,10 @@ class Inventory:
         if not probing.done():
             self._overdue(host, connection.connected)
             return host
-        host.probing, host.probing_since, host.slow = None, None, False
+        if host.probing is probing:  # (another caller may have read it, and sent the next, meanwhile)
+            host.probing, host.probing_since, host.slow = None, None, False
+        if probing.cancelled():  # its connection was replaced under it: the next round asks the new one
+            return host
         try:
             host.probe, refreshed = probing.result()
             host.reachable, host.problem, host.unreachable_since = True, None, None
@@ -155,6 +158,9 @@ class Inventory:
             host.slow = False
             self._down(host, f"the probe has not answered in {PROBE_GIVE_UP_S:.0f}s, though the connection is "
                        "alive")
+        elif host.unreachable_since is not None:  # down before: back when a probe answers, not when it connects
+            host.slow = False
+            self._down(host, f"connected again, but the probe has not answered within {self.probe_timeout_s:.0f}s")
         else:
             if not host.slow:
                 log.warning("host %s: the probe has not answered in %.0fs, but the connection is alive: busy, not "

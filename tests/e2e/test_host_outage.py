@@ -146,6 +146,13 @@ class Machines:
                 return None
             raise
 
+    async def provisioned(self, name: str, what: str) -> dict:
+        """The LibvirtMachine `name` once provisioned (`what` names the wait)."""
+        async def done():
+            body = await self.get(name)
+            return body if provisioned(body) else None
+        return await wait_until(what, done, DEADLINE_S)
+
     async def all(self) -> list[dict]:
         return (await self.objects.list_namespaced_custom_object(meta.GROUP, meta.VERSION, self.namespace,
                                                                  "libvirtmachines"))["items"]
@@ -237,10 +244,7 @@ async def test_a_busy_host_stays_reachable_and_takes_the_machine_made_meanwhile(
                     await asyncio.sleep(4 * PROBE_TIMEOUT_S)  # more late probes while the machine is being made
                 clock.mark("busy-a's libvirtd runs freely again")
 
-                async def made():
-                    body = await machines.get("busy-0")
-                    return body if provisioned(body) else None
-                body = await wait_until("the machine provisioned on busy-a", made, DEADLINE_S)
+                body = await machines.provisioned("busy-0", "the machine provisioned on busy-a")
                 clock.mark("the machine provisioned on busy-a")
                 assert host_of(body) == "busy-a"
                 await wait_until("busy-a reachable again", reachable, 60)
@@ -347,10 +351,7 @@ async def test_a_host_cut_off_mid_provision_keeps_its_machine_and_a_machine_with
             set_link(a, up=True)
             clock.mark("outage-a's link up again")
 
-            async def midway_converged():
-                body = await machines.get("midway")
-                return body if provisioned(body) else None
-            body = await wait_until("the cut-off machine provisioned on its host", midway_converged, DEADLINE_S)
+            body = await machines.provisioned("midway", "the cut-off machine provisioned on its host")
             clock.mark("the cut-off machine provisioned on outage-a")
             assert host_of(body) == "outage-a" and body["status"]["state"] == "running"
             assert domains_of(a, midway_uid) and not domains_of(b, midway_uid)

@@ -46,7 +46,7 @@ from waiting import CONVERGENCE_S, Pending, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(5 * CONVERGENCE_S)]
 
 HOST, SUBNET, LINK = "image-kvm", "192.168.186.0/24", 186
-TINY_POOL, TINY_MIB = "image-tiny", 1  # smaller than the iPXE image (1.7 MiB as qcow2)
+TINY_POOL, TINY_MIB = "image-tiny", 1  # smaller than the 3 MiB raw image (the iPXE qcow2, 0.9 MiB, fits)
 TINY_OVERCOMMIT = 0.5  # placement may promise half of the tiny pool: 512 KiB
 DEADLINE_S = CONVERGENCE_S
 USER_DATA = "#cloud-config\n"
@@ -69,7 +69,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ImageServ
         "/images/copy.qcow2": Served(ipxe),  # the bad-checksum case's own path (its hits are not the good one's)
         "/images/big.raw": Served(big),
         "/images/half.raw": Served(half),
-        "/images/unsized.qcow2": Served(ipxe, with_length=False),
+        "/images/unsized.raw": Served(big[::-1], with_length=False),  # not big's digest: an import of its own
         "/images/escape.qcow2": Served(redirect="/private/ipxe.qcow2"),
         "/private/ipxe.qcow2": Served(ipxe),
     }
@@ -316,7 +316,8 @@ async def test_a_bad_image_ends_in_a_clear_condition_and_leaves_nothing(api_clie
                     "InsufficientStorage", ["needs 3.0 MiB", f"pool {TINY_POOL}"]),
         "over the room": (spec(remote, {"url": server.url("/images/half.raw"), "sha256": sha(half)}, TINY_POOL),
                           "InsufficientStorage", ["needs 0.6 MiB", "placement may promise only", f"pool {TINY_POOL}"]),
-        "fills up": (spec(remote, {"url": server.url("/images/unsized.qcow2"), "sha256": sha(ipxe)}, TINY_POOL),
+        "fills up": (spec(remote, {"url": server.url("/images/unsized.raw"), "sha256": sha(big[::-1])},
+                            TINY_POOL),
                      "InsufficientStorage", ["filled up", "the partial volume was removed"]),
         "redirect out": (spec(remote, {"url": server.url("/images/escape.qcow2"), "sha256": escaped}),
                          "TenantNotAllowed", ["redirects to", server.url("/private/ipxe.qcow2")]),
